@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Idempotent machine setup for pg_envelopes. Runs as root with no stdin on a fresh
+# Debian 12 machine of this kind; every step is skipped when already done.
+#
+#   - Debian packages: Postgres 15 server + headers, clang (bindgen), sudo
+#     (cargo pgrx test --runas), spin (model checks), the message buses.
+#   - cargo-pgrx, the exact version the crates pin.
+#   - `cargo pgrx init` pointed at the system pg_config, only when missing
+#     (re-running it makes pgrx regenerate bindings and rebuild everything).
+#   - The message buses the bridge tests use, started when not already running.
+set -euo pipefail
+
+PGRX_VERSION=0.18.1
+PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
+export DEBIAN_FRONTEND=noninteractive
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+if [ "$(id -u)" != 0 ]; then
+    echo "scripts/setup.sh must run as root (it installs packages)" >&2
+    exit 1
+fi
+
+packages=(postgresql-15 postgresql-server-dev-15 postgresql-contrib libclang-dev clang sudo
+          spin nats-server redis-server mosquitto mosquitto-clients python3)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    log "installing ${missing[*]}"
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# cargo lives in ~/.cargo/bin on this kind of machine.
+export PATH="$HOME/.cargo/bin:$PATH"
+if ! cargo pgrx --version 2>/dev/null | grep -q " ${PGRX_VERSION}\$"; then
+    log "installing cargo-pgrx ${PGRX_VERSION} (takes several minutes)"
+    cargo install --locked cargo-pgrx --version "${PGRX_VERSION}"
+fi
+
+if ! grep -qs "^pg15 = \"${PG_CONFIG}\"" "$HOME/.pgrx/config.toml"; then
+    log "cargo pgrx init --pg15 ${PG_CONFIG}"
+    cargo pgrx init --pg15 "${PG_CONFIG}"
+fi
+
+# Message buses for the bridge tests. Where one already answers on its default port
+# it is reused; otherwise it is started here the way this machine's image starts it.
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+if ! port_open 4222; then
+    log "starting nats-server with JetStream on 4222"
+    install -d /var/lib/nats-server
+    start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
+        -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
+fi
+if ! port_open 6379; then
+    log "starting redis-server on 6379"
+    install -d -o redis -g redis /var/lib/redis /var/log/redis 2>/dev/null || install -d /var/lib/redis /var/log/redis
+    redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
+        --dir /var/lib/redis --logfile /var/log/redis/ci.log
+fi
+if ! port_open 1883; then
+    log "starting mosquitto on 1883"
+    mosquitto -d -c /etc/mosquitto/mosquitto.conf
+fi
+for port in 4222 6379 1883; do
+    for _ in $(seq 50); do port_open "$port" && break; sleep 0.2; done
+    port_open "$port" || { log "nothing listens on 127.0.0.1:$port"; exit 1; }
+done
+log "ready"

@@ -1,0 +1,87 @@
+-- The envelope store: two partitioned tables and the view that joins them.
+--
+-- Both tables are partitioned LIST (originator_node_id), and each originator's
+-- partition RANGE (originator_sequence_id) in bands. The extension creates those
+-- partitions on demand (src/partition/); this file creates only the roots.
+--
+-- There are no foreign keys between meta and blob (or to any payer table): ATTACH
+-- PARTITION on a table that takes part in a foreign key locks the referenced parents
+-- in SHARE ROW EXCLUSIVE mode, and in-transaction partition creation then deadlocks
+-- with concurrent inserts. The insert functions write meta and blob together in one
+-- statement instead, and envelopes.orphaned_envelopes() reports any row that lost
+-- its twin. There is no DEFAULT partition either: a row without a band would land
+-- there and block the later creation of the band that should hold it.
+
+CREATE TABLE gateway_envelopes_meta (
+    originator_node_id     integer     NOT NULL CHECK (originator_node_id >= 0),
+    originator_sequence_id bigint      NOT NULL CHECK (originator_sequence_id >= 0),
+    gateway_time           timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    topic                  bytea       NOT NULL,
+    payer_id               integer,
+    -- Unix seconds after which the row may be pruned; NULL keeps it forever.
+    expiry                 bigint,
+    -- The inserting transaction, so readers can tell rows that may still be joined by
+    -- a lower, not yet committed sequence id (see originator_ceilings()).
+    inserted_xid           xid8        NOT NULL DEFAULT pg_catalog.pg_current_xact_id(),
+    CONSTRAINT gateway_envelopes_meta_pkey
+        PRIMARY KEY (originator_node_id, originator_sequence_id)
+) PARTITION BY LIST (originator_node_id);
+
+COMMENT ON TABLE gateway_envelopes_meta IS
+    'Envelope metadata, partitioned by originator then by sequence band. Write through envelopes.insert_gateway_envelope(s).';
+
+-- Topic reads: within one band partition the node is constant, so (topic, seq)
+-- serves "this topic after this cursor, in order".
+CREATE INDEX gateway_envelopes_meta_topic_idx
+    ON gateway_envelopes_meta (topic, originator_sequence_id);
+
+-- Retention: prune_expired() finds expired rows without a full scan.
+CREATE INDEX gateway_envelopes_meta_expiry_idx
+    ON gateway_envelopes_meta (expiry) WHERE expiry IS NOT NULL;
+
+CREATE TABLE gateway_envelopes_blob (
+    originator_node_id     integer NOT NULL CHECK (originator_node_id >= 0),
+    originator_sequence_id bigint  NOT NULL CHECK (originator_sequence_id >= 0),
+    originator_envelope    bytea   NOT NULL,
+    CONSTRAINT gateway_envelopes_blob_pkey
+        PRIMARY KEY (originator_node_id, originator_sequence_id)
+) PARTITION BY LIST (originator_node_id);
+
+COMMENT ON TABLE gateway_envelopes_blob IS
+    'Envelope bytes, partitioned like gateway_envelopes_meta. Write through envelopes.insert_gateway_envelope(s).';
+
+-- Equality on both keys lets the planner carry a filter on originator_node_id from
+-- one side to the other, so a query on the view prunes both tables' partitions.
+CREATE VIEW gateway_envelopes_view AS
+SELECT m.originator_node_id,
+       m.originator_sequence_id,
+       m.gateway_time,
+       m.topic,
+       m.payer_id,
+       m.expiry,
+       b.originator_envelope
+  FROM gateway_envelopes_meta m
+  JOIN gateway_envelopes_blob b
+    ON b.originator_node_id = m.originator_node_id
+   AND b.originator_sequence_id = m.originator_sequence_id;
+
+COMMENT ON VIEW gateway_envelopes_view IS 'Envelopes with their bytes: meta joined with blob.';
+
+-- Rows present in one table but not the other. Empty unless someone wrote to the
+-- tables directly or dropped a partition of one table only.
+CREATE FUNCTION orphaned_envelopes()
+RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint, missing_from text)
+LANGUAGE sql STABLE
+AS $$
+    SELECT m.originator_node_id, m.originator_sequence_id, 'gateway_envelopes_blob'
+      FROM @extschema@.gateway_envelopes_meta m
+     WHERE NOT EXISTS (SELECT FROM @extschema@.gateway_envelopes_blob b
+                        WHERE b.originator_node_id = m.originator_node_id
+                          AND b.originator_sequence_id = m.originator_sequence_id)
+    UNION ALL
+    SELECT b.originator_node_id, b.originator_sequence_id, 'gateway_envelopes_meta'
+      FROM @extschema@.gateway_envelopes_blob b
+     WHERE NOT EXISTS (SELECT FROM @extschema@.gateway_envelopes_meta m
+                        WHERE m.originator_node_id = b.originator_node_id
+                          AND m.originator_sequence_id = b.originator_sequence_id)
+$$;

@@ -1,0 +1,39 @@
+//! pg_envelopes: a partitioned store for message envelopes from many originator
+//! nodes, with on-demand partition creation, cursor reads and a NOTIFY outbox.
+//!
+//! This file only declares the modules, loads the hand-written DDL and registers
+//! what a backend needs when the library is loaded. See the README for the SQL
+//! surface and ../DESIGN (docs/) for the reasons behind the choices.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+use pgrx::prelude::*;
+
+mod error;
+mod gucs;
+mod insert;
+mod locks;
+mod partition;
+
+::pgrx::pg_module_magic!(name, version);
+
+// Tables and the view come first: the functions below refer to them by name.
+pgrx::extension_sql_file!("../sql/storage.sql", name = "storage", bootstrap);
+
+/// Runs once per process when Postgres loads the library.
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    gucs::init();
+    partition::cache::register_invalidation_callback();
+}
+
+/// Required by `cargo pgrx test`: hooks for the throwaway test cluster.
+#[cfg(test)]
+pub mod pg_test {
+    pub fn setup(_options: Vec<&str>) {}
+
+    #[must_use]
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec![]
+    }
+}

@@ -1,0 +1,248 @@
+//! Partitions: band arithmetic and names ([`band`]), the known-partition cache
+//! ([`cache`]), catalog reads and DDL ([`catalog`]), and the two entry points the
+//! rest of the extension uses: [`route`] on the hot path and [`ensure_band`] when a
+//! row has nowhere to go yet.
+//!
+//! Creation happens under one advisory lock per database (see
+//! [`crate::locks::lock_partition_creation`]), then re-reads the catalog, so
+//! sessions racing to create the same band all end up using the one that won: no
+//! 42P07 (duplicate table) or 40P01 (deadlock) reaches a caller. A single lock for
+//! all originators, rather than one per originator, is deliberate: ATTACH takes
+//! SHARE UPDATE EXCLUSIVE on the root, which conflicts with itself, so creators of
+//! different originators serialize on the root anyway, and per-originator locks
+//! taken in different orders by two transactions would deadlock with it.
+
+pub mod band;
+pub mod cache;
+mod catalog;
+
+use crate::error::{PgSqlErrorCode, SqlError};
+use crate::locks;
+use band::{Band, BandError, Table};
+use cache::Route;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::cell::Cell;
+
+/// Errors of partition lookup and creation.
+#[derive(Debug, thiserror::Error)]
+pub enum PartitionError {
+    #[error("originator_node_id must not be NULL")]
+    NullNode,
+    #[error("originator_sequence_id must not be NULL")]
+    NullSequence,
+    #[error("originator_node_id must not be negative (got {0})")]
+    NegativeNode(i32),
+    #[error("{0}")]
+    Band(#[from] BandError),
+    #[error("relation \"{name}\" exists but is not a partition of the envelope store")]
+    NotAPartition { name: String },
+    #[error(
+        "the envelope store's tables are missing; is pg_envelopes installed in this database?"
+    )]
+    NotInstalled,
+    #[error("unexpected catalog contents: {0}")]
+    Catalog(&'static str),
+    #[error("partition for originator {node}, sequence {seq} is still missing after creation")]
+    StillMissing { node: i32, seq: i64 },
+    #[error("SPI error while managing partitions: {0}")]
+    Spi(#[from] pgrx::spi::SpiError),
+}
+
+impl SqlError for PartitionError {
+    fn sqlstate(&self) -> PgSqlErrorCode {
+        use PgSqlErrorCode::*;
+        match self {
+            PartitionError::NullNode | PartitionError::NullSequence => {
+                ERRCODE_NULL_VALUE_NOT_ALLOWED
+            }
+            PartitionError::NegativeNode(_) => ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
+            PartitionError::Band(BandError::NegativeSequence(_)) => {
+                ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE
+            }
+            PartitionError::Band(BandError::NonPositiveWidth(_)) => ERRCODE_INVALID_PARAMETER_VALUE,
+            PartitionError::NotAPartition { .. } => ERRCODE_DUPLICATE_TABLE,
+            PartitionError::NotInstalled => ERRCODE_UNDEFINED_TABLE,
+            PartitionError::Catalog(_)
+            | PartitionError::StillMissing { .. }
+            | PartitionError::Spi(_) => ERRCODE_INTERNAL_ERROR,
+        }
+    }
+
+    fn hint(&self) -> Option<String> {
+        match self {
+            PartitionError::NotAPartition { .. } => Some(
+                "Rename or drop that table; pg_envelopes owns names of the form \
+                 gateway_envelopes_{meta,blob}_o<node>[_s<start>_<end>]."
+                    .into(),
+            ),
+            _ => None,
+        }
+    }
+}
+
+crate::impl_error_report!(PartitionError);
+
+/// Checks a node id from SQL.
+pub fn check_node(node: Option<i32>) -> Result<i32, PartitionError> {
+    match node {
+        None => Err(PartitionError::NullNode),
+        Some(n) if n < 0 => Err(PartitionError::NegativeNode(n)),
+        Some(n) => Ok(n),
+    }
+}
+
+/// Checks a sequence id from SQL.
+pub fn check_sequence(seq: Option<i64>) -> Result<i64, PartitionError> {
+    match seq {
+        None => Err(PartitionError::NullSequence),
+        Some(s) if s < 0 => Err(BandError::NegativeSequence(s).into()),
+        Some(s) => Ok(s),
+    }
+}
+
+/// Root oids, from the cache or the syscache.
+fn roots() -> Result<[pg_sys::Oid; 2], PartitionError> {
+    if let Some(roots) = cache::roots() {
+        return Ok(roots);
+    }
+    let roots = catalog::root_oids()?;
+    cache::store_roots(roots);
+    Ok(roots)
+}
+
+/// The cached routes (meta, blob) of a row, without any catalog access.
+pub fn cached_routes(node: i32, seq: i64) -> Option<[Route; 2]> {
+    Some([
+        cache::route(Table::Meta, node, seq)?,
+        cache::route(Table::Blob, node, seq)?,
+    ])
+}
+
+/// Locks the relations a row will be routed through, in the executor's order.
+pub fn lock_routes(routes: &[Route; 2]) {
+    for route in routes {
+        locks::lock_for_insert(route.root);
+        locks::lock_for_insert(route.parent);
+        locks::lock_for_insert(route.leaf);
+    }
+}
+
+/// The routes of `(node, seq)` with both leaves locked against being dropped,
+/// creating the partitions first when they are missing. `width` is the band width
+/// used if a band has to be created.
+pub fn route(node: i32, seq: i64, width: i64) -> Result<[Route; 2], PartitionError> {
+    // Three rounds are plenty: a round only repeats when a concurrent DETACH or
+    // DROP invalidated the entry between the lookup and the lock.
+    for _ in 0..3 {
+        let Some(routes) = cached_routes(node, seq) else {
+            ensure_band(node, seq, width)?;
+            continue;
+        };
+        lock_routes(&routes);
+        if cached_routes(node, seq) == Some(routes) {
+            return Ok(routes);
+        }
+    }
+    Err(PartitionError::StillMissing { node, seq })
+}
+
+/// Re-reads one originator's partitions from the catalog into the cache and tells
+/// whether both tables now have a band containing `seq`.
+fn refresh(node: i32, seq: i64) -> Result<bool, PartitionError> {
+    let roots = roots()?;
+    let mut covered = true;
+    for table in Table::ALL {
+        match catalog::load_originator(table, node, roots[table as usize])? {
+            Some(parts) => {
+                covered &= parts.leaf_for(seq).is_some();
+                cache::store(table, node, parts);
+            }
+            None => covered = false,
+        }
+    }
+    Ok(covered)
+}
+
+thread_local! {
+    /// Local transaction id of the last transaction that registered the abort hook.
+    static ABORT_HOOK_FOR: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Partitions created in a transaction that aborts disappear; make sure the cache
+/// forgets them too (relcache invalidation normally does, this is the backstop).
+fn forget_cache_on_abort() {
+    // SAFETY: MyProc is valid for the whole life of a backend.
+    let lxid = unsafe { (*pg_sys::MyProc).lxid };
+    if ABORT_HOOK_FOR.replace(lxid) != lxid {
+        pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Abort, cache::forget_all);
+    }
+}
+
+/// Makes sure both tables have a partition for `(node, seq)`, creating the
+/// originator level and the band when missing. Idempotent and safe to race.
+pub fn ensure_band(node: i32, seq: i64, width: i64) -> Result<(), PartitionError> {
+    let desired = Band::containing(seq, width)?;
+    if refresh(node, seq)? {
+        return Ok(());
+    }
+    locks::lock_partition_creation();
+    // The lock may have been granted because another creator just committed; make
+    // its new tables visible to the syscache before looking again.
+    // SAFETY: plain call into the invalidation machinery, no arguments.
+    unsafe { pg_sys::AcceptInvalidationMessages() };
+    if refresh(node, seq)? {
+        return Ok(());
+    }
+    forget_cache_on_abort();
+    create_missing(node, seq, desired)?;
+    if refresh(node, seq)? {
+        Ok(())
+    } else {
+        Err(PartitionError::StillMissing { node, seq })
+    }
+}
+
+/// Creates whatever part of `(node, seq)`'s partitions is missing in either table.
+fn create_missing(node: i32, seq: i64, desired: Band) -> Result<(), PartitionError> {
+    let roots = roots()?;
+    let mut loaded = Vec::with_capacity(2);
+    for table in Table::ALL {
+        let parts = match catalog::load_originator(table, node, roots[table as usize])? {
+            Some(parts) => parts,
+            None => {
+                catalog::create_originator(table, node)?;
+                cache::OriginatorParts::default()
+            }
+        };
+        loaded.push((table, parts));
+    }
+    let existing: Vec<_> = loaded
+        .iter()
+        .flat_map(|(_, parts)| parts.bands.iter().map(|(bound, _)| *bound))
+        .collect();
+    let target = catalog::plan_band(seq, desired, &existing);
+    for (table, parts) in &loaded {
+        if parts.leaf_for(seq).is_none() {
+            catalog::create_band(*table, node, &target)?;
+        }
+    }
+    Ok(())
+}
+
+/// Creates the partitions for `(originator_node_id, originator_sequence_id)` in
+/// both tables if they do not exist yet. Idempotent: calling it again, or racing
+/// other sessions doing the same, is harmless. `band_width` defaults to the
+/// `envelopes.band_width` setting.
+#[pg_extern(volatile, parallel_unsafe)]
+fn ensure_gateway_parts(
+    originator_node_id: Option<i32>,
+    originator_sequence_id: Option<i64>,
+    band_width: default!(Option<i64>, "NULL"),
+) -> Result<(), pgrx::pg_sys::panic::ErrorReport> {
+    let node = check_node(originator_node_id)?;
+    let seq = check_sequence(originator_sequence_id)?;
+    let width = band_width.unwrap_or_else(crate::gucs::band_width);
+    ensure_band(node, seq, width)?;
+    Ok(())
+}
