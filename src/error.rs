@@ -1,10 +1,11 @@
 //! How errors reach SQL clients.
 //!
 //! Each module has its own error enum (`InsertError`, `PartitionError`, ...). Every
-//! enum implements [`SqlError`], which names the SQLSTATE of each variant, and
-//! [`impl_error_report!`] turns it into a pgrx [`ErrorReport`], so a `#[pg_extern]`
-//! returning `Result<T, ErrorReport>` raises a Postgres ERROR with that code. A
-//! plain `Err` would surface as the generic 22000/XX000 and tell a client nothing.
+//! enum implements [`SqlError`], which names the SQLSTATE of each variant. The
+//! `#[pg_extern]` functions do their work in a function returning `Result` and
+//! finish with [`OrRaise::or_raise`], which raises the error as a Postgres ERROR
+//! with that code (through pgrx's `ErrorReport`). A plain `Err` returned to pgrx
+//! would surface as the generic 22000 and tell a client nothing.
 
 pub use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 
@@ -19,7 +20,7 @@ pub trait SqlError: std::fmt::Display {
 
 /// Builds the report for any [`SqlError`].
 #[track_caller]
-pub fn report<E: SqlError>(error: &E) -> pgrx::pg_sys::panic::ErrorReport {
+fn report<E: SqlError>(error: &E) -> pgrx::pg_sys::panic::ErrorReport {
     let report =
         pgrx::pg_sys::panic::ErrorReport::new(error.sqlstate(), error.to_string(), "pg_envelopes");
     match error.hint() {
@@ -28,15 +29,20 @@ pub fn report<E: SqlError>(error: &E) -> pgrx::pg_sys::panic::ErrorReport {
     }
 }
 
-/// `impl From<$ty> for ErrorReport` through [`report`].
-#[macro_export]
-macro_rules! impl_error_report {
-    ($ty:ty) => {
-        impl From<$ty> for ::pgrx::pg_sys::panic::ErrorReport {
-            #[track_caller]
-            fn from(error: $ty) -> Self {
-                $crate::error::report(&error)
+/// Raises the error of a `Result` as a Postgres ERROR with its SQLSTATE.
+pub trait OrRaise<T> {
+    fn or_raise(self) -> T;
+}
+
+impl<T, E: SqlError> OrRaise<T> for Result<T, E> {
+    #[track_caller]
+    fn or_raise(self) -> T {
+        match self {
+            Ok(value) => value,
+            Err(error) => {
+                report(&error).report(pgrx::PgLogLevel::ERROR);
+                unreachable!("an ERROR report does not return")
             }
         }
-    };
+    }
 }

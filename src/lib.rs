@@ -14,6 +14,8 @@ mod gucs;
 mod insert;
 mod locks;
 mod partition;
+#[cfg(any(test, feature = "pg_test"))]
+mod testing;
 
 ::pgrx::pg_module_magic!(name, version);
 

@@ -101,6 +101,9 @@ pub fn load_originator(
                 }
             }
         }
+        if let Some(parts) = parts.as_mut() {
+            parts.sort();
+        }
         Ok(parts)
     })
 }

@@ -16,7 +16,7 @@ pub mod band;
 pub mod cache;
 mod catalog;
 
-use crate::error::{PgSqlErrorCode, SqlError};
+use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
 use crate::locks;
 use band::{Band, BandError, Table};
 use cache::Route;
@@ -80,8 +80,6 @@ impl SqlError for PartitionError {
         }
     }
 }
-
-crate::impl_error_report!(PartitionError);
 
 /// Checks a node id from SQL.
 pub fn check_node(node: Option<i32>) -> Result<i32, PartitionError> {
@@ -239,10 +237,175 @@ fn ensure_gateway_parts(
     originator_node_id: Option<i32>,
     originator_sequence_id: Option<i64>,
     band_width: default!(Option<i64>, "NULL"),
-) -> Result<(), pgrx::pg_sys::panic::ErrorReport> {
-    let node = check_node(originator_node_id)?;
-    let seq = check_sequence(originator_sequence_id)?;
-    let width = band_width.unwrap_or_else(crate::gucs::band_width);
-    ensure_band(node, seq, width)?;
-    Ok(())
+) {
+    let ensure = || {
+        let node = check_node(originator_node_id)?;
+        let seq = check_sequence(originator_sequence_id)?;
+        let width = band_width.unwrap_or_else(crate::gucs::band_width);
+        ensure_band(node, seq, width)
+    };
+    ensure().or_raise()
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{band_names, int8, sqlstate_of};
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn ensure_creates_both_levels_in_both_tables() {
+        Spi::run("SELECT envelopes.ensure_gateway_parts(7, 1500000)").unwrap();
+        assert_eq!(
+            band_names("meta"),
+            ["gateway_envelopes_meta_o7_s1000000_2000000"]
+        );
+        assert_eq!(
+            band_names("blob"),
+            ["gateway_envelopes_blob_o7_s1000000_2000000"]
+        );
+        let parents = int8(
+            "SELECT count(*) FROM pg_catalog.pg_partition_tree('envelopes.gateway_envelopes_meta')
+              WHERE level = 1 AND relid::text LIKE '%gateway_envelopes_meta_o7'",
+        );
+        assert_eq!(parents, 1);
+    }
+
+    #[pg_test]
+    fn ensure_is_idempotent() {
+        for _ in 0..3 {
+            Spi::run("SELECT envelopes.ensure_gateway_parts(7, 5)").unwrap();
+        }
+        Spi::run("SELECT envelopes.ensure_gateway_parts(7, 999999)").unwrap();
+        assert_eq!(band_names("meta"), ["gateway_envelopes_meta_o7_s0_1000000"]);
+    }
+
+    #[pg_test]
+    fn explicit_band_width_wins_over_the_setting() {
+        Spi::run("SELECT envelopes.ensure_gateway_parts(3, 25, 10)").unwrap();
+        assert_eq!(band_names("meta"), ["gateway_envelopes_meta_o3_s20_30"]);
+    }
+
+    #[pg_test]
+    fn band_width_setting_applies_per_session() {
+        Spi::run("SET LOCAL envelopes.band_width = 100").unwrap();
+        Spi::run("SELECT envelopes.ensure_gateway_parts(3, 250)").unwrap();
+        assert_eq!(band_names("meta"), ["gateway_envelopes_meta_o3_s200_300"]);
+    }
+
+    #[pg_test]
+    fn new_bands_fit_between_bands_of_another_width() {
+        Spi::run("SELECT envelopes.ensure_gateway_parts(3, 50, 100)").unwrap();
+        Spi::run("SELECT envelopes.ensure_gateway_parts(3, 5000, 100)").unwrap();
+        // Width 1000 would give [0, 1000): it is clamped to the gap [100, 1000)
+        // and then to [5100, 6000) above the existing band.
+        Spi::run("SELECT envelopes.ensure_gateway_parts(3, 150, 1000)").unwrap();
+        Spi::run("SELECT envelopes.ensure_gateway_parts(3, 5150, 1000)").unwrap();
+        assert_eq!(
+            band_names("meta"),
+            [
+                "gateway_envelopes_meta_o3_s0_100",
+                "gateway_envelopes_meta_o3_s100_1000",
+                "gateway_envelopes_meta_o3_s5000_5100",
+                "gateway_envelopes_meta_o3_s5100_6000",
+            ]
+        );
+    }
+
+    #[pg_test]
+    fn last_band_reaches_maxvalue_without_overflow() {
+        Spi::run("SELECT envelopes.ensure_gateway_parts(2147483647, 9223372036854775807)").unwrap();
+        let start = i64::MAX - i64::MAX % 1_000_000;
+        assert_eq!(
+            band_names("meta"),
+            [format!("gateway_envelopes_meta_o2147483647_s{start}")]
+        );
+        let bound = Spi::get_one::<String>(
+            "SELECT pg_catalog.pg_get_expr(c.relpartbound, c.oid) FROM pg_catalog.pg_class c
+              WHERE c.relkind = 'r' AND c.relname LIKE 'gateway\\_envelopes\\_meta\\_o2147483647\\_s%'",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(bound, format!("FOR VALUES FROM ('{start}') TO (MAXVALUE)"));
+        let inserted = int8(
+            "SELECT envelopes.insert_gateway_envelope(2147483647, 9223372036854775807, '\\x01', '\\x02')",
+        );
+        assert_eq!(inserted, 1);
+    }
+
+    #[pg_test]
+    fn bad_arguments_have_specific_sqlstates() {
+        let cases = [
+            ("SELECT envelopes.ensure_gateway_parts(NULL, 1)", "22004"),
+            ("SELECT envelopes.ensure_gateway_parts(1, NULL)", "22004"),
+            ("SELECT envelopes.ensure_gateway_parts(-1, 1)", "22003"),
+            ("SELECT envelopes.ensure_gateway_parts(1, -1)", "22003"),
+            ("SELECT envelopes.ensure_gateway_parts(1, 1, 0)", "22023"),
+            ("SELECT envelopes.ensure_gateway_parts(1, 1, -10)", "22023"),
+        ];
+        for (sql, expected) in cases {
+            assert_eq!(sqlstate_of(sql).as_deref(), Some(expected), "{sql}");
+        }
+        assert!(band_names("meta").is_empty());
+    }
+
+    #[pg_test]
+    fn band_width_setting_rejects_non_positive_values() {
+        assert_eq!(
+            sqlstate_of("SET envelopes.band_width = 0").as_deref(),
+            Some("22023")
+        );
+    }
+
+    #[pg_test]
+    fn a_foreign_table_with_our_name_is_a_clear_error() {
+        Spi::run("CREATE TABLE envelopes.gateway_envelopes_meta_o77 (x int)").unwrap();
+        assert_eq!(
+            sqlstate_of("SELECT envelopes.insert_gateway_envelope(77, 1, '\\x01', '\\x02')")
+                .as_deref(),
+            Some("42P07")
+        );
+        assert_eq!(
+            int8("SELECT count(*) FROM envelopes.gateway_envelopes_blob"),
+            0
+        );
+    }
+
+    #[pg_test]
+    fn view_prunes_to_one_originator() {
+        for node in 1..=3 {
+            Spi::run(&format!(
+                "SELECT envelopes.ensure_gateway_parts({node}, 10)"
+            ))
+            .unwrap();
+            Spi::run(&format!(
+                "SELECT envelopes.ensure_gateway_parts({node}, 1000010)"
+            ))
+            .unwrap();
+        }
+        let plan = Spi::connect(|client| {
+            client
+                .select(
+                    "EXPLAIN (COSTS OFF) SELECT * FROM envelopes.gateway_envelopes_view
+                      WHERE originator_node_id = 2 AND originator_sequence_id = 1000012",
+                    None,
+                    &[],
+                )
+                .unwrap()
+                .map(|row| row.get::<String>(1).unwrap().unwrap())
+                .collect::<Vec<_>>()
+                .join("\n")
+        });
+        assert!(
+            plan.contains("gateway_envelopes_meta_o2_s1000000_2000000"),
+            "{plan}"
+        );
+        assert!(
+            plan.contains("gateway_envelopes_blob_o2_s1000000_2000000"),
+            "{plan}"
+        );
+        for other in ["_o1_", "_o3_", "_o2_s0_"] {
+            assert!(!plan.contains(other), "plan touches {other}:\n{plan}");
+        }
+    }
 }
