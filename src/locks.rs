@@ -25,10 +25,7 @@ fn advisory_tag(field1: u32, field2: u32, field3: u32, subid: u16) -> pg_sys::LO
 /// of the current transaction. Waits like any heavyweight lock: interruptible,
 /// subject to `lock_timeout` and to the deadlock detector.
 pub fn lock_partition_creation() {
-    // SAFETY: MyDatabaseId is set once the backend is connected to a database, which
-    // every caller of an extension function is.
-    let database = unsafe { pg_sys::MyDatabaseId };
-    let tag = advisory_tag(database.to_u32(), 0, 0, CREATION_LOCK_SUBID);
+    let tag = creation_tag();
     // SAFETY: the tag is a fully initialised advisory LOCKTAG on the stack;
     // LockAcquire copies it. A transaction-level (non-session) lock is released by
     // the lock manager at commit or abort. Errors (deadlock, timeout) are raised as
@@ -41,6 +38,25 @@ pub fn lock_partition_creation() {
             false,
         );
     }
+}
+
+/// Releases the creation lock before the end of the transaction. Only for a
+/// holder that created nothing under it (the lock was granted, and the partition
+/// turned out to exist already).
+pub fn unlock_partition_creation() {
+    let tag = creation_tag();
+    // SAFETY: releases a lock this backend holds in this mode (just acquired by
+    // lock_partition_creation); LockRelease only warns if it is not held.
+    unsafe {
+        pg_sys::LockRelease(&tag, pg_sys::ExclusiveLock as pg_sys::LOCKMODE, false);
+    }
+}
+
+fn creation_tag() -> pg_sys::LOCKTAG {
+    // SAFETY: MyDatabaseId is set once the backend is connected to a database, which
+    // every caller of an extension function is.
+    let database = unsafe { pg_sys::MyDatabaseId };
+    advisory_tag(database.to_u32(), 0, 0, CREATION_LOCK_SUBID)
 }
 
 /// Takes `RowExclusiveLock` on a relation, as an INSERT would. Processes pending

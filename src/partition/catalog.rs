@@ -15,7 +15,6 @@
 use super::band::{self, Band, RangeBound, Table};
 use super::cache::OriginatorParts;
 use super::PartitionError;
-use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::{self, Oid};
 use pgrx::spi::{quote_identifier, Spi};
 
@@ -58,54 +57,101 @@ fn namespace_oid() -> Result<Oid, PartitionError> {
 /// What exists for `node` in `table`: `None` when the originator-level partition
 /// does not exist, an error when a relation of that name exists but is not a
 /// partition of the root.
+///
+/// This reads the relcache and syscache, not the catalog through SQL: an SQL query
+/// would see the catalog as of the caller's snapshot, which in REPEATABLE READ (or
+/// in READ COMMITTED before the caller's first write) predates partitions that
+/// another session committed while this one waited for the creation lock. The
+/// caches follow the latest committed catalog once invalidations are processed.
 pub fn load_originator(
     table: Table,
     node: i32,
     root: Oid,
 ) -> Result<Option<OriginatorParts>, PartitionError> {
     let name = band::originator_table_name(table, node);
-    let namespace = namespace_oid()?;
-    Spi::connect(|client| {
-        let rows = client.select(
-            "SELECT p.oid,
-                    (SELECT i.inhparent FROM pg_catalog.pg_inherits i WHERE i.inhrelid = p.oid),
-                    c.oid,
-                    pg_catalog.pg_get_expr(c.relpartbound, c.oid)
-               FROM pg_catalog.pg_class p
-               LEFT JOIN pg_catalog.pg_inherits ci ON ci.inhparent = p.oid
-               LEFT JOIN pg_catalog.pg_class c ON c.oid = ci.inhrelid
-              WHERE p.relnamespace = $1 AND p.relname = $2::pg_catalog.name",
-            None,
-            &[
-                DatumWithOid::from(namespace),
-                DatumWithOid::from(name.as_str()),
-            ],
-        )?;
-        let mut parts: Option<OriginatorParts> = None;
-        for row in rows {
-            let parent: Oid = row
-                .get(1)?
-                .ok_or(PartitionError::Catalog("pg_class.oid is NULL"))?;
-            if row.get::<Oid>(2)? != Some(root) {
-                return Err(PartitionError::NotAPartition { name: name.clone() });
-            }
-            let entry = parts.get_or_insert_with(|| OriginatorParts {
-                parent,
-                bands: Vec::new(),
-            });
-            if let (Some(leaf), Some(bound)) = (row.get::<Oid>(3)?, row.get::<String>(4)?) {
-                // A child that is not a plain range band (a user's DEFAULT partition)
-                // never routes our rows; leave it out of the cache.
-                if let Some(bound) = band::parse_range_bound(&bound) {
-                    entry.bands.push((bound, leaf));
-                }
-            }
+    let cname = std::ffi::CString::new(name.as_str()).map_err(|_| PartitionError::NotInstalled)?;
+    // SAFETY: valid NUL-terminated name and namespace oid; returns InvalidOid if absent.
+    let parent = unsafe { pg_sys::get_relname_relid(cname.as_ptr(), namespace_oid()?) };
+    if parent == pg_sys::InvalidOid {
+        return Ok(None);
+    }
+    if !partition_oids(root)?.contains(&parent) {
+        return Err(PartitionError::NotAPartition { name });
+    }
+    let mut parts = OriginatorParts {
+        parent,
+        bands: Vec::new(),
+    };
+    for leaf in partition_oids(parent)? {
+        // A child that is not a plain range band (a user's DEFAULT partition)
+        // never routes our rows; leave it out of the cache.
+        if let Some(bound) = partition_bound(leaf)
+            .as_deref()
+            .and_then(band::parse_range_bound)
+        {
+            parts.bands.push((bound, leaf));
         }
-        if let Some(parts) = parts.as_mut() {
-            parts.sort();
+    }
+    parts.sort();
+    Ok(Some(parts))
+}
+
+/// The partitions of a partitioned table, from its relcache partition descriptor.
+/// Takes ACCESS SHARE on the table until the end of the transaction, as any
+/// reader of it would.
+fn partition_oids(relid: Oid) -> Result<Vec<Oid>, PartitionError> {
+    // SAFETY: relation_open raises an ERROR if the relation vanished; the lock keeps
+    // it from being dropped while we read its descriptor. The descriptor belongs to
+    // the relcache entry, which stays valid while the relation is open, and we copy
+    // the oids out before closing it.
+    unsafe {
+        let rel = pg_sys::relation_open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let desc = pg_sys::RelationGetPartitionDesc(rel, true);
+        let oids = if desc.is_null() || (*desc).nparts <= 0 {
+            Vec::new()
+        } else {
+            std::slice::from_raw_parts((*desc).oids, (*desc).nparts as usize).to_vec()
+        };
+        pg_sys::relation_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+        if desc.is_null() {
+            return Err(PartitionError::Catalog(
+                "partitioned table without a partition descriptor",
+            ));
         }
-        Ok(parts)
-    })
+        Ok(oids)
+    }
+}
+
+/// `pg_get_expr(relpartbound, relid)` of a partition, from the syscache.
+fn partition_bound(relid: Oid) -> Option<String> {
+    // SAFETY: the tuple is released before returning; SysCacheGetAttr reads a
+    // column of that valid tuple; pg_get_expr copies what it needs into a new text.
+    unsafe {
+        let tuple = pg_sys::SearchSysCache1(
+            pg_sys::SysCacheIdentifier::RELOID as i32,
+            pg_sys::Datum::from(relid),
+        );
+        if tuple.is_null() {
+            return None;
+        }
+        let mut isnull = false;
+        let bound = pg_sys::SysCacheGetAttr(
+            pg_sys::SysCacheIdentifier::RELOID as i32,
+            tuple,
+            pg_sys::Anum_pg_class_relpartbound as pg_sys::AttrNumber,
+            &mut isnull,
+        );
+        let text = if isnull {
+            None
+        } else {
+            pgrx::fcinfo::direct_function_call::<String>(
+                pg_sys::pg_get_expr,
+                &[Some(bound), Some(pg_sys::Datum::from(relid))],
+            )
+        };
+        pg_sys::ReleaseSysCache(tuple);
+        text
+    }
 }
 
 /// Creates the originator-level partition of `table` for `node`, attached to the root.

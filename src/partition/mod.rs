@@ -186,10 +186,14 @@ pub fn ensure_band(node: i32, seq: i64, width: i64) -> Result<(), PartitionError
     }
     locks::lock_partition_creation();
     // The lock may have been granted because another creator just committed; make
-    // its new tables visible to the syscache before looking again.
+    // its new tables visible to the caches before looking again.
     // SAFETY: plain call into the invalidation machinery, no arguments.
     unsafe { pg_sys::AcceptInvalidationMessages() };
     if refresh(node, seq)? {
+        // Someone else created it. Nothing was done under the lock, so hand it on
+        // now rather than at commit: other waiters need not wait for this
+        // transaction to end.
+        locks::unlock_partition_creation();
         return Ok(());
     }
     forget_cache_on_abort();

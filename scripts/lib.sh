@@ -1,0 +1,80 @@
+# Shared helpers for scripts/*.sh and bench/*.sh. Source it; do not run it.
+#
+# Postgres refuses to run as root, so every throwaway cluster here is owned by and
+# runs as the `postgres` user (initdb/pg_ctl under runuser). Clusters live under
+# $ENVELOPES_TMP (default /var/tmp/pg_envelopes), one directory each, listening on
+# 127.0.0.1 and on a socket inside that directory.
+
+PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
+PG_CONFIG=${PG_CONFIG:-$PG_BIN/pg_config}
+PGXS_TEST=${PGXS_TEST:-/usr/lib/postgresql/15/lib/pgxs/src/test}
+ENVELOPES_TMP=${ENVELOPES_TMP:-/var/tmp/pg_envelopes}
+export PATH="$HOME/.cargo/bin:$PATH"
+
+log() { printf '[%s] %s\n' "$(basename "$0")" "$*" >&2; }
+
+as_postgres() { runuser -u postgres -- "$@"; }
+
+# A TCP port nothing listens on right now.
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+
+# cluster_start NAME PORT [postgresql.conf lines...]
+# Creates a fresh cluster in $ENVELOPES_TMP/NAME and starts it on PORT.
+cluster_start() {
+    local name=$1 port=$2; shift 2
+    local dir="$ENVELOPES_TMP/$name"
+    cluster_stop "$name"
+    rm -rf "$dir"
+    install -d -o postgres -g postgres "$ENVELOPES_TMP" "$dir"
+    as_postgres "$PG_BIN/initdb" -D "$dir/data" --auth=trust -U postgres -E UTF8 --locale=C.UTF-8 >"$dir/initdb.log" 2>&1 \
+        || { cat "$dir/initdb.log" >&2; return 1; }
+    {
+        echo "listen_addresses = '127.0.0.1'"
+        echo "port = $port"
+        echo "unix_socket_directories = '$dir'"
+        echo "max_connections = 200"
+        echo "fsync = on"
+        for line in "$@"; do echo "$line"; done
+    } >>"$dir/data/postgresql.conf"
+    as_postgres "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null \
+        || { tail -n 30 "$dir/server.log" >&2; return 1; }
+}
+
+# cluster_stop NAME: stops the cluster if it runs; leaves its files.
+cluster_stop() {
+    local dir="$ENVELOPES_TMP/$1"
+    if [ -f "$dir/data/postmaster.pid" ]; then
+        as_postgres "$PG_BIN/pg_ctl" -D "$dir/data" -m fast -w -t 60 stop >/dev/null 2>&1 \
+            || as_postgres "$PG_BIN/pg_ctl" -D "$dir/data" -m immediate stop >/dev/null 2>&1 || true
+    fi
+}
+
+# Stops servers left behind by runs that were killed (our clusters, and the ones
+# `cargo pgrx test` starts under $ENVELOPES_TMP/pgrx/15-<pid>), then removes them.
+cleanup_leftover_clusters() {
+    local pidfile dir
+    for pidfile in "$ENVELOPES_TMP"/*/data/postmaster.pid "$ENVELOPES_TMP"/pgrx/*/postmaster.pid; do
+        [ -f "$pidfile" ] || continue
+        dir=$(dirname "$pidfile")
+        log "stopping leftover server in $dir"
+        as_postgres "$PG_BIN/pg_ctl" -D "$dir" -m immediate stop >/dev/null 2>&1 || true
+    done
+    rm -rf "$ENVELOPES_TMP"/pgrx/15-* 2>/dev/null || true
+}
+
+# psql against a cluster started by cluster_start: cluster_psql NAME PORT DB args...
+cluster_psql() {
+    local name=$1 port=$2 db=$3; shift 3
+    "$PG_BIN/psql" -X -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres -d "$db" "$@"
+}
+
+# Builds the extension and installs it into the system Postgres directories.
+install_extension() {
+    local profile=${1:-debug}
+    local flags=()
+    [ "$profile" = release ] && flags+=(--release)
+    log "installing the extension ($profile build)"
+    cargo pgrx install --pg-config "$PG_CONFIG" "${flags[@]}" >/dev/null
+}
