@@ -11,10 +11,15 @@
 -- statement instead, and envelopes.orphaned_envelopes() reports any row that lost
 -- its twin. There is no DEFAULT partition either: a row without a band would land
 -- there and block the later creation of the band that should hold it.
+--
+-- There are no CHECK constraints (ids >= 0 are checked by the insert functions):
+-- Postgres re-reads and compiles a table's CHECK expressions for every INSERT
+-- statement, and on this single-row hot path two such checks per table cost about
+-- a quarter of the insert (measured: 17.5 -> 12.5 us per row).
 
 CREATE TABLE gateway_envelopes_meta (
-    originator_node_id     integer     NOT NULL CHECK (originator_node_id >= 0),
-    originator_sequence_id bigint      NOT NULL CHECK (originator_sequence_id >= 0),
+    originator_node_id     integer     NOT NULL,
+    originator_sequence_id bigint      NOT NULL,
     gateway_time           timestamptz NOT NULL DEFAULT pg_catalog.now(),
     topic                  bytea       NOT NULL,
     payer_id               integer,
@@ -40,8 +45,8 @@ CREATE INDEX gateway_envelopes_meta_expiry_idx
     ON gateway_envelopes_meta (expiry) WHERE expiry IS NOT NULL;
 
 CREATE TABLE gateway_envelopes_blob (
-    originator_node_id     integer NOT NULL CHECK (originator_node_id >= 0),
-    originator_sequence_id bigint  NOT NULL CHECK (originator_sequence_id >= 0),
+    originator_node_id     integer NOT NULL,
+    originator_sequence_id bigint  NOT NULL,
     originator_envelope    bytea   NOT NULL,
     CONSTRAINT gateway_envelopes_blob_pkey
         PRIMARY KEY (originator_node_id, originator_sequence_id)

@@ -181,6 +181,12 @@ fn forget_cache_on_abort() {
 /// originator level and the band when missing. Idempotent and safe to race.
 pub fn ensure_band(node: i32, seq: i64, width: i64) -> Result<(), PartitionError> {
     let desired = Band::containing(seq, width)?;
+    // SAFETY: plain call into the invalidation machinery, no arguments. After it,
+    // a cached route names partitions that still exist.
+    unsafe { pg_sys::AcceptInvalidationMessages() };
+    if cached_routes(node, seq).is_some() {
+        return Ok(());
+    }
     if refresh(node, seq)? {
         return Ok(());
     }

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Benchmarks, measured side by side in one run: each comparison's variants are run
+# interleaved (A B A B ...), several times each, on the same throwaway cluster, and
+# the report compares their medians. Results go to bench/out/results.tsv and are
+# rendered into bench/RESULTS.md by bench/report.py.
+#
+# usage: bench/run.sh [--quick] [--only NAME[,NAME...]]
+#   --quick   fewer, shorter runs (a smoke test of the numbers, minutes not tens)
+#   --only    run only the named comparisons (see `comparisons` below)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib.sh
+
+quick=false only=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --quick) quick=true ;;
+        --only) only=$2; shift ;;
+        *) echo "usage: $0 [--quick] [--only NAME[,NAME...]]" >&2; exit 2 ;;
+    esac
+    shift
+done
+if $quick; then RUNS=3 SECONDS_PER_RUN=5; else RUNS=5 SECONDS_PER_RUN=20; fi
+
+scripts/setup.sh
+install_extension release
+
+OUT=bench/out
+mkdir -p "$OUT"
+RESULTS="$OUT/results.tsv"
+: >"$RESULTS"
+COMMAND="bench/run.sh $*"
+# Settings of the throwaway cluster, printed into the results.
+TUNING=(
+    "shared_buffers = 1GB"
+    "max_wal_size = 8GB"
+    "checkpoint_timeout = 30min"
+    "wal_buffers = 64MB"
+    "max_connections = 200"
+    "autovacuum = off"   # no vacuum of the growing tables landing in one variant's run
+)
+
+selected() { [ -z "$only" ] || [[ ",$only," == *",$1,"* ]]; }
+
+# pgbench_tps DB CLIENTS SCRIPT: runs the script for SECONDS_PER_RUN and prints tps.
+pgbench_tps() {
+    local db=$1 clients=$2 script=$3
+    "$PG_BIN/pgbench" -n -M prepared -h 127.0.0.1 -p "$PORT" -U postgres \
+        -c "$clients" -j "$clients" -T "$SECONDS_PER_RUN" -f "$script" "$db" 2>"$OUT/pgbench.err" \
+        | awk '/^tps = / { print $3; exit }'
+}
+
+# record COMPARISON VARIANT DURABILITY RUN VALUE UNIT
+record() { printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >>"$RESULTS"; }
+
+# interleave COMPARISON DURABILITY CLIENTS DB NAME=SCRIPT...: runs each variant
+# RUNS times, alternating, and records tps.
+interleave() {
+    local comparison=$1 durability=$2 clients=$3 db=$4; shift 4
+    local run pair name script tps
+    for run in $(seq "$RUNS"); do
+        for pair in "$@"; do
+            name=${pair%%=*} script=${pair#*=}
+            tps=$(pgbench_tps "$db" "$clients" "$script")
+            [ -n "$tps" ] || { cat "$OUT/pgbench.err" >&2; return 1; }
+            record "$comparison" "$name" "$durability" "$run" "$tps" tps
+            log "$comparison [$durability] $name run $run: $tps tps"
+        done
+    done
+}
+
+sql() { cluster_psql bench "$PORT" "$@"; }
+
+for durability in off on; do
+    PORT=$(free_port)
+    cluster_start bench "$PORT" "${TUNING[@]}" "synchronous_commit = $durability"
+    trap 'cluster_stop bench' EXIT
+    log "cluster on port $PORT, synchronous_commit = $durability"
+    sql postgres -q -c "CREATE DATABASE bench"
+    sql bench -q -f bench/sql/setup.sql >/dev/null
+
+    if selected insert; then
+        # Single-row insert: the extension's function vs a plain INSERT of meta and
+        # blob into the same pre-created partitions. 2 clients.
+        interleave insert "$durability" 2 bench \
+            extension=bench/sql/insert_extension.sql plain=bench/sql/insert_plain.sql
+    fi
+
+    cluster_stop bench
+    trap - EXIT
+done
+
+{
+    echo "command	$COMMAND"
+    echo "date	$(date -u +%Y-%m-%dT%H:%MZ)"
+    echo "machine	$(nproc) cores, $(free -g | awk '/^Mem:/ {print $2}') GiB RAM, $(uname -r)"
+    echo "postgres	$("$PG_BIN/postgres" --version)"
+    echo "runs	$RUNS x ${SECONDS_PER_RUN}s per variant, interleaved"
+    for t in "${TUNING[@]}"; do echo "setting	$t"; done
+} >"$OUT/meta.tsv"
+python3 bench/report.py "$OUT" bench/RESULTS.md
+log "wrote bench/RESULTS.md"

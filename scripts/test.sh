@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs every test of pg_envelopes, from a fresh machine or a warm one:
+#   1. machine setup (scripts/setup.sh), and servers left by killed runs stopped
+#   2. cargo fmt --check and cargo clippy -D warnings
+#   3. cargo pgrx test: plain #[test]s and in-backend #[pg_test]s
+#   4. pg_regress golden files and isolation specs (pg_test/)
+#   5. client integration tests (tests/) against a throwaway cluster
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/setup.sh
+source scripts/lib.sh
+cleanup_leftover_clusters
+started=$(date +%s)
+step() { log "== $* ($(( $(date +%s) - started ))s)"; }
+
+step "format and lints"
+cargo fmt --all --check
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "cargo pgrx test (unit and in-backend tests)"
+install -d -o postgres -g postgres "$ENVELOPES_TMP" "$ENVELOPES_TMP/pgrx"
+cargo pgrx test pg15 --runas postgres --pgdata "$ENVELOPES_TMP/pgrx"
+
+step "install the extension"
+install_extension debug
+
+step "pg_regress and isolation specs"
+scripts/run_pg_test.sh
+
+step "integration tests"
+port=$(free_port)
+cluster_start itest "$port"
+trap 'cluster_stop itest' EXIT
+export ENVELOPES_TEST_PG="host=127.0.0.1 port=$port user=postgres"
+cargo test -p pg_envelopes_tests -- --test-threads=4
+
+step "all tests passed"

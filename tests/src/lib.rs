@@ -1,0 +1,88 @@
+//! Test harness for client-side integration tests.
+//!
+//! `scripts/test.sh` starts a throwaway cluster with the extension installed and
+//! exports `ENVELOPES_TEST_PG` (a libpq connection string without a database).
+//! Each test creates its own database with a unique name, so tests can run in
+//! parallel and never see each other's rows, and drops it when done.
+
+use postgres::{Client, NoTls};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Connection string of the test server, without a database name.
+pub fn server() -> String {
+    std::env::var("ENVELOPES_TEST_PG").unwrap_or_else(|_| {
+        panic!(
+            "ENVELOPES_TEST_PG is not set: run these tests through scripts/test.sh, which \
+             starts a throwaway cluster with pg_envelopes installed"
+        )
+    })
+}
+
+/// A fresh database with the extension created in it; dropped on drop.
+pub struct TestDb {
+    pub name: String,
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+impl TestDb {
+    pub fn new(label: &str) -> TestDb {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let name = format!(
+            "t_{label}_{}_{}_{nanos}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut admin = connect_to("postgres");
+        admin
+            .batch_execute(&format!("CREATE DATABASE \"{name}\""))
+            .expect("create database");
+        let db = TestDb { name };
+        db.connect()
+            .batch_execute("CREATE EXTENSION pg_envelopes")
+            .expect("create extension");
+        db
+    }
+
+    /// The connection string of this database.
+    pub fn url(&self) -> String {
+        format!("{} dbname={}", server(), self.name)
+    }
+
+    pub fn connect(&self) -> Client {
+        connect_to(&self.name)
+    }
+
+    /// The single bigint a query returns.
+    pub fn int8(&self, sql: &str) -> i64 {
+        self.connect().query_one(sql, &[]).expect(sql).get(0)
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if let Ok(mut admin) = Client::connect(&format!("{} dbname=postgres", server()), NoTls) {
+            let _ = admin.batch_execute(&format!(
+                "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+                self.name
+            ));
+        }
+    }
+}
+
+pub fn connect_to(dbname: &str) -> Client {
+    Client::connect(&format!("{} dbname={dbname}", server()), NoTls)
+        .unwrap_or_else(|e| panic!("connect to {dbname}: {e}"))
+}
+
+/// SQLSTATE of a failed statement, or "-----" when the error has none.
+pub fn sqlstate(error: &postgres::Error) -> String {
+    error
+        .code()
+        .map(|c| c.code().to_owned())
+        .unwrap_or_else(|| "-----".to_owned())
+}
