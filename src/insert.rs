@@ -14,6 +14,7 @@
 
 use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
 use crate::gucs;
+use crate::locks;
 use crate::partition::{self, PartitionError};
 use pgrx::datum::{DatumWithOid, TimestampWithTimeZone};
 use pgrx::prelude::*;
@@ -254,6 +255,7 @@ fn insert_one(
     let topic = check_topic(topic)?;
     let envelope = check_envelope(originator_envelope)?;
     partition::route(node, seq, gucs::band_width())?;
+    locks::mark_inflight(node, seq);
     let args = [
         DatumWithOid::from(node),
         DatumWithOid::from(seq),
@@ -368,7 +370,11 @@ fn insert_many(
     keys.dedup();
     // Consecutive keys mostly share a band: lock each distinct route once.
     let mut locked = Vec::new();
-    for &(node, seq) in &keys {
+    for (i, &(node, seq)) in keys.iter().enumerate() {
+        // Keys are sorted: the first of each originator is its lowest sequence id.
+        if i == 0 || keys[i - 1].0 != node {
+            locks::mark_inflight(node, seq);
+        }
         if let Some(routes) = partition::cached_routes(node, seq) {
             if locked.contains(&routes) {
                 continue;

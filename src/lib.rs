@@ -14,6 +14,7 @@ mod gucs;
 mod insert;
 mod locks;
 mod partition;
+mod select;
 #[cfg(any(test, feature = "pg_test"))]
 mod testing;
 
@@ -21,6 +22,12 @@ mod testing;
 
 // Tables and the view come first: the functions below refer to them by name.
 pgrx::extension_sql_file!("../sql/storage.sql", name = "storage", bootstrap);
+// Partition listing and retention, in SQL and PL/pgSQL over the tables above.
+pgrx::extension_sql_file!(
+    "../sql/retention.sql",
+    name = "retention",
+    requires = ["storage"]
+);
 
 /// Runs once per process when Postgres loads the library.
 #[pg_guard]

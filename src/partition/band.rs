@@ -150,6 +150,16 @@ fn parse_bound_value(text: &str, infinity: &str) -> Option<Option<i64>> {
     unquoted.parse::<i64>().ok().map(Some)
 }
 
+/// Parses the bound of an originator-level list partition, `FOR VALUES IN (7)`.
+/// Returns `None` unless it is exactly one integer.
+pub fn parse_list_bound(text: &str) -> Option<i32> {
+    let inner = text
+        .trim()
+        .strip_prefix("FOR VALUES IN (")?
+        .strip_suffix(')')?;
+    inner.trim().parse::<i32>().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -305,5 +315,8 @@ mod tests {
         );
         assert_eq!(parse_range_bound("DEFAULT"), None);
         assert_eq!(parse_range_bound("FOR VALUES IN (5)"), None);
+        assert_eq!(parse_list_bound("FOR VALUES IN (5)"), Some(5));
+        assert_eq!(parse_list_bound("FOR VALUES IN (5, 6)"), None);
+        assert_eq!(parse_list_bound("DEFAULT"), None);
     }
 }

@@ -50,6 +50,9 @@ impl OriginatorParts {
 struct Known {
     /// Root oids, meta then blob.
     roots: Option<[Oid; 2]>,
+    /// Node ids of the originator partitions of the meta root, ascending. Attaching
+    /// or detaching an originator invalidates the root, which clears this.
+    nodes: Option<Vec<i32>>,
     originators: HashMap<(Table, i32), OriginatorParts>,
     /// Every parent and leaf oid in `originators`, pointing back at its entry, so
     /// the invalidation callback can find what to forget in O(1).
@@ -64,6 +67,7 @@ impl Known {
         }
         if self.roots.is_some_and(|roots| roots.contains(&relid)) {
             self.roots = None;
+            self.nodes = None;
         }
         if let Some(key) = self.by_oid.remove(&relid) {
             if let Some(parts) = self.originators.remove(&key) {
@@ -121,6 +125,26 @@ pub fn roots() -> Option<[Oid; 2]> {
 
 pub fn store_roots(roots: [Oid; 2]) {
     with_known(|known| known.roots = Some(roots));
+}
+
+/// Node ids of all originators, ascending, if known.
+pub fn originators() -> Option<Vec<i32>> {
+    with_known(|known| known.nodes.clone())
+}
+
+pub fn store_originators(mut nodes: Vec<i32>) {
+    nodes.sort_unstable();
+    with_known(|known| {
+        // Only meaningful together with the roots they were read from.
+        if known.roots.is_some() {
+            known.nodes = Some(nodes);
+        }
+    });
+}
+
+/// What is known about one originator in one table.
+pub fn parts(table: Table, node: i32) -> Option<OriginatorParts> {
+    with_known(|known| known.originators.get(&(table, node)).cloned())
 }
 
 /// The cached route of `(node, seq)` in `table`, if both levels are known.

@@ -96,6 +96,42 @@ pub fn load_originator(
     Ok(Some(parts))
 }
 
+/// Node ids of every originator partition attached to `root`. A child whose bound
+/// is not a single integer (not one of ours) is left out.
+pub fn list_originators(root: Oid) -> Result<Vec<i32>, PartitionError> {
+    Ok(partition_oids(root)?
+        .into_iter()
+        .filter_map(|child| {
+            partition_bound(child)
+                .as_deref()
+                .and_then(band::parse_list_bound)
+        })
+        .collect())
+}
+
+/// `schema.table` of a relation, each part quoted as needed, for SQL text.
+pub fn qualified_name(relid: Oid) -> Option<String> {
+    // SAFETY: the lsyscache lookups return NULL for a relation that no longer exists;
+    // the returned strings are palloc'd copies that we copy into Rust strings.
+    unsafe {
+        let rel = pg_sys::get_rel_name(relid);
+        if rel.is_null() {
+            return None;
+        }
+        let nsp = pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid));
+        if nsp.is_null() {
+            return None;
+        }
+        let rel = std::ffi::CStr::from_ptr(rel).to_string_lossy();
+        let nsp = std::ffi::CStr::from_ptr(nsp).to_string_lossy();
+        Some(format!(
+            "{}.{}",
+            quote_identifier(&*nsp),
+            quote_identifier(&*rel)
+        ))
+    }
+}
+
 /// The partitions of a partitioned table, from its relcache partition descriptor.
 /// Takes ACCESS SHARE on the table until the end of the transaction, as any
 /// reader of it would.

@@ -109,6 +109,41 @@ fn roots() -> Result<[pg_sys::Oid; 2], PartitionError> {
     Ok(roots)
 }
 
+/// Node ids of every originator that has a partition, ascending.
+pub fn originators() -> Result<Vec<i32>, PartitionError> {
+    if let Some(nodes) = cache::originators() {
+        return Ok(nodes);
+    }
+    let roots = roots()?;
+    let nodes = catalog::list_originators(roots[Table::Meta as usize])?;
+    cache::store_originators(nodes.clone());
+    let mut nodes = nodes;
+    nodes.sort_unstable();
+    Ok(nodes)
+}
+
+/// One originator's partitions in `table` (cached, or read from the catalog), or
+/// `None` if the originator has none.
+pub fn originator_parts(
+    table: Table,
+    node: i32,
+) -> Result<Option<cache::OriginatorParts>, PartitionError> {
+    if let Some(parts) = cache::parts(table, node) {
+        return Ok(Some(parts));
+    }
+    let roots = roots()?;
+    let parts = catalog::load_originator(table, node, roots[table as usize])?;
+    if let Some(parts) = &parts {
+        cache::store(table, node, parts.clone());
+    }
+    Ok(parts)
+}
+
+/// `schema.table` of a partition, quoted for SQL text.
+pub fn qualified_name(relid: pg_sys::Oid) -> Option<String> {
+    catalog::qualified_name(relid)
+}
+
 /// The cached routes (meta, blob) of a row, without any catalog access.
 pub fn cached_routes(node: i32, seq: i64) -> Option<[Route; 2]> {
     Some([

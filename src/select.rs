@@ -1,0 +1,735 @@
+//! Cursor reads: `select_gateway_envelopes` and `originator_ceilings`.
+//!
+//! A cursor is a vector clock: for each originator, the last sequence id the
+//! reader has seen (0 when the originator is absent). The selector walks the
+//! originators in ascending order and, within one, its band partitions in
+//! ascending order, querying each band's leaf tables directly with an index range
+//! scan and stopping as soon as `row_limit` rows are collected. A query never names
+//! the partitioned roots, so no plan is built over all partitions and the cost
+//! follows the rows returned and the bands they sit in, not the total number of
+//! partitions.
+//!
+//! Sequence order is not commit order: a reader that moves its cursor past a row
+//! it saw may skip a lower sequence id that commits later. `originator_ceilings`
+//! tells readers how far they may move (see its documentation).
+
+use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
+use crate::locks;
+use crate::partition::band::{RangeBound, Table};
+use crate::partition::{self, PartitionError};
+use pgrx::datum::{DatumWithOid, TimestampWithTimeZone};
+use pgrx::pg_sys::{self, Oid};
+use pgrx::prelude::*;
+use pgrx::spi::{OwnedPreparedStatement, Spi, SpiClient};
+use pgrx::PgOid;
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
+
+/// Errors of the read functions.
+#[derive(Debug, thiserror::Error)]
+pub enum SelectError {
+    #[error("cursor_node_ids has {nodes} elements but cursor_sequence_ids has {seqs}")]
+    CursorLength { nodes: usize, seqs: usize },
+    #[error("{0} must not be NULL")]
+    Null(&'static str),
+    #[error("{name}[{index}] must not be NULL")]
+    NullElement { name: &'static str, index: usize },
+    #[error("originator {0} appears more than once in the cursor")]
+    DuplicateCursor(i32),
+    #[error("row_limit must not be negative (got {0})")]
+    NegativeLimit(i32),
+    #[error("{0}")]
+    Partition(#[from] PartitionError),
+    #[error("SPI error while reading envelopes: {0}")]
+    Spi(#[from] pgrx::spi::SpiError),
+}
+
+impl SqlError for SelectError {
+    fn sqlstate(&self) -> PgSqlErrorCode {
+        use PgSqlErrorCode::*;
+        match self {
+            SelectError::CursorLength { .. } => ERRCODE_ARRAY_ELEMENT_ERROR,
+            SelectError::Null(_) | SelectError::NullElement { .. } => {
+                ERRCODE_NULL_VALUE_NOT_ALLOWED
+            }
+            SelectError::DuplicateCursor(_) | SelectError::NegativeLimit(_) => {
+                ERRCODE_INVALID_PARAMETER_VALUE
+            }
+            SelectError::Partition(e) => e.sqlstate(),
+            SelectError::Spi(_) => ERRCODE_INTERNAL_ERROR,
+        }
+    }
+}
+
+/// One envelope as the selector returns it.
+type Row = (
+    i32,
+    i64,
+    TimestampWithTimeZone,
+    Vec<u8>,
+    Option<i32>,
+    Option<i64>,
+    Vec<u8>,
+);
+
+/// Reads the elements of an array argument, rejecting NULL elements.
+fn elements<T: Copy>(
+    name: &'static str,
+    array: Option<Array<'_, T>>,
+) -> Result<Option<Vec<T>>, SelectError>
+where
+    for<'a> T: FromDatum + pgrx::datum::UnboxDatum<As<'a> = T> + 'static,
+{
+    let Some(array) = array else { return Ok(None) };
+    array
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v.ok_or(SelectError::NullElement { name, index: i + 1 }))
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
+/// The cursor as a map; absent originators read as 0.
+fn cursor_map(nodes: Vec<i32>, seqs: Vec<i64>) -> Result<HashMap<i32, i64>, SelectError> {
+    if nodes.len() != seqs.len() {
+        return Err(SelectError::CursorLength {
+            nodes: nodes.len(),
+            seqs: seqs.len(),
+        });
+    }
+    let mut cursor = HashMap::with_capacity(nodes.len());
+    for (node, seq) in nodes.into_iter().zip(seqs) {
+        if cursor.insert(node, seq).is_some() {
+            return Err(SelectError::DuplicateCursor(node));
+        }
+    }
+    Ok(cursor)
+}
+
+/// What one leaf query reads: a meta band joined with the blob rows of the same ids.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct LeafQuery {
+    meta: Oid,
+    /// The blob band with the same bounds, or the originator's blob partition when
+    /// the two tables' bands are not aligned (never, unless edited by hand).
+    blob: Oid,
+    with_topics: bool,
+}
+
+/// Prepared leaf queries, least recently used first. Bounded: a reader that walks
+/// many bands does not keep a plan per band forever.
+struct PlanCache {
+    plans: HashMap<LeafQuery, Rc<OwnedPreparedStatement>>,
+    order: VecDeque<LeafQuery>,
+}
+
+const PLAN_CACHE_SIZE: usize = 256;
+
+thread_local! {
+    static PLANS: RefCell<PlanCache> =
+        RefCell::new(PlanCache { plans: HashMap::new(), order: VecDeque::new() });
+}
+
+impl LeafQuery {
+    fn sql(&self) -> Result<String, SelectError> {
+        let name = |oid| {
+            partition::qualified_name(oid).ok_or(SelectError::Partition(PartitionError::Catalog(
+                "partition vanished",
+            )))
+        };
+        let topic_filter = if self.with_topics {
+            " AND m.topic = ANY($4)"
+        } else {
+            ""
+        };
+        // The blob row is fetched by a correlated lookup per meta row (OFFSET 0 keeps
+        // the planner from turning it into a join that could scan the blob band):
+        // with the node and cursor as index conditions on the primary key, the
+        // work is an index range scan that stops after LIMIT rows.
+        Ok(format!(
+            "SELECT m.originator_sequence_id, m.gateway_time, m.topic, m.payer_id, m.expiry,
+                    b.originator_envelope
+               FROM {meta} m
+              CROSS JOIN LATERAL (
+                    SELECT bl.originator_envelope FROM {blob} bl
+                     WHERE bl.originator_node_id = m.originator_node_id
+                       AND bl.originator_sequence_id = m.originator_sequence_id
+                    OFFSET 0) b
+              WHERE m.originator_node_id = $3 AND m.originator_sequence_id > $1{topic_filter}
+              ORDER BY m.originator_sequence_id
+              LIMIT $2",
+            meta = name(self.meta)?,
+            blob = name(self.blob)?,
+        ))
+    }
+
+    fn prepared(&self, client: &SpiClient<'_>) -> Result<Rc<OwnedPreparedStatement>, SelectError> {
+        let cached = PLANS.with(|cache| {
+            let mut cache = cache.borrow_mut();
+            let plan = cache.plans.get(self).cloned();
+            if plan.is_some() {
+                cache.order.retain(|q| q != self);
+                cache.order.push_back(*self);
+            }
+            plan
+        });
+        if let Some(plan) = cached {
+            return Ok(plan);
+        }
+        let mut types = vec![
+            PgOid::from(i64::type_oid()),
+            PgOid::from(i64::type_oid()),
+            PgOid::from(i32::type_oid()),
+        ];
+        if self.with_topics {
+            types.push(PgOid::from(<Vec<Vec<u8>>>::type_oid()));
+        }
+        let plan = Rc::new(client.prepare(self.sql()?.as_str(), &types)?.keep());
+        PLANS.with(|cache| {
+            let mut cache = cache.borrow_mut();
+            if cache.order.len() >= PLAN_CACHE_SIZE {
+                if let Some(old) = cache.order.pop_front() {
+                    cache.plans.remove(&old);
+                }
+            }
+            cache.plans.insert(*self, plan.clone());
+            cache.order.push_back(*self);
+        });
+        Ok(plan)
+    }
+}
+
+/// Reads up to `limit` envelopes of one originator after `after`, in order.
+fn read_originator(
+    client: &SpiClient<'_>,
+    node: i32,
+    after: i64,
+    topics: Option<&Vec<Vec<u8>>>,
+    limit: usize,
+    rows: &mut Vec<Row>,
+) -> Result<(), SelectError> {
+    let Some(meta) = partition::originator_parts(Table::Meta, node)? else {
+        return Ok(());
+    };
+    let blob = partition::originator_parts(Table::Blob, node)?;
+    for (bound, leaf) in &meta.bands {
+        if rows.len() >= limit {
+            break;
+        }
+        if bound
+            .upper
+            .is_some_and(|upper| upper <= after.saturating_add(1))
+        {
+            continue; // the whole band is at or below the cursor
+        }
+        let blob_rel = match &blob {
+            Some(blob) => aligned_band(&blob.bands, bound).unwrap_or(blob.parent),
+            None => continue, // no blob partition: no row can join
+        };
+        // Keep the band from being dropped while it is read.
+        // SAFETY: any oid can be locked; a dropped one simply has no rows to lock.
+        unsafe {
+            pg_sys::LockRelationOid(*leaf, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+            pg_sys::LockRelationOid(blob_rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        }
+        if partition::qualified_name(*leaf).is_none()
+            || partition::qualified_name(blob_rel).is_none()
+        {
+            continue; // dropped (by prune_expired) after we listed it: it was empty
+        }
+        let query = LeafQuery {
+            meta: *leaf,
+            blob: blob_rel,
+            with_topics: topics.is_some(),
+        };
+        let plan = query.prepared(client)?;
+        let remaining = i64::try_from(limit - rows.len()).unwrap_or(i64::MAX);
+        let mut args = vec![
+            DatumWithOid::from(after),
+            DatumWithOid::from(remaining),
+            DatumWithOid::from(node),
+        ];
+        if let Some(topics) = topics {
+            args.push(DatumWithOid::from(topics.clone()));
+        }
+        for row in client.select(&*plan, None, &args)? {
+            let missing =
+                || SelectError::Partition(PartitionError::Catalog("NULL in a NOT NULL column"));
+            rows.push((
+                node,
+                row.get::<i64>(1)?.ok_or_else(missing)?,
+                row.get::<TimestampWithTimeZone>(2)?.ok_or_else(missing)?,
+                row.get::<Vec<u8>>(3)?.ok_or_else(missing)?,
+                row.get::<i32>(4)?,
+                row.get::<i64>(5)?,
+                row.get::<Vec<u8>>(6)?.ok_or_else(missing)?,
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The blob band with exactly these bounds, if any.
+fn aligned_band(bands: &[(RangeBound, Oid)], bound: &RangeBound) -> Option<Oid> {
+    bands.iter().find(|(b, _)| b == bound).map(|(_, oid)| *oid)
+}
+
+fn select(
+    cursor_node_ids: Option<Array<'_, i32>>,
+    cursor_sequence_ids: Option<Array<'_, i64>>,
+    topics: Option<Array<'_, &[u8]>>,
+    originator_node_ids: Option<Array<'_, i32>>,
+    row_limit: Option<i32>,
+) -> Result<Vec<Row>, SelectError> {
+    let limit = match row_limit {
+        None => return Err(SelectError::Null("row_limit")),
+        Some(l) if l < 0 => return Err(SelectError::NegativeLimit(l)),
+        Some(l) => l as usize,
+    };
+    let nodes = elements("cursor_node_ids", cursor_node_ids)?.unwrap_or_default();
+    let seqs = elements("cursor_sequence_ids", cursor_sequence_ids)?.unwrap_or_default();
+    let cursor = cursor_map(nodes, seqs)?;
+    let topics = match topics {
+        None => None,
+        Some(array) => Some(
+            array
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    t.map(<[u8]>::to_vec).ok_or(SelectError::NullElement {
+                        name: "topics",
+                        index: i + 1,
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+    };
+    let mut originators = match elements("originator_node_ids", originator_node_ids)? {
+        Some(nodes) => nodes,
+        None => partition::originators()?,
+    };
+    originators.sort_unstable();
+    originators.dedup();
+    if limit == 0 || topics.as_ref().is_some_and(Vec::is_empty) {
+        return Ok(Vec::new());
+    }
+
+    let mut rows = Vec::new();
+    Spi::connect(|client| {
+        for node in originators {
+            if rows.len() >= limit {
+                break;
+            }
+            let after = cursor.get(&node).copied().unwrap_or(0);
+            read_originator(client, node, after, topics.as_ref(), limit, &mut rows)?;
+        }
+        Ok::<_, SelectError>(())
+    })?;
+    Ok(rows)
+}
+
+/// Envelopes after a vector-clock cursor, ordered by
+/// `(originator_node_id, originator_sequence_id)`, at most `row_limit` of them.
+///
+/// A row is returned when its sequence id is greater than the cursor's entry for
+/// its originator, or greater than 0 when the cursor has no entry for it. `topics`
+/// and `originator_node_ids` restrict the rows when given (both apply together);
+/// NULL means no restriction, an empty array matches nothing.
+#[pg_extern(stable, parallel_unsafe)]
+#[allow(clippy::type_complexity)]
+fn select_gateway_envelopes(
+    cursor_node_ids: default!(Option<Array<'_, i32>>, "'{}'"),
+    cursor_sequence_ids: default!(Option<Array<'_, i64>>, "'{}'"),
+    topics: default!(Option<Array<'_, &[u8]>>, "NULL"),
+    originator_node_ids: default!(Option<Array<'_, i32>>, "NULL"),
+    row_limit: default!(Option<i32>, "1000"),
+) -> TableIterator<
+    'static,
+    (
+        name!(originator_node_id, i32),
+        name!(originator_sequence_id, i64),
+        name!(gateway_time, TimestampWithTimeZone),
+        name!(topic, Vec<u8>),
+        name!(payer_id, Option<i32>),
+        name!(expiry, Option<i64>),
+        name!(originator_envelope, Vec<u8>),
+    ),
+> {
+    let rows = select(
+        cursor_node_ids,
+        cursor_sequence_ids,
+        topics,
+        originator_node_ids,
+        row_limit,
+    )
+    .or_raise();
+    TableIterator::new(rows)
+}
+
+/// In-flight markers of other transactions: lowest marked sequence id per
+/// originator, and whether some transaction holds the all-originators marker.
+fn inflight_markers(client: &SpiClient<'_>) -> Result<(HashMap<i32, i64>, bool), SelectError> {
+    // Markers of backends connected to other databases are theirs, not ours; a
+    // prepared transaction (no pid) could be anyone's and is counted.
+    let rows = client.select(
+        "SELECT l.database::pg_catalog.int8, (l.classid::pg_catalog.int8 << 32) | l.objid::pg_catalog.int8
+           FROM pg_catalog.pg_locks l
+           LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+          WHERE l.locktype = 'advisory' AND l.objsubid = $1 AND l.granted
+            AND l.pid IS DISTINCT FROM pg_catalog.pg_backend_pid()
+            AND (l.pid IS NULL OR a.datid = (SELECT d.oid FROM pg_catalog.pg_database d
+                                              WHERE d.datname = pg_catalog.current_database()))",
+        None,
+        &[DatumWithOid::from(i32::from(locks::INFLIGHT_SUBID))],
+    )?;
+    let mut lowest: HashMap<i32, i64> = HashMap::new();
+    let mut all_nodes = false;
+    for row in rows {
+        let (Some(node), Some(seq)) = (row.get::<i64>(1)?, row.get::<i64>(2)?) else {
+            continue;
+        };
+        if node == i64::from(locks::INFLIGHT_ALL_NODES) {
+            all_nodes = true;
+        } else if let Ok(node) = i32::try_from(node) {
+            let entry = lowest.entry(node).or_insert(seq);
+            *entry = (*entry).min(seq);
+        }
+    }
+    Ok((lowest, all_nodes))
+}
+
+/// Highest committed sequence id of one originator, searching its bands from the
+/// newest down (an index backward scan each; usually only the newest is read).
+fn committed_max(client: &SpiClient<'_>, node: i32) -> Result<Option<i64>, SelectError> {
+    let Some(meta) = partition::originator_parts(Table::Meta, node)? else {
+        return Ok(None);
+    };
+    for (_, leaf) in meta.bands.iter().rev() {
+        let Some(name) = partition::qualified_name(*leaf) else {
+            continue;
+        };
+        let max = client
+            .select(
+                &format!(
+                    "SELECT pg_catalog.max(originator_sequence_id) FROM {name}
+                      WHERE originator_node_id = $1"
+                ),
+                None,
+                &[DatumWithOid::from(node)],
+            )?
+            .first()
+            .get_one::<i64>()?;
+        if max.is_some() {
+            return Ok(max);
+        }
+    }
+    Ok(None)
+}
+
+fn ceilings() -> Result<Vec<(i32, i64)>, SelectError> {
+    Spi::connect(|client| {
+        // Markers first, rows second: a row that exists (committed or not) when the
+        // markers are read is either visible to the later snapshot or marked.
+        let (markers, all_nodes) = inflight_markers(client)?;
+        let mut out = Vec::new();
+        for node in partition::originators()? {
+            let committed = committed_max(client, node)?;
+            let held_back = if all_nodes {
+                Some(0)
+            } else {
+                markers.get(&node).copied()
+            };
+            let ceiling = match (committed, held_back) {
+                (Some(max), Some(marker)) => max.min(marker.saturating_sub(1)),
+                (Some(max), None) => max,
+                (None, Some(marker)) => marker.saturating_sub(1),
+                (None, None) => continue,
+            };
+            out.push((node, ceiling));
+        }
+        Ok(out)
+    })
+}
+
+/// Per originator, the highest sequence id a reader may advance its cursor to
+/// without ever skipping a row that is still being inserted.
+///
+/// Guarantee: every row inserted through the insert functions by a transaction
+/// that is still open when this function starts has a sequence id above the
+/// ceiling of its originator; every committed row at or below the ceiling is
+/// visible. A reader that advances its cursor only up to the ceiling therefore
+/// never skips a row that existed, committed or not, when it asked.
+///
+/// Limits: a row inserted later with a lower sequence id than rows already
+/// committed (a late arrival, e.g. an envelope replayed from another gateway) can
+/// still fall below a cursor that moved on; a transaction that wrote to more than
+/// 256 originators holds every ceiling at -1 until it ends; rows written into the
+/// tables directly, not through the insert functions, are not tracked.
+#[pg_extern(volatile, parallel_unsafe)]
+fn originator_ceilings(
+) -> TableIterator<'static, (name!(originator_node_id, i32), name!(max_sequence_id, i64))> {
+    TableIterator::new(ceilings().or_raise())
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{int8, sqlstate_of};
+    use pgrx::prelude::*;
+
+    /// Inserts seqs 1..=n for each node, topic = node's byte + (seq % 2).
+    fn fill(nodes: &[i32], n: i64) {
+        for node in nodes {
+            Spi::run(&format!(
+                "SELECT envelopes.insert_gateway_envelopes(
+                     array_agg({node}), array_agg(s), array_agg(pg_catalog.int2send((s % 2)::int2)),
+                     array_agg(pg_catalog.int8send(s)))
+                   FROM generate_series(1::bigint, {n}) s"
+            ))
+            .unwrap();
+        }
+    }
+
+    /// (node, seq) pairs a select returns, in order.
+    fn keys(args: &str) -> Vec<(i32, i64)> {
+        Spi::connect(|client| {
+            client
+                .select(
+                    &format!(
+                        "SELECT originator_node_id, originator_sequence_id
+                           FROM envelopes.select_gateway_envelopes({args})"
+                    ),
+                    None,
+                    &[],
+                )
+                .unwrap()
+                .map(|r| {
+                    (
+                        r.get::<i32>(1).unwrap().unwrap(),
+                        r.get::<i64>(2).unwrap().unwrap(),
+                    )
+                })
+                .collect()
+        })
+    }
+
+    #[pg_test]
+    fn absent_originators_read_from_zero() {
+        fill(&[1, 2, 3], 3);
+        let rows = keys("cursor_node_ids => '{2}', cursor_sequence_ids => '{2}'");
+        assert_eq!(
+            rows,
+            [(1, 1), (1, 2), (1, 3), (2, 3), (3, 1), (3, 2), (3, 3)]
+        );
+    }
+
+    #[pg_test]
+    fn default_arguments_read_everything_in_order() {
+        fill(&[5, 4], 2);
+        assert_eq!(keys(""), [(4, 1), (4, 2), (5, 1), (5, 2)]);
+    }
+
+    #[pg_test]
+    fn topics_and_originators_both_apply() {
+        fill(&[1, 2, 3], 6);
+        // topic '\x0001' = odd sequence ids
+        let rows = keys("topics => ARRAY['\\x0001'::bytea], originator_node_ids => '{3, 1}'");
+        assert_eq!(rows, [(1, 1), (1, 3), (1, 5), (3, 1), (3, 3), (3, 5)]);
+        assert_eq!(keys("originator_node_ids => '{2}'").len(), 6);
+        assert_eq!(keys("topics => '{}'"), []);
+        assert_eq!(keys("originator_node_ids => '{}'"), []);
+        assert_eq!(keys("originator_node_ids => '{99}'"), []);
+    }
+
+    #[pg_test]
+    fn limit_cuts_in_order_across_bands_and_originators() {
+        Spi::run("SET LOCAL envelopes.band_width = 4").unwrap();
+        fill(&[1, 2], 10);
+        let rows = keys("cursor_node_ids => '{1}', cursor_sequence_ids => '{6}', row_limit => 7");
+        assert_eq!(
+            rows,
+            [(1, 7), (1, 8), (1, 9), (1, 10), (2, 1), (2, 2), (2, 3)]
+        );
+        assert_eq!(keys("row_limit => 0"), []);
+        // Paging with the last row seen as the cursor returns the rest exactly once.
+        let mut seen = Vec::new();
+        let (mut c1, mut c2) = (0, 0);
+        loop {
+            let page = keys(&format!(
+                "cursor_node_ids => '{{1,2}}', cursor_sequence_ids => '{{{c1},{c2}}}', row_limit => 3"
+            ));
+            if page.is_empty() {
+                break;
+            }
+            for &(node, seq) in &page {
+                if node == 1 {
+                    c1 = seq
+                } else {
+                    c2 = seq
+                }
+            }
+            seen.extend(page);
+        }
+        assert_eq!(seen.len(), 20);
+        assert!(seen.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[pg_test]
+    fn returns_every_column() {
+        Spi::run(
+            "SELECT envelopes.insert_gateway_envelope(9, 1, '\\xaa', '\\xbbcc', 7,
+                 '2026-01-01 00:00:00+00', 1900000000)",
+        )
+        .unwrap();
+        let same = int8(
+            "SELECT count(*) FROM envelopes.select_gateway_envelopes() s
+               JOIN envelopes.gateway_envelopes_view v USING (originator_node_id, originator_sequence_id)
+              WHERE s.gateway_time = v.gateway_time AND s.topic = '\\xaa' AND s.payer_id = 7
+                AND s.expiry = 1900000000 AND s.originator_envelope = '\\xbbcc'",
+        );
+        assert_eq!(same, 1);
+    }
+
+    #[pg_test]
+    fn select_rejects_bad_arguments_with_sqlstates() {
+        let cases = [
+            ("'{1,2}', '{1}'", "2202E"),
+            ("'{1,NULL}', '{1,2}'", "22004"),
+            ("'{1}', '{NULL}'", "22004"),
+            ("'{1,1}', '{1,2}'", "22023"),
+            ("row_limit => -1", "22023"),
+            ("row_limit => NULL", "22004"),
+            ("topics => ARRAY[NULL]::bytea[]", "22004"),
+            ("originator_node_ids => '{1,NULL}'", "22004"),
+        ];
+        for (args, expected) in cases {
+            let sql = format!("SELECT * FROM envelopes.select_gateway_envelopes({args})");
+            assert_eq!(sqlstate_of(&sql).as_deref(), Some(expected), "{sql}");
+        }
+    }
+
+    #[pg_test]
+    fn reads_use_band_indexes_not_a_scan_of_everything() {
+        // A read for one originator after a cursor touches only the bands at or
+        // above the cursor, each through an index scan.
+        Spi::run("SET LOCAL envelopes.band_width = 100").unwrap();
+        fill(&[1], 1000);
+        Spi::run("SELECT pg_catalog.pg_stat_force_next_flush()").unwrap();
+        let before = int8("SELECT COALESCE(sum(seq_scan), 0)::bigint FROM pg_catalog.pg_stat_xact_user_tables WHERE schemaname = 'envelopes'");
+        let rows =
+            keys("cursor_node_ids => '{1}', cursor_sequence_ids => '{950}', row_limit => 10");
+        assert_eq!(rows.first(), Some(&(1, 951)));
+        assert_eq!(rows.len(), 10);
+        let after = int8("SELECT COALESCE(sum(seq_scan), 0)::bigint FROM pg_catalog.pg_stat_xact_user_tables WHERE schemaname = 'envelopes'");
+        assert_eq!(after, before, "the read scanned a table sequentially");
+    }
+
+    #[pg_test]
+    fn ceilings_are_the_committed_maxima_without_concurrent_writers() {
+        fill(&[1, 2], 5);
+        Spi::run("SELECT envelopes.insert_gateway_envelope(2, 70, '\\x01', '\\x01')").unwrap();
+        let ceilings = Spi::connect(|client| {
+            client
+                .select(
+                    "SELECT * FROM envelopes.originator_ceilings() ORDER BY 1",
+                    None,
+                    &[],
+                )
+                .unwrap()
+                .map(|r| {
+                    (
+                        r.get::<i32>(1).unwrap().unwrap(),
+                        r.get::<i64>(2).unwrap().unwrap(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        });
+        assert_eq!(ceilings, [(1, 5), (2, 70)]);
+    }
+
+    #[pg_test]
+    fn partitions_lists_every_band_with_its_bounds() {
+        Spi::run("SET LOCAL envelopes.band_width = 10").unwrap();
+        fill(&[1], 25);
+        Spi::run("SELECT envelopes.ensure_gateway_parts(2, 9223372036854775807)").unwrap();
+        let bands = Spi::connect(|client| {
+            client
+                .select(
+                    "SELECT originator_node_id, band_start, band_end, meta_partition::text, blob_partition::text
+                       FROM envelopes.partitions()",
+                    None,
+                    &[],
+                )
+                .unwrap()
+                .map(|r| {
+                    (
+                        r.get::<i32>(1).unwrap().unwrap(),
+                        r.get::<i64>(2).unwrap().unwrap(),
+                        r.get::<i64>(3).unwrap(),
+                        r.get::<String>(4).unwrap().unwrap(),
+                        r.get::<String>(5).unwrap().unwrap(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        });
+        assert_eq!(bands.len(), 4);
+        assert_eq!(
+            bands[0],
+            (
+                1,
+                0,
+                Some(10),
+                "envelopes.gateway_envelopes_meta_o1_s0_10".into(),
+                "envelopes.gateway_envelopes_blob_o1_s0_10".into()
+            )
+        );
+        assert_eq!((bands[2].1, bands[2].2), (20, Some(30)));
+        assert_eq!((bands[3].0, bands[3].2), (2, None));
+        assert!(int8("SELECT min(total_bytes) FROM envelopes.partitions()") > 0);
+    }
+
+    #[pg_test]
+    fn prune_deletes_expired_rows_and_drops_empty_old_bands() {
+        Spi::run("SET LOCAL envelopes.band_width = 10").unwrap();
+        // Band [0,10) all expired, band [10,20) half expired, band [20,30) newest and expired.
+        Spi::run(
+            "SELECT envelopes.insert_gateway_envelope(1, s, '\\x01', '\\x01',
+                 expiry => CASE WHEN s < 10 OR s % 2 = 0 OR s >= 20 THEN 100 END)
+               FROM generate_series(0, 25) s",
+        )
+        .unwrap();
+        let removed = Spi::connect(|client| {
+            client
+                .select("SELECT band_start, deleted_rows, dropped FROM envelopes.prune_expired(as_of => 200)", None, &[])
+                .unwrap()
+                .map(|r| (r.get::<i64>(1).unwrap().unwrap(), r.get::<i64>(2).unwrap().unwrap(), r.get::<bool>(3).unwrap().unwrap()))
+                .collect::<Vec<_>>()
+        });
+        assert_eq!(removed, [(0, 10, true), (10, 5, false), (20, 6, false)]);
+        assert_eq!(
+            int8("SELECT count(*) FROM envelopes.gateway_envelopes_view"),
+            5
+        );
+        assert_eq!(
+            int8("SELECT count(*) FROM envelopes.orphaned_envelopes()"),
+            0
+        );
+        assert_eq!(int8("SELECT count(*) FROM envelopes.partitions()"), 2);
+        // Nothing left to do; unexpired (NULL expiry) rows stay.
+        assert_eq!(
+            int8("SELECT count(*) FROM envelopes.prune_expired(as_of => 200)"),
+            0
+        );
+        // A late arrival for the dropped band recreates it.
+        assert_eq!(
+            int8("SELECT envelopes.insert_gateway_envelope(1, 3, '\\x01', '\\x01')"),
+            1
+        );
+        assert_eq!(int8("SELECT count(*) FROM envelopes.partitions()"), 3);
+        assert_eq!(
+            sqlstate_of("SELECT * FROM envelopes.prune_expired(lock_timeout_ms => 0)").as_deref(),
+            Some("22023")
+        );
+    }
+}
