@@ -74,12 +74,12 @@ type Row = (
 );
 
 /// Reads the elements of an array argument, rejecting NULL elements.
-fn elements<T: Copy>(
+fn elements<T>(
     name: &'static str,
     array: Option<Array<'_, T>>,
 ) -> Result<Option<Vec<T>>, SelectError>
 where
-    for<'a> T: FromDatum + pgrx::datum::UnboxDatum<As<'a> = T> + 'static,
+    for<'a> T: Copy + FromDatum + pgrx::datum::UnboxDatum<As<'a> = T> + 'static,
 {
     let Some(array) = array else { return Ok(None) };
     array
