@@ -37,6 +37,7 @@ TUNING=(
     "checkpoint_timeout = 30min"
     "wal_buffers = 64MB"
     "max_connections = 200"
+    "max_locks_per_transaction = 512"   # a query over 5,000 partitions locks them all
     "autovacuum = off"   # no vacuum of the growing tables landing in one variant's run
 )
 
@@ -84,6 +85,23 @@ for durability in off on; do
         # blob into the same pre-created partitions. 2 clients.
         interleave insert "$durability" 2 bench \
             extension=bench/sql/insert_extension.sql plain=bench/sql/insert_plain.sql
+    fi
+
+    if selected read && [ "$durability" = off ]; then
+        # Cursor reads of 1,000 rows: 50 vs 5,000 leaf partitions (5 originators x 10
+        # bands, 50 x 100), and the selector vs a hand-written LATERAL query. 1 client.
+        sql postgres -q -c "CREATE DATABASE read50" -c "CREATE DATABASE read5000"
+        sql read50 -q -v nodes=5 -v bands=10 -f bench/sql/read_setup.sql
+        sql read5000 -q -v nodes=50 -v bands=100 -f bench/sql/read_setup.sql
+        for run in $(seq "$RUNS"); do
+            for pair in read50:selector read5000:selector read50:lateral read5000:lateral; do
+                db=${pair%%:*} kind=${pair#*:}
+                tps=$(pgbench_tps "$db" 1 "bench/sql/read_$kind.sql")
+                [ -n "$tps" ] || { cat "$OUT/pgbench.err" >&2; exit 1; }
+                record read "${kind}_${db#read}" "$durability" "$run" "$tps" tps
+                log "read [$durability] ${kind}_${db#read} run $run: $tps tps"
+            done
+        done
     fi
 
     cluster_stop bench

@@ -96,8 +96,7 @@ step check
 {{
     SELECT (SELECT count(*) FROM envelopes.gateway_envelopes_view) AS envelopes,
            (SELECT count(*) FROM envelopes.orphaned_envelopes()) AS orphans,
-           (SELECT count(*) FROM pg_class c
-             WHERE c.relnamespace = 'envelopes'::regnamespace AND c.relkind = 'r') AS band_partitions;
+           (SELECT count(*) FROM envelopes.partitions()) AS bands;
 }}
 """)
 for p in perms:

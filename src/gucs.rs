@@ -5,6 +5,7 @@
 //! transaction (`SET LOCAL`), which is what bulk loads and tests need. Limits that
 //! protect the server (sizes) are bounded by their registered min/max.
 
+use pgrx::prelude::*;
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
 use std::ffi::CString;
 
@@ -18,6 +19,37 @@ static MAX_TOPIC_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024);
 
 /// Largest accepted envelope blob, in bytes (default 4 MiB).
 static MAX_ENVELOPE_BYTES: GucSetting<i32> = GucSetting::<i32>::new(4 * 1024 * 1024);
+
+/// Largest payload `publish()` accepts, in bytes (default 1 MiB).
+static MAX_PUBLISH_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
+
+/// Whether inserts ring the NOTIFY doorbell. Off for bulk loads: the rows are still
+/// the durable record and listeners still find them on their next poll.
+static NOTIFY: GucSetting<bool> = GucSetting::<bool>::new(true);
+
+/// The NOTIFY channel of the doorbell.
+static NOTIFY_CHANNEL: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c"envelopes"));
+
+/// Rejects channel names Postgres would refuse at commit time (empty, or longer
+/// than an identifier), so a bad value fails at SET, not when a transaction commits.
+#[pg_guard]
+unsafe extern "C-unwind" fn check_notify_channel(
+    newval: *mut *mut std::ffi::c_char,
+    _extra: *mut *mut std::ffi::c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
+    // SAFETY: Postgres passes a valid pointer to the proposed value, which is a
+    // NUL-terminated string or NULL.
+    let value = unsafe {
+        if newval.is_null() || (*newval).is_null() {
+            return false;
+        }
+        std::ffi::CStr::from_ptr(*newval)
+    };
+    let len = value.to_bytes().len();
+    (1..pg_sys::NAMEDATALEN as usize).contains(&len)
+}
 
 /// Registers every setting. Called once per backend from `_PG_init`.
 pub fn init() {
@@ -52,6 +84,41 @@ pub fn init() {
         GucContext::Userset,
         GucFlags::UNIT_BYTE,
     );
+    GucRegistry::define_int_guc(
+        c"envelopes.max_publish_bytes",
+        c"Largest payload accepted by envelopes.publish().",
+        c"A larger payload fails with SQLSTATE 22001 and writes nothing.",
+        &MAX_PUBLISH_BYTES,
+        1,
+        i32::MAX,
+        GucContext::Userset,
+        GucFlags::UNIT_BYTE,
+    );
+    GucRegistry::define_bool_guc(
+        c"envelopes.notify",
+        c"Whether envelope and outbox inserts send the NOTIFY doorbell.",
+        c"Turn off for bulk loads. Rows stay the durable record; listeners find them on \
+          their next poll.",
+        &NOTIFY,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    // SAFETY: the check hook is a #[pg_guard] function with the signature Postgres
+    // expects, and only reads the proposed value it is given.
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"envelopes.notify_channel",
+            c"NOTIFY channel of the doorbell sent when envelopes or outbox rows commit.",
+            c"At most one notification per channel per transaction; its payload names what \
+          changed, never the rows.",
+            &NOTIFY_CHANNEL,
+            GucContext::Userset,
+            GucFlags::default(),
+            Some(check_notify_channel),
+            None,
+            None,
+        );
+    }
 }
 
 /// `envelopes.band_width`, always positive.
@@ -69,8 +136,22 @@ pub fn max_envelope_bytes() -> usize {
     usize::try_from(MAX_ENVELOPE_BYTES.get()).unwrap_or(usize::MAX)
 }
 
+/// `envelopes.max_publish_bytes`.
+pub fn max_publish_bytes() -> usize {
+    usize::try_from(MAX_PUBLISH_BYTES.get()).unwrap_or(usize::MAX)
+}
+
+/// `envelopes.notify`.
+pub fn notify() -> bool {
+    NOTIFY.get()
+}
+
+/// `envelopes.notify_channel`.
+pub fn notify_channel() -> String {
+    string_or(&NOTIFY_CHANNEL, "envelopes")
+}
+
 /// Reads a string setting, falling back to `default` when it is unset.
-#[allow(dead_code)]
 fn string_or(setting: &GucSetting<Option<CString>>, default: &str) -> String {
     setting
         .get()

@@ -13,6 +13,7 @@ mod error;
 mod gucs;
 mod insert;
 mod locks;
+mod outbox;
 mod partition;
 mod select;
 #[cfg(any(test, feature = "pg_test"))]
@@ -27,6 +28,16 @@ pgrx::extension_sql_file!(
     "../sql/retention.sql",
     name = "retention",
     requires = ["storage"]
+);
+// The outbox, its doorbell triggers and the consumer cursors.
+pgrx::extension_sql_file!(
+    "../sql/outbox.sql",
+    name = "outbox_tables",
+    requires = [
+        "storage",
+        outbox::notify_on_insert,
+        select::originator_ceilings
+    ]
 );
 
 /// Runs once per process when Postgres loads the library.

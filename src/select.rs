@@ -63,7 +63,7 @@ impl SqlError for SelectError {
 }
 
 /// One envelope as the selector returns it.
-type Row = (
+pub type Row = (
     i32,
     i64,
     TimestampWithTimeZone,
@@ -139,7 +139,7 @@ impl LeafQuery {
             )))
         };
         let topic_filter = if self.with_topics {
-            " AND m.topic = ANY($4)"
+            " AND m.topic = ANY($5)"
         } else {
             ""
         };
@@ -156,7 +156,8 @@ impl LeafQuery {
                      WHERE bl.originator_node_id = m.originator_node_id
                        AND bl.originator_sequence_id = m.originator_sequence_id
                     OFFSET 0) b
-              WHERE m.originator_node_id = $3 AND m.originator_sequence_id > $1{topic_filter}
+              WHERE m.originator_node_id = $3
+                AND m.originator_sequence_id > $1 AND m.originator_sequence_id <= $4{topic_filter}
               ORDER BY m.originator_sequence_id
               LIMIT $2",
             meta = name(self.meta)?,
@@ -181,6 +182,7 @@ impl LeafQuery {
             PgOid::from(i64::type_oid()),
             PgOid::from(i64::type_oid()),
             PgOid::from(i32::type_oid()),
+            PgOid::from(i64::type_oid()),
         ];
         if self.with_topics {
             types.push(PgOid::from(<Vec<Vec<u8>>>::type_oid()));
@@ -200,11 +202,13 @@ impl LeafQuery {
     }
 }
 
-/// Reads up to `limit` envelopes of one originator after `after`, in order.
+/// Reads up to `limit` envelopes of one originator with `after < seq <= upto`, in
+/// order.
 fn read_originator(
     client: &SpiClient<'_>,
     node: i32,
     after: i64,
+    upto: i64,
     topics: Option<&Vec<Vec<u8>>>,
     limit: usize,
     rows: &mut Vec<Row>,
@@ -249,6 +253,7 @@ fn read_originator(
             DatumWithOid::from(after),
             DatumWithOid::from(remaining),
             DatumWithOid::from(node),
+            DatumWithOid::from(upto),
         ];
         if let Some(topics) = topics {
             args.push(DatumWithOid::from(topics.clone()));
@@ -322,7 +327,38 @@ fn select(
                 break;
             }
             let after = cursor.get(&node).copied().unwrap_or(0);
-            read_originator(client, node, after, topics.as_ref(), limit, &mut rows)?;
+            read_originator(
+                client,
+                node,
+                after,
+                i64::MAX,
+                topics.as_ref(),
+                limit,
+                &mut rows,
+            )?;
+        }
+        Ok::<_, SelectError>(())
+    })?;
+    Ok(rows)
+}
+
+/// Up to `limit` envelopes after `cursor` (absent originators from 0), in order,
+/// each at or below its originator's ceiling: the commit-safe read of a consumer.
+pub fn read_below_ceilings(
+    cursor: &HashMap<i32, i64>,
+    limit: usize,
+) -> Result<Vec<Row>, SelectError> {
+    let ceilings = ceilings()?;
+    let mut rows = Vec::new();
+    Spi::connect(|client| {
+        for (node, ceiling) in ceilings {
+            if rows.len() >= limit {
+                break;
+            }
+            let after = cursor.get(&node).copied().unwrap_or(0);
+            if ceiling > after {
+                read_originator(client, node, after, ceiling, None, limit, &mut rows)?;
+            }
         }
         Ok::<_, SelectError>(())
     })?;

@@ -10,6 +10,7 @@ BEGIN
     FOR r IN SELECT c.oid, c.relname, pg_get_expr(c.relpartbound, c.oid) AS b
                FROM pg_class c
               WHERE c.relnamespace = 'envelopes'::regnamespace AND c.relkind = 'r'
+                AND c.relname LIKE 'gateway\_envelopes\_%'
               ORDER BY c.relname
     LOOP
         partition := r.relname; bound := r.b;

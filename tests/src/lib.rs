@@ -50,7 +50,11 @@ impl TestDb {
 
     /// The connection string of this database.
     pub fn url(&self) -> String {
-        format!("{} dbname={}", server(), self.name)
+        format!(
+            "{} dbname={} options='-c statement_timeout=120s'",
+            server(),
+            self.name
+        )
     }
 
     pub fn connect(&self) -> Client {
@@ -74,9 +78,17 @@ impl Drop for TestDb {
     }
 }
 
+/// Connects with a statement timeout, so a test that would block forever (a
+/// regression that makes one session wait for another) fails instead of hanging.
 pub fn connect_to(dbname: &str) -> Client {
-    Client::connect(&format!("{} dbname={dbname}", server()), NoTls)
-        .unwrap_or_else(|e| panic!("connect to {dbname}: {e}"))
+    Client::connect(
+        &format!(
+            "{} dbname={dbname} options='-c statement_timeout=120s'",
+            server()
+        ),
+        NoTls,
+    )
+    .unwrap_or_else(|e| panic!("connect to {dbname}: {e}"))
 }
 
 /// SQLSTATE of a failed statement, or "-----" when the error has none.

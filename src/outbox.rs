@@ -1,0 +1,469 @@
+//! The transactional outbox: `publish()`, the commit-time doorbell, and the
+//! consumer's envelope batches.
+//!
+//! An application's change and the message announcing it commit together or not
+//! at all, because the message is a row in the same transaction
+//! (`envelopes.outbox`). Listeners learn that something committed through NOTIFY,
+//! but NOTIFY is only a doorbell: the rows are the durable record, and a listener
+//! that was away catches up from its cursor. The doorbell rings at most once per
+//! channel per transaction, whatever the number of rows or statements: the insert
+//! triggers only note what changed, and one pre-commit callback sends a single
+//! small notification (`{"xid":"…","changed":["envelopes","outbox"]}`, never
+//! envelope bytes). Nothing is sent for a transaction that rolls back, because
+//! Postgres discards its pending notifications.
+
+use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
+use crate::gucs;
+use crate::select::{self, SelectError};
+use pgrx::datum::{DatumWithOid, JsonB, TimestampWithTimeZone};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::spi::{OwnedPreparedStatement, Spi};
+use pgrx::PgOid;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+/// Errors of the outbox functions.
+#[derive(Debug, thiserror::Error)]
+pub enum OutboxError {
+    #[error("{0} must not be NULL")]
+    Null(&'static str),
+    #[error("subject must not be empty")]
+    EmptySubject,
+    #[error("subject must not contain whitespace or control characters")]
+    BadSubject,
+    #[error("subject is {len} bytes, more than {max}")]
+    SubjectTooLong { len: usize, max: usize },
+    #[error("payload is {len} bytes, more than envelopes.max_publish_bytes = {max}")]
+    PayloadTooLarge { len: usize, max: usize },
+    #[error("headers must be a JSON object")]
+    HeadersNotObject,
+    #[error("consumer \"{0}\" does not exist")]
+    UnknownConsumer(String),
+    #[error("batch_size must be positive (got {0})")]
+    BadBatchSize(i32),
+    #[error(
+        "trigger must be called as notify_on_insert('envelopes') or notify_on_insert('outbox')"
+    )]
+    BadTrigger,
+    #[error("{0}")]
+    Select(#[from] SelectError),
+    #[error("SPI error in the outbox: {0}")]
+    Spi(#[from] pgrx::spi::SpiError),
+}
+
+impl SqlError for OutboxError {
+    fn sqlstate(&self) -> PgSqlErrorCode {
+        use PgSqlErrorCode::*;
+        match self {
+            OutboxError::Null(_) => ERRCODE_NULL_VALUE_NOT_ALLOWED,
+            OutboxError::EmptySubject
+            | OutboxError::BadSubject
+            | OutboxError::HeadersNotObject
+            | OutboxError::BadBatchSize(_) => ERRCODE_INVALID_PARAMETER_VALUE,
+            OutboxError::SubjectTooLong { .. } | OutboxError::PayloadTooLarge { .. } => {
+                ERRCODE_STRING_DATA_RIGHT_TRUNCATION
+            }
+            OutboxError::UnknownConsumer(_) => ERRCODE_UNDEFINED_OBJECT,
+            OutboxError::BadTrigger => ERRCODE_TRIGGERED_ACTION_EXCEPTION,
+            OutboxError::Select(e) => e.sqlstate(),
+            OutboxError::Spi(_) => ERRCODE_INTERNAL_ERROR,
+        }
+    }
+
+    fn hint(&self) -> Option<String> {
+        match self {
+            OutboxError::UnknownConsumer(_) => {
+                Some("Create it with envelopes.consumer_register(name).".into())
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Longest accepted subject. NATS, Redis and MQTT all take this comfortably.
+pub const MAX_SUBJECT_BYTES: usize = 255;
+
+fn check_subject(subject: Option<&str>) -> Result<&str, OutboxError> {
+    let subject = subject.ok_or(OutboxError::Null("subject"))?;
+    if subject.is_empty() {
+        return Err(OutboxError::EmptySubject);
+    }
+    if subject.len() > MAX_SUBJECT_BYTES {
+        return Err(OutboxError::SubjectTooLong {
+            len: subject.len(),
+            max: MAX_SUBJECT_BYTES,
+        });
+    }
+    if subject.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(OutboxError::BadSubject);
+    }
+    Ok(subject)
+}
+
+thread_local! {
+    static PUBLISH_PLAN: RefCell<Option<Rc<OwnedPreparedStatement>>> = const { RefCell::new(None) };
+}
+
+fn publish_row(
+    subject: Option<&str>,
+    payload: Option<&[u8]>,
+    headers: Option<JsonB>,
+) -> Result<i64, OutboxError> {
+    let subject = check_subject(subject)?;
+    let payload = payload.ok_or(OutboxError::Null("payload"))?;
+    let max = gucs::max_publish_bytes();
+    if payload.len() > max {
+        return Err(OutboxError::PayloadTooLarge {
+            len: payload.len(),
+            max,
+        });
+    }
+    let headers = headers.ok_or(OutboxError::Null("headers"))?;
+    if !headers.0.is_object() {
+        return Err(OutboxError::HeadersNotObject);
+    }
+    Spi::connect_mut(|client| {
+        let cached = PUBLISH_PLAN.with(|p| p.borrow().clone());
+        let plan = match cached {
+            Some(plan) => plan,
+            None => {
+                let plan = Rc::new(
+                    client
+                        .prepare_mut(
+                            "INSERT INTO envelopes.outbox (subject, payload, headers)
+                             VALUES ($1, $2, $3) RETURNING id",
+                            &[
+                                PgOid::from(String::type_oid()),
+                                PgOid::from(<&[u8]>::type_oid()),
+                                PgOid::from(JsonB::type_oid()),
+                            ],
+                        )?
+                        .keep(),
+                );
+                PUBLISH_PLAN.with(|p| *p.borrow_mut() = Some(plan.clone()));
+                plan
+            }
+        };
+        let args = [
+            DatumWithOid::from(subject),
+            DatumWithOid::from(payload),
+            DatumWithOid::from(headers),
+        ];
+        let id = client
+            .update(&*plan, None, &args)?
+            .first()
+            .get_one::<i64>()?;
+        id.ok_or(OutboxError::Null("returned id"))
+    })
+}
+
+/// Writes a message into `envelopes.outbox` inside the caller's transaction and
+/// returns its id. It is delivered by the bridge only if the transaction commits.
+#[pg_extern(volatile, parallel_unsafe)]
+fn publish(
+    subject: Option<&str>,
+    payload: Option<&[u8]>,
+    headers: default!(Option<JsonB>, "'{}'"),
+) -> i64 {
+    publish_row(subject, payload, headers).or_raise()
+}
+
+/// What changed in the current transaction, per notification channel.
+#[derive(Default)]
+struct Doorbell {
+    lxid: pg_sys::LocalTransactionId,
+    /// channel -> kinds of rows inserted ("envelopes", "outbox"), in first-seen order
+    pending: Vec<(String, Vec<&'static str>)>,
+}
+
+thread_local! {
+    static DOORBELL: RefCell<Doorbell> = RefCell::new(Doorbell::default());
+}
+
+/// Notes that rows of `kind` were inserted; the first note of a transaction
+/// arranges for the notification to be sent just before it commits.
+fn ring(kind: &'static str) {
+    let channel = gucs::notify_channel();
+    // SAFETY: MyProc is this backend's PGPROC, valid for the whole backend life.
+    let lxid = unsafe { (*pg_sys::MyProc).lxid };
+    let first = DOORBELL.with(|bell| {
+        let mut bell = bell.borrow_mut();
+        let first = bell.lxid != lxid || bell.pending.is_empty();
+        if bell.lxid != lxid {
+            bell.lxid = lxid;
+            bell.pending.clear();
+        }
+        match bell.pending.iter_mut().find(|(c, _)| *c == channel) {
+            Some((_, kinds)) if kinds.contains(&kind) => {}
+            Some((_, kinds)) => kinds.push(kind),
+            None => bell.pending.push((channel, vec![kind])),
+        }
+        first
+    });
+    if first {
+        pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::PreCommit, send_pending);
+    }
+}
+
+/// The notification payload: the transaction and what it changed. A few dozen
+/// bytes whatever the transaction wrote.
+fn payload(kinds: &[&str]) -> String {
+    // SAFETY: reads the current transaction's id, which a transaction that inserted
+    // rows always has.
+    let xid = unsafe { pg_sys::GetTopFullTransactionIdIfAny() }.value;
+    let changed: Vec<String> = kinds.iter().map(|k| format!("\"{k}\"")).collect();
+    format!("{{\"xid\":\"{xid}\",\"changed\":[{}]}}", changed.join(","))
+}
+
+/// Pre-commit callback: one notification per channel that saw changes.
+fn send_pending() {
+    let pending = DOORBELL.with(|bell| std::mem::take(&mut bell.borrow_mut().pending));
+    for (channel, kinds) in pending {
+        // The channel was validated by the setting's check hook. pg_notify queues
+        // the notification in the transaction's pending list, which
+        // PreCommit_Notify (run after this callback) writes to the queue.
+        // SAFETY: direct call of the built-in pg_notify(text, text) with two
+        // non-NULL text datums built from Rust strings.
+        unsafe {
+            pgrx::fcinfo::direct_function_call::<()>(
+                pg_sys::pg_notify,
+                &[
+                    channel.as_str().into_datum(),
+                    payload(&kinds).as_str().into_datum(),
+                ],
+            );
+        }
+    }
+}
+
+/// Statement-level trigger on the envelope and outbox tables: notes the change for
+/// the transaction's single notification. Does nothing when
+/// `envelopes.notify = off` (bulk loads).
+#[pg_trigger]
+fn notify_on_insert<'a>(
+    trigger: &'a pgrx::PgTrigger<'a>,
+) -> Result<Option<PgHeapTuple<'a, pgrx::AllocatedByPostgres>>, OutboxError> {
+    if !gucs::notify() {
+        return Ok(None);
+    }
+    let kind = match trigger
+        .extra_args()
+        .map_err(|_| OutboxError::BadTrigger)?
+        .first()
+        .map(String::as_str)
+    {
+        Some("envelopes") => "envelopes",
+        Some("outbox") => "outbox",
+        _ => return Err(OutboxError::BadTrigger),
+    };
+    ring(kind);
+    Ok(None)
+}
+
+/// Reads a consumer's envelope cursor; errors if the consumer does not exist.
+fn consumer_cursor(consumer: &str) -> Result<HashMap<i32, i64>, OutboxError> {
+    Spi::connect(|client| {
+        let exists = client
+            .select(
+                "SELECT 1 FROM envelopes.consumers WHERE name = $1",
+                None,
+                &[DatumWithOid::from(consumer)],
+            )?
+            .len()
+            > 0;
+        if !exists {
+            return Err(OutboxError::UnknownConsumer(consumer.to_owned()));
+        }
+        let mut cursor = HashMap::new();
+        for row in client.select(
+            "SELECT originator_node_id, sequence_id FROM envelopes.consumer_envelope_cursors
+              WHERE consumer = $1",
+            None,
+            &[DatumWithOid::from(consumer)],
+        )? {
+            if let (Some(node), Some(seq)) = (row.get::<i32>(1)?, row.get::<i64>(2)?) {
+                cursor.insert(node, seq);
+            }
+        }
+        Ok(cursor)
+    })
+}
+
+fn envelope_batch(
+    consumer: Option<&str>,
+    batch_size: Option<i32>,
+) -> Result<Vec<select::Row>, OutboxError> {
+    let consumer = consumer.ok_or(OutboxError::Null("consumer"))?;
+    let limit = match batch_size {
+        None => return Err(OutboxError::Null("batch_size")),
+        Some(n) if n <= 0 => return Err(OutboxError::BadBatchSize(n)),
+        Some(n) => n as usize,
+    };
+    let cursor = consumer_cursor(consumer)?;
+    Ok(select::read_below_ceilings(&cursor, limit)?)
+}
+
+/// The next envelopes a consumer has not acknowledged, in commit-safe order: per
+/// originator after the consumer's cursor, and never past the originator's
+/// ceiling (see `originator_ceilings()`), so a lower sequence id that is still
+/// being inserted is never skipped. Acknowledge with `consumer_envelope_ack`.
+#[pg_extern(volatile, parallel_unsafe)]
+#[allow(clippy::type_complexity)]
+fn consumer_envelope_batch(
+    consumer: Option<&str>,
+    batch_size: default!(Option<i32>, "1000"),
+) -> TableIterator<
+    'static,
+    (
+        name!(originator_node_id, i32),
+        name!(originator_sequence_id, i64),
+        name!(gateway_time, TimestampWithTimeZone),
+        name!(topic, Vec<u8>),
+        name!(payer_id, Option<i32>),
+        name!(expiry, Option<i64>),
+        name!(originator_envelope, Vec<u8>),
+    ),
+> {
+    TableIterator::new(envelope_batch(consumer, batch_size).or_raise())
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{int8, sqlstate_of};
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn publish_returns_increasing_ids_in_the_callers_transaction() {
+        let a = int8("SELECT envelopes.publish('orders.created', '\\x01')");
+        let b = int8("SELECT envelopes.publish('orders.created', '\\x02', '{\"k\": \"v\"}')");
+        assert!(b > a);
+        assert_eq!(
+            int8(
+                "SELECT count(*) FROM envelopes.outbox
+                  WHERE inserted_xid = pg_current_xact_id() AND headers IN ('{}', '{\"k\": \"v\"}')"
+            ),
+            2
+        );
+    }
+
+    #[pg_test]
+    fn publish_rejects_bad_input_with_sqlstates_and_writes_nothing() {
+        Spi::run("SET LOCAL envelopes.max_publish_bytes = 4").unwrap();
+        let long = "x".repeat(super::MAX_SUBJECT_BYTES + 1);
+        let cases = [
+            ("NULL, '\\x01'".to_owned(), "22004"),
+            ("'', '\\x01'".to_owned(), "22023"),
+            ("'a b', '\\x01'".to_owned(), "22023"),
+            (format!("'{long}', '\\x01'"), "22001"),
+            ("'s', NULL".to_owned(), "22004"),
+            ("'s', '\\x0102030405'".to_owned(), "22001"),
+            ("'s', '\\x01', '[1]'".to_owned(), "22023"),
+            ("'s', '\\x01', NULL".to_owned(), "22004"),
+        ];
+        for (args, expected) in cases {
+            let sql = format!("SELECT envelopes.publish({args})");
+            assert_eq!(sqlstate_of(&sql).as_deref(), Some(expected), "{sql}");
+        }
+        assert_eq!(int8("SELECT count(*) FROM envelopes.outbox"), 0);
+    }
+
+    #[pg_test]
+    fn notify_channel_setting_rejects_names_postgres_would_refuse() {
+        assert_eq!(
+            sqlstate_of("SET envelopes.notify_channel = ''").as_deref(),
+            Some("22023")
+        );
+        let long = format!("SET envelopes.notify_channel = '{}'", "c".repeat(64));
+        assert_eq!(sqlstate_of(&long).as_deref(), Some("22023"));
+        assert_eq!(
+            sqlstate_of("SET envelopes.notify_channel = 'ok_channel'"),
+            None
+        );
+    }
+
+    #[pg_test]
+    fn consumer_functions_check_their_arguments() {
+        let cases = [
+            (
+                "SELECT * FROM envelopes.consumer_outbox_batch('nobody')",
+                "42704",
+            ),
+            (
+                "SELECT * FROM envelopes.consumer_envelope_batch('nobody')",
+                "42704",
+            ),
+            (
+                "SELECT envelopes.consumer_outbox_ack('nobody', '1', 1)",
+                "42704",
+            ),
+            (
+                "SELECT envelopes.consumer_envelope_ack('nobody', '{1}', '{1}')",
+                "42704",
+            ),
+            ("SELECT envelopes.consumer_register('')", "22023"),
+            (
+                "SELECT * FROM envelopes.consumer_outbox_batch('c', 0)",
+                "22023",
+            ),
+            (
+                "SELECT * FROM envelopes.consumer_envelope_batch('c', 0)",
+                "22023",
+            ),
+            (
+                "SELECT envelopes.consumer_envelope_ack('c', '{1,2}', '{1}')",
+                "2202E",
+            ),
+            (
+                "SELECT envelopes.consumer_envelope_ack('c', '{1}', '{NULL}')",
+                "22004",
+            ),
+            (
+                "SELECT envelopes.consumer_outbox_ack('c', NULL, 1)",
+                "22004",
+            ),
+            // Our own transaction is still running: nothing at or past it is committed.
+            (
+                "SELECT envelopes.consumer_outbox_ack('c', pg_current_xact_id(), 1)",
+                "22023",
+            ),
+        ];
+        Spi::run("SELECT envelopes.consumer_register('c')").unwrap();
+        for (sql, expected) in cases {
+            assert_eq!(sqlstate_of(sql).as_deref(), Some(expected), "{sql}");
+        }
+    }
+
+    #[pg_test]
+    fn envelope_acks_move_forward_only_and_are_logged() {
+        Spi::run("SELECT envelopes.consumer_register('c')").unwrap();
+        Spi::run(
+            "SELECT envelopes.insert_gateway_envelope(1, s, '\\x01', '\\x01') FROM generate_series(1, 5) s",
+        )
+        .unwrap();
+        assert_eq!(
+            int8("SELECT envelopes.consumer_envelope_ack('c', '{1}', '{3}')"),
+            3
+        );
+        assert_eq!(
+            int8("SELECT envelopes.consumer_envelope_ack('c', '{1}', '{2}')"),
+            0
+        );
+        assert_eq!(
+            int8("SELECT envelopes.consumer_envelope_ack('c', '{1, 1}', '{4, 5}')"),
+            2
+        );
+        assert_eq!(
+            int8(
+                "SELECT sequence_id FROM envelopes.consumer_envelope_cursors WHERE consumer = 'c'"
+            ),
+            5
+        );
+        assert_eq!(
+            int8("SELECT sum(rows)::bigint FROM envelopes.delivery_log WHERE consumer = 'c'"),
+            5
+        );
+    }
+}
