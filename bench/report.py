@@ -14,6 +14,10 @@ from pathlib import Path
 RATIOS = [
     ("insert", "extension", "plain", 0.95, "higher",
      "single-row insert, extension / plain INSERT (meta + blob CTE) into the same pre-created partitions, 2 clients"),
+    ("notify", "on_8", "off_8", 0.85, "higher",
+     "single-row inserts with the NOTIFY doorbell on / off, 8 writers"),
+    ("notify", "on_2", "off_2", 0.85, "higher",
+     "single-row inserts with the NOTIFY doorbell on / off, 2 writers"),
     ("read", "selector_50", "selector_5000", 1.3, "lower",
      "1,000-row cursor read, time at 5,000 leaf partitions / time at 50"),
     ("read", "selector_5000", "lateral_5000", 1.0, "higher",

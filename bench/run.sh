@@ -87,6 +87,25 @@ for durability in off on; do
             extension=bench/sql/insert_extension.sql plain=bench/sql/insert_plain.sql
     fi
 
+    if selected notify; then
+        # Single-row inserts with the NOTIFY doorbell on vs off, at 2 and 8 writers,
+        # with a listener attached that drains notifications.
+        "$PG_BIN/pgbench" -n -h 127.0.0.1 -p "$PORT" -U postgres -c 1 -T 100000 \
+            -f bench/sql/listen.sql bench >/dev/null 2>&1 &
+        listener=$!
+        for run in $(seq "$RUNS"); do
+            for writers in 2 8; do
+                for mode in on off; do
+                    tps=$(PGOPTIONS="-c envelopes.notify=$mode" pgbench_tps bench "$writers" bench/sql/insert_extension.sql)
+                    [ -n "$tps" ] || { cat "$OUT/pgbench.err" >&2; exit 1; }
+                    record notify "${mode}_${writers}" "$durability" "$run" "$tps" tps
+                    log "notify [$durability] ${mode}_${writers} run $run: $tps tps"
+                done
+            done
+        done
+        kill "$listener" 2>/dev/null || true
+    fi
+
     if selected read && [ "$durability" = off ]; then
         # Cursor reads of 1,000 rows: 50 vs 5,000 leaf partitions (5 originators x 10
         # bands, 50 x 100), and the selector vs a hand-written LATERAL query. 1 client.

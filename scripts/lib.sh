@@ -38,7 +38,9 @@ cluster_start() {
         echo "fsync = on"
         for line in "$@"; do echo "$line"; done
     } >>"$dir/data/postgresql.conf"
-    as_postgres "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null \
+    # RUST_BACKTRACE would make every error that crosses Rust code carry a backtrace
+    # in its DETAIL; servers in production do not run with it.
+    as_postgres env -u RUST_BACKTRACE "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null \
         || { tail -n 30 "$dir/server.log" >&2; return 1; }
 }
 

@@ -27,6 +27,10 @@ static MAX_PUBLISH_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
 /// the durable record and listeners still find them on their next poll.
 static NOTIFY: GucSetting<bool> = GucSetting::<bool>::new(true);
 
+/// Minimum time between two doorbells of one session on one channel, in
+/// milliseconds; 0 rings on every committing transaction.
+static NOTIFY_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(10);
+
 /// The NOTIFY channel of the doorbell.
 static NOTIFY_CHANNEL: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"envelopes"));
@@ -50,6 +54,30 @@ unsafe extern "C-unwind" fn check_notify_channel(
     let len = value.to_bytes().len();
     (1..pg_sys::NAMEDATALEN as usize).contains(&len)
 }
+
+/// Where missing partitions are created.
+#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum CreatePartitionsIn {
+    /// In a background worker that commits on its own (no DDL locks held by the
+    /// caller's transaction).
+    #[name = c"worker"]
+    Worker,
+    /// In the inserting transaction (the locks are held until it ends).
+    #[name = c"transaction"]
+    Transaction,
+}
+
+static CREATE_PARTITIONS_IN: GucSetting<CreatePartitionsIn> =
+    GucSetting::<CreatePartitionsIn>::new(CreatePartitionsIn::Worker);
+
+/// lock_timeout of partition DDL, in milliseconds.
+static PARTITION_LOCK_TIMEOUT: GucSetting<i32> = GucSetting::<i32>::new(1000);
+
+/// Attempts of a worker whose DDL hits the lock timeout.
+static PARTITION_LOCK_ATTEMPTS: GucSetting<i32> = GucSetting::<i32>::new(5);
+
+/// How long an insert waits for the partition worker, in milliseconds.
+static PARTITION_WORKER_TIMEOUT: GucSetting<i32> = GucSetting::<i32>::new(30_000);
 
 /// Registers every setting. Called once per backend from `_PG_init`.
 pub fn init() {
@@ -103,6 +131,58 @@ pub fn init() {
         GucContext::Userset,
         GucFlags::default(),
     );
+    GucRegistry::define_int_guc(
+        c"envelopes.notify_interval",
+        c"Minimum time between two doorbells of one session on one channel.",
+        c"0 rings on every committing transaction. Each ring takes the cluster-wide \
+          NOTIFY lock through the commit's WAL flush; listeners also poll.",
+        &NOTIFY_INTERVAL,
+        0,
+        60_000,
+        GucContext::Userset,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_enum_guc(
+        c"envelopes.create_partitions_in",
+        c"Where missing partitions are created: worker or transaction.",
+        c"worker: a background worker creates and commits them while the insert waits, \
+          so the inserting transaction holds no DDL locks. transaction: the inserting \
+          transaction creates them and holds the locks until it ends.",
+        &CREATE_PARTITIONS_IN,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"envelopes.partition_lock_timeout",
+        c"lock_timeout of the DDL that creates a partition.",
+        c"A worker retries DDL that times out (envelopes.partition_lock_attempts times); \
+          in the caller's transaction a timeout is an error.",
+        &PARTITION_LOCK_TIMEOUT,
+        1,
+        600_000,
+        GucContext::Userset,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"envelopes.partition_lock_attempts",
+        c"Attempts of a partition worker whose DDL hits its lock timeout.",
+        c"",
+        &PARTITION_LOCK_ATTEMPTS,
+        1,
+        100,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"envelopes.partition_worker_timeout",
+        c"How long an insert waits for the partition worker before failing.",
+        c"The worker is terminated and the insert fails with SQLSTATE 55P03.",
+        &PARTITION_WORKER_TIMEOUT,
+        1,
+        3_600_000,
+        GucContext::Userset,
+        GucFlags::UNIT_MS,
+    );
     // SAFETY: the check hook is a #[pg_guard] function with the signature Postgres
     // expects, and only reads the proposed value it is given.
     unsafe {
@@ -144,6 +224,31 @@ pub fn max_publish_bytes() -> usize {
 /// `envelopes.notify`.
 pub fn notify() -> bool {
     NOTIFY.get()
+}
+
+/// `envelopes.create_partitions_in`.
+pub fn create_partitions_in() -> CreatePartitionsIn {
+    CREATE_PARTITIONS_IN.get()
+}
+
+/// `envelopes.partition_lock_timeout`, in milliseconds.
+pub fn partition_lock_timeout_ms() -> i32 {
+    PARTITION_LOCK_TIMEOUT.get()
+}
+
+/// `envelopes.partition_lock_attempts`.
+pub fn partition_lock_attempts() -> i32 {
+    PARTITION_LOCK_ATTEMPTS.get()
+}
+
+/// `envelopes.partition_worker_timeout`.
+pub fn partition_worker_timeout() -> std::time::Duration {
+    std::time::Duration::from_millis(u64::try_from(PARTITION_WORKER_TIMEOUT.get()).unwrap_or(0))
+}
+
+/// `envelopes.notify_interval`.
+pub fn notify_interval() -> std::time::Duration {
+    std::time::Duration::from_millis(u64::try_from(NOTIFY_INTERVAL.get()).unwrap_or(0))
 }
 
 /// `envelopes.notify_channel`.

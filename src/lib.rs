@@ -52,8 +52,12 @@ pub extern "C-unwind" fn _PG_init() {
 pub mod pg_test {
     pub fn setup(_options: Vec<&str>) {}
 
+    /// `#[pg_test]`s never commit: they run with creation in the test's own
+    /// transaction, so each test's partitions vanish with it. The worker mode,
+    /// which commits partitions on its own, is tested over real connections in
+    /// the `tests/` crate.
     #[must_use]
     pub fn postgresql_conf_options() -> Vec<&'static str> {
-        vec![]
+        vec!["envelopes.create_partitions_in = 'transaction'"]
     }
 }

@@ -18,6 +18,11 @@ pub const CREATION_LOCK_SUBID: u16 = 0x4501;
 /// `classid`/`objid` = high/low 32 bits of the sequence id).
 pub const INFLIGHT_SUBID: u16 = 0x4502;
 
+/// `objsubid` of the lock a session holds while its worker creates one band, so
+/// that sessions needing the same band wait for that worker instead of starting
+/// their own (`database` = node, `classid`/`objid` = the band's start).
+pub const LAUNCH_SUBID: u16 = 0x4503;
+
 /// Node id of the marker taken instead of per-originator markers by a transaction
 /// that wrote to more than [`MAX_INFLIGHT_MARKERS`] originators: it holds back
 /// every originator's ceiling until the transaction ends.
@@ -40,21 +45,72 @@ fn advisory_tag(field1: u32, field2: u32, field3: u32, subid: u16) -> pg_sys::LO
 
 /// Takes the per-database partition-creation lock in exclusive mode until the end
 /// of the current transaction. Waits like any heavyweight lock: interruptible,
-/// subject to `lock_timeout` and to the deadlock detector.
-pub fn lock_partition_creation() {
+/// subject to `lock_timeout` and to the deadlock detector. Returns false when the
+/// transaction already held it.
+pub fn lock_partition_creation() -> bool {
     let tag = creation_tag();
     // SAFETY: the tag is a fully initialised advisory LOCKTAG on the stack;
     // LockAcquire copies it. A transaction-level (non-session) lock is released by
     // the lock manager at commit or abort. Errors (deadlock, timeout) are raised as
     // Postgres ERRORs, which pgrx turns into a Rust unwind and back.
-    unsafe {
+    let result = unsafe {
         pg_sys::LockAcquire(
             &tag,
             pg_sys::ExclusiveLock as pg_sys::LOCKMODE,
             false,
             false,
-        );
+        )
+    };
+    result != pg_sys::LockAcquireResult::LOCKACQUIRE_ALREADY_HELD
+        && result != pg_sys::LockAcquireResult::LOCKACQUIRE_ALREADY_CLEAR
+}
+
+fn launch_tag(node: i32, band_start: i64) -> pg_sys::LOCKTAG {
+    let start = band_start.max(0) as u64;
+    advisory_tag(
+        node as u32,
+        (start >> 32) as u32,
+        start as u32,
+        LAUNCH_SUBID,
+    )
+}
+
+/// Tries to become the session that creates this band; false when another
+/// session already is.
+pub fn try_lock_band_launch(node: i32, band_start: i64) -> bool {
+    let tag = launch_tag(node, band_start);
+    // SAFETY: as for the creation lock, with dontWait = true: returns at once.
+    let result = unsafe {
+        pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as pg_sys::LOCKMODE, false, true)
+    };
+    result != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
+}
+
+/// Releases the band-launch lock taken by [`try_lock_band_launch`].
+pub fn unlock_band_launch(node: i32, band_start: i64) {
+    let tag = launch_tag(node, band_start);
+    // SAFETY: releases a lock this backend holds in this mode.
+    unsafe {
+        pg_sys::LockRelease(&tag, pg_sys::ExclusiveLock as pg_sys::LOCKMODE, false);
     }
+}
+
+/// Waits until the session creating this band is done (a heavyweight lock wait:
+/// interruptible and visible to the deadlock detector).
+pub fn wait_for_band_launch(node: i32, band_start: i64) {
+    let tag = launch_tag(node, band_start);
+    // SAFETY: acquires and immediately releases a share lock on the tag.
+    unsafe {
+        pg_sys::LockAcquire(&tag, pg_sys::ShareLock as pg_sys::LOCKMODE, false, false);
+        pg_sys::LockRelease(&tag, pg_sys::ShareLock as pg_sys::LOCKMODE, false);
+    }
+}
+
+/// Whether this transaction holds the creation lock.
+pub fn holds_partition_creation_lock() -> bool {
+    let tag = creation_tag();
+    // SAFETY: LockHeldByMe only looks the tag up in this backend's lock table.
+    unsafe { pg_sys::LockHeldByMe(&tag, pg_sys::ExclusiveLock as pg_sys::LOCKMODE) }
 }
 
 /// Releases the creation lock before the end of the transaction. Only for a

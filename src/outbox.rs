@@ -23,6 +23,7 @@ use pgrx::PgOid;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
+use std::time::Instant;
 
 /// Errors of the outbox functions.
 #[derive(Debug, thiserror::Error)]
@@ -217,10 +218,33 @@ fn payload(kinds: &[&str]) -> String {
     format!("{{\"xid\":\"{xid}\",\"changed\":[{}]}}", changed.join(","))
 }
 
-/// Pre-commit callback: one notification per channel that saw changes.
+thread_local! {
+    /// When this session last rang each channel.
+    static LAST_RUNG: RefCell<HashMap<String, Instant>> = RefCell::new(HashMap::new());
+}
+
+/// Pre-commit callback: one notification per channel that saw changes, unless this
+/// session rang that channel less than `envelopes.notify_interval` ago.
+///
+/// Every notifying commit takes Postgres' cluster-wide NOTIFY lock and holds it
+/// through its WAL flush, so ringing on every one of thousands of small commits a
+/// second serializes them (measured: 0.47x the throughput of no NOTIFY at 8
+/// writers). A session that keeps committing rings at least once per interval, and
+/// the listener reads everything committed up to its read, so only the last
+/// commits of a burst can wait for the listener's poll instead of the doorbell.
 fn send_pending() {
     let pending = DOORBELL.with(|bell| std::mem::take(&mut bell.borrow_mut().pending));
+    let interval = gucs::notify_interval();
+    let now = Instant::now();
     for (channel, kinds) in pending {
+        let recently = LAST_RUNG.with(|last| {
+            last.borrow()
+                .get(&channel)
+                .is_some_and(|at| now.duration_since(*at) < interval)
+        });
+        if recently {
+            continue;
+        }
         // The channel was validated by the setting's check hook. pg_notify queues
         // the notification in the transaction's pending list, which
         // PreCommit_Notify (run after this callback) writes to the queue.
@@ -235,6 +259,7 @@ fn send_pending() {
                 ],
             );
         }
+        LAST_RUNG.with(|last| last.borrow_mut().insert(channel, now));
     }
 }
 
@@ -265,14 +290,13 @@ fn notify_on_insert<'a>(
 /// Reads a consumer's envelope cursor; errors if the consumer does not exist.
 fn consumer_cursor(consumer: &str) -> Result<HashMap<i32, i64>, OutboxError> {
     Spi::connect(|client| {
-        let exists = client
+        let exists = !client
             .select(
                 "SELECT 1 FROM envelopes.consumers WHERE name = $1",
                 None,
                 &[DatumWithOid::from(consumer)],
             )?
-            .len()
-            > 0;
+            .is_empty();
         if !exists {
             return Err(OutboxError::UnknownConsumer(consumer.to_owned()));
         }

@@ -41,6 +41,7 @@ SELECT conrelid::regclass AS "table", conname, contype, pg_get_constraintdef(oid
  WHERE connamespace = 'envelopes'::regnamespace
  ORDER BY 1, 2;
 
--- Settings, with their defaults.
+-- Settings, with their defaults (registered when the library loads).
+LOAD 'pg_envelopes';
 SELECT name, setting, unit, context, short_desc
   FROM pg_settings WHERE name LIKE 'envelopes.%' ORDER BY 1;

@@ -15,6 +15,7 @@
 pub mod band;
 pub mod cache;
 mod catalog;
+mod worker;
 
 use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
 use crate::locks;
@@ -45,6 +46,12 @@ pub enum PartitionError {
     Catalog(&'static str),
     #[error("partition for originator {node}, sequence {seq} is still missing after creation")]
     StillMissing { node: i32, seq: i64 },
+    #[error("partition creation did not finish within {0:?}")]
+    WorkerTimeout(std::time::Duration),
+    #[error("partition creation failed: {message}")]
+    WorkerFailed { sqlstate: i32, message: String },
+    #[error("partition worker lost: {0}")]
+    WorkerLost(String),
     #[error("SPI error while managing partitions: {0}")]
     Spi(#[from] pgrx::spi::SpiError),
 }
@@ -63,6 +70,9 @@ impl SqlError for PartitionError {
             PartitionError::Band(BandError::NonPositiveWidth(_)) => ERRCODE_INVALID_PARAMETER_VALUE,
             PartitionError::NotAPartition { .. } => ERRCODE_DUPLICATE_TABLE,
             PartitionError::NotInstalled => ERRCODE_UNDEFINED_TABLE,
+            PartitionError::WorkerTimeout(_) => ERRCODE_LOCK_NOT_AVAILABLE,
+            PartitionError::WorkerFailed { sqlstate, .. } => PgSqlErrorCode::from(*sqlstate),
+            PartitionError::WorkerLost(_) => ERRCODE_CONNECTION_FAILURE,
             PartitionError::Catalog(_)
             | PartitionError::StillMissing { .. }
             | PartitionError::Spi(_) => ERRCODE_INTERNAL_ERROR,
@@ -71,6 +81,11 @@ impl SqlError for PartitionError {
 
     fn hint(&self) -> Option<String> {
         match self {
+            PartitionError::WorkerTimeout(_) => Some(
+                "Something holds a lock the partition DDL needs; see pg_locks. \
+                 envelopes.partition_worker_timeout sets how long to wait."
+                    .into(),
+            ),
             PartitionError::NotAPartition { .. } => Some(
                 "Rename or drop that table; pg_envelopes owns names of the form \
                  gateway_envelopes_{meta,blob}_o<node>[_s<start>_<end>]."
@@ -215,35 +230,104 @@ fn forget_cache_on_abort() {
 /// Makes sure both tables have a partition for `(node, seq)`, creating the
 /// originator level and the band when missing. Idempotent and safe to race.
 pub fn ensure_band(node: i32, seq: i64, width: i64) -> Result<(), PartitionError> {
-    let desired = Band::containing(seq, width)?;
+    Band::containing(seq, width)?;
     // SAFETY: plain call into the invalidation machinery, no arguments. After it,
     // a cached route names partitions that still exist.
     unsafe { pg_sys::AcceptInvalidationMessages() };
-    if cached_routes(node, seq).is_some() {
+    if cached_routes(node, seq).is_some() || refresh(node, seq)? {
         return Ok(());
     }
-    if refresh(node, seq)? {
-        return Ok(());
+    // A transaction that already created partitions itself holds the creation
+    // lock: a worker would wait for it forever, so keep creating here.
+    let in_worker = crate::gucs::create_partitions_in() == crate::gucs::CreatePartitionsIn::Worker
+        && !locks::holds_partition_creation_lock();
+    if in_worker {
+        match create_in_one_worker(node, seq, width)? {
+            Ok(()) => {}
+            Err(fallback) => {
+                pgrx::log!(
+                    "pg_envelopes: partition worker unavailable ({fallback:?}); creating the \
+                     partition for originator {node}, sequence {seq} in the inserting transaction"
+                );
+                create_in_transaction(node, seq, width)?;
+            }
+        }
+    } else {
+        create_in_transaction(node, seq, width)?;
     }
-    locks::lock_partition_creation();
-    // The lock may have been granted because another creator just committed; make
-    // its new tables visible to the caches before looking again.
-    // SAFETY: plain call into the invalidation machinery, no arguments.
-    unsafe { pg_sys::AcceptInvalidationMessages() };
-    if refresh(node, seq)? {
-        // Someone else created it. Nothing was done under the lock, so hand it on
-        // now rather than at commit: other waiters need not wait for this
-        // transaction to end.
-        locks::unlock_partition_creation();
-        return Ok(());
-    }
-    forget_cache_on_abort();
-    create_missing(node, seq, desired)?;
     if refresh(node, seq)? {
         Ok(())
     } else {
         Err(PartitionError::StillMissing { node, seq })
     }
+}
+
+/// Creates the band in a worker, unless another session is already doing that for
+/// the same band: then waits for it and uses its result. Sessions crossing into a
+/// new band together start one worker, not one each.
+fn create_in_one_worker(
+    node: i32,
+    seq: i64,
+    width: i64,
+) -> Result<Result<(), worker::Fallback>, PartitionError> {
+    let start = Band::containing(seq, width)?.start;
+    for _ in 0..3 {
+        if locks::try_lock_band_launch(node, start) {
+            let result = worker::create_in_worker(node, seq, width);
+            locks::unlock_band_launch(node, start);
+            return result;
+        }
+        locks::wait_for_band_launch(node, start);
+        // SAFETY: plain call into the invalidation machinery, no arguments.
+        unsafe { pg_sys::AcceptInvalidationMessages() };
+        if refresh(node, seq)? {
+            return Ok(Ok(()));
+        }
+    }
+    worker::create_in_worker(node, seq, width)
+}
+
+/// Creates the partitions in the caller's transaction, under the creation lock,
+/// which then stays held until that transaction ends.
+fn create_in_transaction(node: i32, seq: i64, width: i64) -> Result<(), PartitionError> {
+    let newly_locked = locks::lock_partition_creation();
+    // SAFETY: plain call into the invalidation machinery, no arguments.
+    unsafe { pg_sys::AcceptInvalidationMessages() };
+    if refresh(node, seq)? {
+        // Someone else created it and nothing was done under the lock: hand it on
+        // now rather than at commit, so other waiters need not wait for us.
+        if newly_locked {
+            locks::unlock_partition_creation();
+        }
+        return Ok(());
+    }
+    forget_cache_on_abort();
+    // Bound the DDL's own lock waits (the parent's SHARE UPDATE EXCLUSIVE); the
+    // caller's setting comes back afterwards.
+    let caller_timeout =
+        Spi::get_one::<String>("SELECT pg_catalog.current_setting('lock_timeout')")?
+            .unwrap_or_else(|| "0".into());
+    Spi::run_with_args(
+        "SELECT pg_catalog.set_config('lock_timeout', $1, true)",
+        &[format!("{}ms", crate::gucs::partition_lock_timeout_ms()).into()],
+    )?;
+    let created = create_locked(node, seq, width);
+    Spi::run_with_args(
+        "SELECT pg_catalog.set_config('lock_timeout', $1, true)",
+        &[caller_timeout.into()],
+    )?;
+    created
+}
+
+/// With the creation lock held: looks again, and creates what is still missing.
+/// Shared by the caller's-transaction path and the worker.
+fn create_locked(node: i32, seq: i64, width: i64) -> Result<(), PartitionError> {
+    // SAFETY: plain call into the invalidation machinery, no arguments.
+    unsafe { pg_sys::AcceptInvalidationMessages() };
+    if refresh(node, seq)? {
+        return Ok(());
+    }
+    create_missing(node, seq, Band::containing(seq, width)?)
 }
 
 /// Creates whatever part of `(node, seq)`'s partitions is missing in either table.

@@ -14,8 +14,29 @@ const ROUNDS: usize = 3;
 /// multi-statement transactions are mixed. Repeated on a fresh database each round:
 /// no statement may fail, and every row lands exactly once in meta and blob.
 #[test]
-fn eight_writers_crossing_bands_together() {
-    for round in 0..ROUNDS {
+fn eight_writers_crossing_bands_together_creating_in_workers() {
+    crossing(
+        "worker",
+        std::env::var("ENVELOPES_STRESS_ROUNDS")
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(ROUNDS),
+    );
+}
+
+#[test]
+fn eight_writers_crossing_bands_together_creating_in_transactions() {
+    crossing(
+        "transaction",
+        std::env::var("ENVELOPES_STRESS_ROUNDS")
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(ROUNDS),
+    );
+}
+
+fn crossing(mode: &'static str, rounds: usize) {
+    for round in 0..rounds {
         let db = TestDb::new("crossing");
         let per_writer: i64 = 120; // sequence ids per originator per writer
         let barrier = Arc::new(Barrier::new(WRITERS as usize));
@@ -26,7 +47,10 @@ fn eight_writers_crossing_bands_together() {
                 thread::spawn(move || -> Vec<String> {
                     let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
                     client
-                        .batch_execute(&format!("SET envelopes.band_width = {BAND}"))
+                        .batch_execute(&format!(
+                            "SET envelopes.band_width = {BAND};
+                             SET envelopes.create_partitions_in = '{mode}'"
+                        ))
                         .expect("set band width");
                     let mut errors = Vec::new();
                     barrier.wait();
@@ -77,7 +101,7 @@ fn eight_writers_crossing_bands_together() {
             .collect();
         assert!(
             errors.is_empty(),
-            "round {round}: {} failed statements: {errors:#?}",
+            "{mode} round {round}: {} failed statements: {errors:#?}",
             errors.len()
         );
 

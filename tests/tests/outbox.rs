@@ -27,6 +27,9 @@ fn one_notification_per_transaction_whatever_it_writes() {
     let db = TestDb::new("notify_once");
     let mut listen = listener(&db, "envelopes");
     let mut writer = db.connect();
+    writer
+        .batch_execute("SET envelopes.notify_interval = 0")
+        .unwrap();
     let mut tx = writer.transaction().unwrap();
     for seq in 1..=100i64 {
         tx.query_one(
@@ -289,4 +292,27 @@ fn status_shows_the_gap_until_acknowledged() {
     assert_eq!(row.get::<_, i64>(1), 1);
     assert!(row.get::<_, bool>(2));
     assert!(row.get::<_, bool>(3));
+}
+
+/// With a notify interval, a session's back-to-back commits ring once; a commit
+/// after the interval rings again.
+#[test]
+fn a_busy_session_rings_once_per_interval() {
+    let db = TestDb::new("notify_interval");
+    let mut listen = listener(&db, "envelopes");
+    let mut writer = db.connect();
+    writer
+        .batch_execute("SET envelopes.notify_interval = '2s'")
+        .unwrap();
+    for _ in 0..20 {
+        writer
+            .query_one("SELECT envelopes.publish('s', '\\x01')", &[])
+            .unwrap();
+    }
+    assert_eq!(drain(&mut listen, Duration::from_millis(500)).len(), 1);
+    std::thread::sleep(Duration::from_millis(1600));
+    writer
+        .query_one("SELECT envelopes.publish('s', '\\x01')", &[])
+        .unwrap();
+    assert_eq!(drain(&mut listen, Duration::from_millis(500)).len(), 1);
 }
