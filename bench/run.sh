@@ -106,6 +106,38 @@ for durability in off on; do
         kill "$listener" 2>/dev/null || true
     fi
 
+    if selected crossing; then
+        # 8 writers inserting into one originator, crossing a band every 10,000 rows,
+        # with creation in a worker and in the writer's transaction; against the same
+        # load into bands created beforehand. Each run uses a fresh originator.
+        sql bench -q -c "CREATE SEQUENCE IF NOT EXISTS crossing_seq"
+        node=100
+        for run in $(seq "$RUNS"); do
+            for variant in worker transaction steady; do
+                node=$((node + 1))
+                sql bench -q -c "ALTER SEQUENCE crossing_seq RESTART WITH 1"
+                mode=$variant
+                if [ "$variant" = steady ]; then
+                    mode=worker
+                    sql bench -q -c "SELECT envelopes.ensure_gateway_parts($node, b * 10000, 10000)
+                                       FROM generate_series(0, 199) b" >/dev/null
+                fi
+                rm -f "$OUT"/lat.*
+                PGOPTIONS="-c envelopes.band_width=10000 -c envelopes.create_partitions_in=$mode" \
+                    "$PG_BIN/pgbench" -n -M prepared -h 127.0.0.1 -p "$PORT" -U postgres -c 8 -j 8 \
+                    -T "$SECONDS_PER_RUN" -D node=$node -l --log-prefix="$OUT/lat" \
+                    -f bench/sql/insert_crossing.sql bench >/dev/null 2>"$OUT/pgbench.err" \
+                    || { cat "$OUT/pgbench.err" >&2; exit 1; }
+                read -r p50 p99 max n < <(python3 bench/latency.py "$OUT"/lat.*)
+                record crossing "p99_$variant" "$durability" "$run" "$p99" us
+                record crossing "max_$variant" "$durability" "$run" "$max" us
+                record crossing "p50_$variant" "$durability" "$run" "$p50" us
+                log "crossing [$durability] $variant run $run: p50 ${p50}us p99 ${p99}us max ${max}us ($n inserts)"
+            done
+        done
+        rm -f "$OUT"/lat.*
+    fi
+
     if selected read && [ "$durability" = off ]; then
         # Cursor reads of 1,000 rows: 50 vs 5,000 leaf partitions (5 originators x 10
         # bands, 50 x 100), and the selector vs a hand-written LATERAL query. 1 client.

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Runs every test of pg_envelopes, from a fresh machine or a warm one:
 #   1. machine setup (scripts/setup.sh), and servers left by killed runs stopped
-#   2. cargo fmt --check and cargo clippy -D warnings
+#   2. the Promela models of the no-loss contracts (model/, spin), then
+#      cargo fmt --check and cargo clippy -D warnings
 #   3. cargo pgrx test: plain #[test]s and in-backend #[pg_test]s
 #   4. pg_regress golden files and isolation specs (pg_test/)
-#   5. client integration tests (tests/) against a throwaway cluster
+#   5. client integration tests (tests/) and the bridge's end-to-end tests
+#      (bridge/tests/) against a throwaway cluster and the local message buses
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +15,9 @@ source scripts/lib.sh
 cleanup_leftover_clusters
 started=$(date +%s)
 step() { log "== $* ($(( $(date +%s) - started ))s)"; }
+
+step "model checks (spin)"
+model/check.sh
 
 step "format and lints"
 cargo fmt --all --check
@@ -34,5 +39,8 @@ cluster_start itest "$port"
 trap 'cluster_stop itest' EXIT
 export ENVELOPES_TEST_PG="host=127.0.0.1 port=$port user=postgres"
 cargo test -p pg_envelopes_tests -- --test-threads=4
+
+step "bridge tests (real NATS JetStream, Redis, Mosquitto)"
+cargo test -p envelopes-bridge -- --test-threads=2
 
 step "all tests passed"

@@ -40,6 +40,13 @@ pgrx::extension_sql_file!(
     ]
 );
 
+// Positions of ingress consumers (bus -> store).
+pgrx::extension_sql_file!(
+    "../sql/ingress.sql",
+    name = "ingress_positions",
+    requires = ["storage"]
+);
+
 /// Runs once per process when Postgres loads the library.
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {

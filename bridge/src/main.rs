@@ -1,0 +1,344 @@
+//! envelopes-bridge: moves committed pg_envelopes rows to message buses (egress)
+//! and envelopes from a bus into the store (ingress), without losing any.
+
+mod db;
+mod egress;
+mod ingress;
+mod message;
+mod metrics;
+mod redact;
+mod sink;
+mod tls;
+
+use clap::{Args, Parser, Subcommand};
+use sink::{NatsAuth, SinkOptions, SinkSpec};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Forward committed pg_envelopes rows to a message bus, at least once and in
+/// commit-safe order, with a durable cursor in the database.
+#[derive(Parser)]
+#[command(name = "envelopes-bridge", version, propagate_version = true)]
+struct Cli {
+    /// Log as JSON lines instead of text.
+    #[arg(long, global = true, env = "ENVELOPES_LOG_JSON")]
+    log_json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Publish committed envelopes and outbox rows to a sink, then advance the
+    /// consumer's cursor. Runs until SIGTERM/SIGINT.
+    Egress(Box<EgressArgs>),
+    /// Store envelopes from a NATS JetStream stream, committing each batch together
+    /// with the stream position, and acknowledge the batch only after that commit.
+    Ingress(Box<IngressArgs>),
+    /// Print each consumer's cursor, pending rows and their age.
+    Status(StatusArgs),
+}
+
+#[derive(Args)]
+struct DatabaseArgs {
+    /// Postgres connection URL (postgres://user:password@host:port/db?sslmode=...)
+    /// or key=value string. Never logged with its password.
+    #[arg(long, env = "ENVELOPES_DATABASE_URL", hide_env_values = true)]
+    database_url: String,
+}
+
+#[derive(Args)]
+struct EgressArgs {
+    #[command(flatten)]
+    database: DatabaseArgs,
+    /// Consumer name: the durable cursor is stored under it (created if missing).
+    #[arg(long, env = "ENVELOPES_BRIDGE_NAME")]
+    name: String,
+    /// Where to publish: stdout (JSON lines), jsonl:PATH, nats://HOST:PORT
+    /// (JetStream), redis://HOST:PORT (Redis Streams, XADD) or mqtt://HOST:PORT
+    /// (MQTT 5, QoS 1). Credentials may be embedded (mqtt://user:pass@host:port,
+    /// redis://:pass@host:port) and are never logged.
+    #[arg(
+        long,
+        env = "ENVELOPES_SINK",
+        default_value = "stdout",
+        hide_env_values = true
+    )]
+    sink: SinkSpec,
+    /// Rows per read and per publish.
+    #[arg(long, env = "ENVELOPES_BATCH_SIZE", default_value_t = 1000,
+          value_parser = clap::value_parser!(i32).range(1..=100_000))]
+    batch_size: i32,
+    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9187).
+    #[arg(long, env = "ENVELOPES_METRICS_ADDR")]
+    metrics_addr: Option<SocketAddr>,
+    /// Read even without a notification after this many milliseconds.
+    #[arg(long, env = "ENVELOPES_POLL_INTERVAL_MS", default_value_t = 200)]
+    poll_interval_ms: u64,
+    /// The NOTIFY channel to listen on (envelopes.notify_channel).
+    #[arg(long, env = "ENVELOPES_NOTIFY_CHANNEL", default_value = "envelopes")]
+    channel: String,
+    #[command(flatten)]
+    bus: BusArgs,
+}
+
+#[derive(Args)]
+struct BusArgs {
+    /// JetStream stream: egress publishes into it (created if missing), ingress
+    /// reads from it.
+    #[arg(long, env = "ENVELOPES_NATS_STREAM", default_value = "ENVELOPES")]
+    nats_stream: String,
+    /// Subject prefix: envelopes go to PREFIX.envelope.NODE, outbox rows to
+    /// PREFIX.outbox.SUBJECT (MQTT: PREFIX/envelope/NODE ...).
+    #[arg(long, env = "ENVELOPES_SUBJECT_PREFIX", default_value = "envelopes")]
+    subject_prefix: String,
+    /// Redis stream key.
+    #[arg(long, env = "ENVELOPES_REDIS_STREAM", default_value = "envelopes")]
+    redis_stream: String,
+    /// NATS user (with --nats-password).
+    #[arg(long, env = "ENVELOPES_NATS_USER")]
+    nats_user: Option<String>,
+    /// NATS password.
+    #[arg(long, env = "ENVELOPES_NATS_PASSWORD", hide_env_values = true)]
+    nats_password: Option<String>,
+    /// NATS token.
+    #[arg(long, env = "ENVELOPES_NATS_TOKEN", hide_env_values = true)]
+    nats_token: Option<String>,
+    /// NATS credentials file (.creds).
+    #[arg(long, env = "ENVELOPES_NATS_CREDS")]
+    nats_creds: Option<PathBuf>,
+    /// MQTT client id (default: envelopes-bridge-NAME).
+    #[arg(long, env = "ENVELOPES_MQTT_CLIENT_ID")]
+    mqtt_client_id: Option<String>,
+}
+
+impl BusArgs {
+    fn options(&self, name: &str) -> SinkOptions {
+        let nats_auth = if let Some(path) = &self.nats_creds {
+            NatsAuth::CredsFile(path.clone())
+        } else if let Some(token) = &self.nats_token {
+            NatsAuth::Token(token.clone())
+        } else if let Some(user) = &self.nats_user {
+            NatsAuth::UserPassword(user.clone(), self.nats_password.clone().unwrap_or_default())
+        } else {
+            NatsAuth::None
+        };
+        SinkOptions {
+            nats_stream: self.nats_stream.clone(),
+            subject_prefix: self.subject_prefix.clone(),
+            redis_stream: self.redis_stream.clone(),
+            nats_auth,
+            mqtt_client_id: self
+                .mqtt_client_id
+                .clone()
+                .unwrap_or_else(|| format!("envelopes-bridge-{name}")),
+        }
+    }
+}
+
+#[derive(Args)]
+struct IngressArgs {
+    #[command(flatten)]
+    database: DatabaseArgs,
+    /// Consumer name: its stream position is stored in envelopes.ingress_positions.
+    #[arg(long, env = "ENVELOPES_BRIDGE_NAME")]
+    name: String,
+    /// The bus to read from: nats://HOST:PORT (JetStream).
+    #[arg(long, env = "ENVELOPES_SOURCE", hide_env_values = true)]
+    source: String,
+    /// Only messages on this subject (wildcards allowed); default: the whole stream.
+    #[arg(long, env = "ENVELOPES_SOURCE_SUBJECT", default_value = "")]
+    subject: String,
+    /// Where malformed messages go, with the reason in the Envelopes-Error header.
+    /// Keep it outside the source stream's subjects.
+    #[arg(
+        long,
+        env = "ENVELOPES_DEAD_LETTER_SUBJECT",
+        default_value = "envelopes-dead-letter"
+    )]
+    dead_letter_subject: String,
+    /// Messages per pull and per transaction.
+    #[arg(long, env = "ENVELOPES_BATCH_SIZE", default_value_t = 500,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    batch_size: u32,
+    /// Serve Prometheus metrics on this address.
+    #[arg(long, env = "ENVELOPES_METRICS_ADDR")]
+    metrics_addr: Option<SocketAddr>,
+    #[command(flatten)]
+    bus: BusArgs,
+}
+
+#[derive(Args)]
+struct StatusArgs {
+    #[command(flatten)]
+    database: DatabaseArgs,
+}
+
+/// Exponential backoff between retries: 100 ms doubling up to 5 s.
+#[derive(Default)]
+pub struct Backoff {
+    next: Duration,
+}
+
+impl Backoff {
+    pub fn new() -> Backoff {
+        Backoff::default()
+    }
+
+    pub fn reset(&mut self) {
+        self.next = Duration::ZERO;
+    }
+
+    /// Sleeps for the next delay; returns true if shutdown was requested meanwhile.
+    pub async fn wait(&mut self, shutdown: &mut watch::Receiver<bool>) -> bool {
+        let delay = self.next.max(Duration::from_millis(100));
+        self.next = (delay * 2).min(Duration::from_secs(5));
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = shutdown.changed() => {}
+        }
+        *shutdown.borrow()
+    }
+}
+
+fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ENVELOPES_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// A watch that turns true on SIGTERM or SIGINT.
+fn shutdown_signal() -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot install SIGTERM handler");
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        tracing::info!("shutdown requested");
+        let _ = tx.send(true);
+    });
+    rx
+}
+
+async fn status(args: StatusArgs) -> Result<(), String> {
+    let db = db::connect(&args.database.database_url, "envelopes-bridge status")
+        .await
+        .map_err(|e| e.to_string())?;
+    let rows = db
+        .client
+        .query(
+            "SELECT consumer, outbox_xid::text, outbox_id, outbox_pending,
+                    COALESCE(extract(epoch FROM outbox_oldest_pending_age), 0)::float8,
+                    envelopes_pending,
+                    COALESCE(extract(epoch FROM envelopes_oldest_pending_age), 0)::float8,
+                    COALESCE(last_acknowledged_at::text, '-'), notification_queue_usage
+               FROM envelopes.consumer_status ORDER BY consumer",
+            &[],
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    println!(
+        "{:<24} {:>22} {:>10} {:>12} {:>10} {:>12}  {:<32} {:>8}",
+        "consumer",
+        "outbox cursor",
+        "outbox lag",
+        "oldest (s)",
+        "env. lag",
+        "oldest (s)",
+        "last ack",
+        "notify q"
+    );
+    for r in rows {
+        println!(
+            "{:<24} {:>22} {:>10} {:>12.1} {:>10} {:>12.1}  {:<32} {:>8.4}",
+            r.get::<_, String>(0),
+            format!("{}/{}", r.get::<_, String>(1), r.get::<_, i64>(2)),
+            r.get::<_, i64>(3),
+            r.get::<_, f64>(4),
+            r.get::<_, i64>(5),
+            r.get::<_, f64>(6),
+            r.get::<_, String>(7),
+            r.get::<_, f64>(8),
+        );
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_json);
+    match cli.command {
+        Command::Egress(args) => {
+            let metrics = Arc::new(metrics::Metrics::new());
+            if let Some(addr) = args.metrics_addr {
+                if let Err(e) = metrics::serve(addr, metrics.clone()).await {
+                    tracing::error!(error = %e, %addr, "cannot serve metrics");
+                    return std::process::ExitCode::FAILURE;
+                }
+            }
+            tracing::info!(database = %redact::url(&args.database.database_url), sink = %args.sink,
+                           consumer = %args.name, "starting egress");
+            let config = egress::EgressConfig {
+                database_url: args.database.database_url,
+                sink_options: args.bus.options(&args.name),
+                name: args.name.clone(),
+                sink: args.sink.clone(),
+                batch_size: args.batch_size,
+                poll_interval: Duration::from_millis(args.poll_interval_ms.max(1)),
+                channel: args.channel,
+            };
+            egress::run(config, metrics, shutdown_signal()).await;
+            std::process::ExitCode::SUCCESS
+        }
+        Command::Ingress(args) => {
+            let metrics = Arc::new(metrics::Metrics::new());
+            if let Some(addr) = args.metrics_addr {
+                if let Err(e) = metrics::serve(addr, metrics.clone()).await {
+                    tracing::error!(error = %e, %addr, "cannot serve metrics");
+                    return std::process::ExitCode::FAILURE;
+                }
+            }
+            tracing::info!(database = %redact::url(&args.database.database_url),
+                           source = %redact::url(&args.source), consumer = %args.name, "starting ingress");
+            let config = ingress::IngressConfig {
+                database_url: args.database.database_url,
+                nats_auth: args.bus.options(&args.name).nats_auth,
+                name: args.name,
+                source: args.source,
+                stream: args.bus.nats_stream.clone(),
+                subject: args.subject,
+                dead_letter_subject: args.dead_letter_subject,
+                batch_size: args.batch_size as usize,
+            };
+            ingress::run(config, metrics, shutdown_signal()).await;
+            std::process::ExitCode::SUCCESS
+        }
+        Command::Status(args) => match status(args).await {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("envelopes-bridge status: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        },
+    }
+}

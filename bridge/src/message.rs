@@ -1,0 +1,190 @@
+//! What travels on the buses: one message per envelope or outbox row, CBOR-encoded
+//! through serde, each with a dedup id. JSON is only for people (stdout/JSONL).
+
+use serde::{Deserialize, Serialize};
+
+/// An envelope row as published (and, on ingress, as consumed).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Envelope {
+    pub originator_node_id: i32,
+    pub originator_sequence_id: i64,
+    /// `gateway_time` as microseconds since the Unix epoch.
+    pub gateway_time_us: i64,
+    #[serde(with = "serde_bytes")]
+    pub topic: Vec<u8>,
+    pub payer_id: Option<i32>,
+    /// Unix seconds after which the envelope may be pruned.
+    pub expiry: Option<i64>,
+    #[serde(with = "serde_bytes")]
+    pub originator_envelope: Vec<u8>,
+}
+
+/// An outbox row as published.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct OutboxMessage {
+    pub id: i64,
+    pub subject: String,
+    #[serde(with = "serde_bytes")]
+    pub payload: Vec<u8>,
+    pub headers: serde_json::Value,
+    /// `created_at` as microseconds since the Unix epoch.
+    pub created_at_us: i64,
+}
+
+/// One message on the bus.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Message {
+    Envelope(Envelope),
+    Outbox(OutboxMessage),
+}
+
+/// Why bytes from a bus are not a message we accept.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DecodeError {
+    #[error("not valid CBOR for a message: {0}")]
+    Cbor(String),
+    #[error("originator_node_id must not be negative (got {0})")]
+    NegativeNode(i32),
+    #[error("originator_sequence_id must not be negative (got {0})")]
+    NegativeSequence(i64),
+    #[error("expected an envelope, got an outbox message")]
+    NotAnEnvelope,
+}
+
+impl Message {
+    /// The id a bus or consumer uses to drop replays: `"{node}:{seq}"` for an
+    /// envelope, `"outbox:{id}"` for an outbox row.
+    pub fn dedup_id(&self) -> String {
+        match self {
+            Message::Envelope(e) => {
+                format!("{}:{}", e.originator_node_id, e.originator_sequence_id)
+            }
+            Message::Outbox(o) => format!("outbox:{}", o.id),
+        }
+    }
+
+    pub fn to_cbor(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        // Writing into a Vec cannot fail, and every field serializes.
+        ciborium::into_writer(self, &mut out).expect("serializing a message into memory");
+        out
+    }
+
+    pub fn from_cbor(bytes: &[u8]) -> Result<Message, DecodeError> {
+        ciborium::from_reader(bytes).map_err(|e| DecodeError::Cbor(e.to_string()))
+    }
+
+    /// One JSON object for a line of stdout/JSONL output, with the dedup id as
+    /// `"id"` and bytes in hex.
+    pub fn to_json_line(&self) -> String {
+        let value = match self {
+            Message::Envelope(e) => serde_json::json!({
+                "id": self.dedup_id(),
+                "kind": "envelope",
+                "originator_node_id": e.originator_node_id,
+                "originator_sequence_id": e.originator_sequence_id,
+                "gateway_time_us": e.gateway_time_us,
+                "topic": hex::encode(&e.topic),
+                "payer_id": e.payer_id,
+                "expiry": e.expiry,
+                "originator_envelope": hex::encode(&e.originator_envelope),
+            }),
+            Message::Outbox(o) => serde_json::json!({
+                "id": self.dedup_id(),
+                "kind": "outbox",
+                "outbox_id": o.id,
+                "subject": o.subject,
+                "payload": hex::encode(&o.payload),
+                "headers": o.headers,
+                "created_at_us": o.created_at_us,
+            }),
+        };
+        value.to_string()
+    }
+}
+
+impl Envelope {
+    /// Decodes an envelope message from a bus and checks what the database would
+    /// reject anyway, so a bad message is dead-lettered with a reason instead of
+    /// failing a whole batch.
+    pub fn from_bus(bytes: &[u8]) -> Result<Envelope, DecodeError> {
+        match Message::from_cbor(bytes)? {
+            Message::Envelope(e) if e.originator_node_id < 0 => {
+                Err(DecodeError::NegativeNode(e.originator_node_id))
+            }
+            Message::Envelope(e) if e.originator_sequence_id < 0 => {
+                Err(DecodeError::NegativeSequence(e.originator_sequence_id))
+            }
+            Message::Envelope(e) => Ok(e),
+            Message::Outbox(_) => Err(DecodeError::NotAnEnvelope),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn envelope() -> Message {
+        Message::Envelope(Envelope {
+            originator_node_id: 7,
+            originator_sequence_id: 42,
+            gateway_time_us: 1_700_000_000_000_000,
+            topic: vec![1, 2],
+            payer_id: None,
+            expiry: Some(99),
+            originator_envelope: vec![0xde, 0xad],
+        })
+    }
+
+    #[test]
+    fn cbor_round_trip() {
+        let m = envelope();
+        assert_eq!(Message::from_cbor(&m.to_cbor()), Ok(m.clone()));
+        let o = Message::Outbox(OutboxMessage {
+            id: 5,
+            subject: "orders.created".into(),
+            payload: vec![9],
+            headers: serde_json::json!({"k": "v"}),
+            created_at_us: 1,
+        });
+        assert_eq!(Message::from_cbor(&o.to_cbor()), Ok(o));
+    }
+
+    #[test]
+    fn bytes_are_cbor_byte_strings() {
+        // A byte string of length 2 is 0x42 followed by the bytes.
+        let bytes = envelope().to_cbor();
+        assert!(bytes.windows(3).any(|w| w == [0x42, 0xde, 0xad]));
+    }
+
+    #[test]
+    fn dedup_ids() {
+        assert_eq!(envelope().dedup_id(), "7:42");
+    }
+
+    #[test]
+    fn json_line_has_the_id() {
+        let line = envelope().to_json_line();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["id"], "7:42");
+        assert_eq!(v["originator_envelope"], "dead");
+    }
+
+    #[test]
+    fn bad_bus_messages_are_errors() {
+        assert!(matches!(
+            Envelope::from_bus(b"not cbor"),
+            Err(DecodeError::Cbor(_))
+        ));
+        let mut neg = envelope();
+        if let Message::Envelope(e) = &mut neg {
+            e.originator_sequence_id = -1;
+        }
+        assert_eq!(
+            Envelope::from_bus(&neg.to_cbor()),
+            Err(DecodeError::NegativeSequence(-1))
+        );
+    }
+}

@@ -1,0 +1,125 @@
+//! Prometheus metrics, served as text on `--metrics-addr` (any path).
+
+use crate::message::Message;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: &'static str,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub published: Family<KindLabel, Counter>,
+    pub retried: Counter,
+    pub lag_rows: Gauge,
+    pub lag_seconds: Gauge<f64, AtomicU64>,
+    pub batch_latency: Histogram,
+    pub ingested: Counter,
+    pub dead_lettered: Counter,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("envelopes_bridge");
+        let published = Family::<KindLabel, Counter>::default();
+        let retried = Counter::default();
+        let lag_rows = Gauge::default();
+        let lag_seconds = Gauge::<f64, AtomicU64>::default();
+        let batch_latency = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        let ingested = Counter::default();
+        let dead_lettered = Counter::default();
+        registry.register(
+            "published",
+            "Messages acknowledged by the bus",
+            published.clone(),
+        );
+        registry.register(
+            "retried",
+            "Batches published again after a failure",
+            retried.clone(),
+        );
+        registry.register(
+            "lag_rows",
+            "Rows committed but not yet acknowledged",
+            lag_rows.clone(),
+        );
+        registry.register(
+            "lag_seconds",
+            "Age of the oldest row committed but not yet acknowledged",
+            lag_seconds.clone(),
+        );
+        registry.register(
+            "batch_latency_seconds",
+            "Time from publishing a batch to the bus acknowledging all of it",
+            batch_latency.clone(),
+        );
+        registry.register("ingested", "Envelopes stored by ingress", ingested.clone());
+        registry.register(
+            "dead_lettered",
+            "Malformed messages sent to the dead-letter subject",
+            dead_lettered.clone(),
+        );
+        Metrics {
+            registry,
+            published,
+            retried,
+            lag_rows,
+            lag_seconds,
+            batch_latency,
+            ingested,
+            dead_lettered,
+        }
+    }
+
+    pub fn published(&self, batch: &[Message]) {
+        for m in batch {
+            let kind = match m {
+                Message::Envelope(_) => "envelope",
+                Message::Outbox(_) => "outbox",
+            };
+            self.published.get_or_create(&KindLabel { kind }).inc();
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Encoding into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Serves the metrics until the process ends.
+pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "metrics listening");
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let metrics = metrics.clone();
+            tokio::spawn(async move {
+                let mut request = [0u8; 1024];
+                let _ = stream.read(&mut request).await;
+                let body = metrics.render();
+                let response = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(response.as_bytes()).await;
+            });
+        }
+    });
+    Ok(())
+}

@@ -1,0 +1,247 @@
+//! Where egress publishes: stdout, a JSONL file, NATS JetStream, Redis Streams or
+//! MQTT. `publish` returns only once the bus has acknowledged every message of the
+//! batch, so the caller may then move its cursor; on error nothing of the batch
+//! counts as delivered and the caller publishes it again (dedup ids make the
+//! replays harmless).
+
+mod file;
+mod mqtt;
+pub mod nats;
+mod redis;
+
+use crate::message::Message;
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+/// A sink as given on the command line.
+#[derive(Clone, PartialEq, Eq)]
+pub enum SinkSpec {
+    Stdout,
+    Jsonl(PathBuf),
+    Nats(String),
+    Redis(String),
+    Mqtt {
+        host: String,
+        port: u16,
+        username: Option<String>,
+        password: Option<String>,
+    },
+}
+
+impl fmt::Debug for SinkSpec {
+    /// Never prints credentials.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self}")
+    }
+}
+
+impl fmt::Display for SinkSpec {
+    /// The sink without credentials, for logs.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SinkSpec::Stdout => write!(f, "stdout"),
+            SinkSpec::Jsonl(path) => write!(f, "jsonl:{}", path.display()),
+            SinkSpec::Nats(url) | SinkSpec::Redis(url) => write!(f, "{}", crate::redact::url(url)),
+            SinkSpec::Mqtt { host, port, .. } => write!(f, "mqtt://{host}:{port}"),
+        }
+    }
+}
+
+/// Why a sink argument is not understood.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SinkParseError {
+    #[error("unknown sink {0:?}: expected stdout, jsonl:PATH, nats://HOST:PORT, redis://HOST:PORT or mqtt://HOST:PORT")]
+    Unknown(String),
+    #[error("jsonl sink needs a path: jsonl:PATH")]
+    EmptyPath,
+    #[error("{0}: missing or invalid host:port")]
+    Address(String),
+}
+
+impl FromStr for SinkSpec {
+    type Err = SinkParseError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        if s == "stdout" {
+            return Ok(SinkSpec::Stdout);
+        }
+        if let Some(path) = s.strip_prefix("jsonl:") {
+            return if path.is_empty() {
+                Err(SinkParseError::EmptyPath)
+            } else {
+                Ok(SinkSpec::Jsonl(PathBuf::from(path)))
+            };
+        }
+        let (scheme, rest) = s
+            .split_once("://")
+            .ok_or_else(|| SinkParseError::Unknown(s.into()))?;
+        let (userinfo, hostport) = match rest.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, rest),
+        };
+        let hostport = hostport.trim_end_matches('/');
+        let (host, port) = hostport
+            .rsplit_once(':')
+            .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
+            .filter(|(h, _)| !h.is_empty() && !h.contains('/'))
+            .ok_or_else(|| SinkParseError::Address(crate::redact::url(s)))?;
+        match scheme {
+            "nats" | "tls" => Ok(SinkSpec::Nats(s.to_owned())),
+            "redis" | "rediss" => Ok(SinkSpec::Redis(s.to_owned())),
+            "mqtt" => {
+                let (username, password) = match userinfo {
+                    Some(u) => match u.split_once(':') {
+                        Some((name, pass)) => (Some(name.to_owned()), Some(pass.to_owned())),
+                        None => (Some(u.to_owned()), None),
+                    },
+                    None => (None, None),
+                };
+                Ok(SinkSpec::Mqtt {
+                    host: host.to_owned(),
+                    port,
+                    username,
+                    password,
+                })
+            }
+            _ => Err(SinkParseError::Unknown(crate::redact::url(s))),
+        }
+    }
+}
+
+/// Settings shared by the bus sinks.
+#[derive(Clone, Debug)]
+pub struct SinkOptions {
+    /// JetStream stream (created if missing) and MQTT/NATS subject prefix.
+    pub nats_stream: String,
+    pub subject_prefix: String,
+    pub redis_stream: String,
+    pub nats_auth: nats::NatsAuth,
+    pub mqtt_client_id: String,
+}
+
+/// A failed publish. The batch is retried as a whole.
+#[derive(Debug, thiserror::Error)]
+#[error("{sink}: {message}")]
+pub struct SinkError {
+    pub sink: &'static str,
+    pub message: String,
+}
+
+impl SinkError {
+    pub fn new(sink: &'static str, message: impl ToString) -> SinkError {
+        SinkError {
+            sink,
+            message: message.to_string(),
+        }
+    }
+}
+
+pub enum Sink {
+    Stdout(file::Stdout),
+    Jsonl(file::Jsonl),
+    Nats(nats::Nats),
+    Redis(redis::Redis),
+    Mqtt(mqtt::Mqtt),
+}
+
+impl Sink {
+    pub async fn connect(spec: &SinkSpec, options: &SinkOptions) -> Result<Sink, SinkError> {
+        Ok(match spec {
+            SinkSpec::Stdout => Sink::Stdout(file::Stdout::new()),
+            SinkSpec::Jsonl(path) => Sink::Jsonl(file::Jsonl::open(path).await?),
+            SinkSpec::Nats(url) => Sink::Nats(nats::Nats::connect(url, options).await?),
+            SinkSpec::Redis(url) => Sink::Redis(redis::Redis::connect(url, options).await?),
+            SinkSpec::Mqtt {
+                host,
+                port,
+                username,
+                password,
+            } => Sink::Mqtt(
+                mqtt::Mqtt::connect(host, *port, username.clone(), password.clone(), options)
+                    .await?,
+            ),
+        })
+    }
+
+    /// Publishes the batch and returns once every message is acknowledged.
+    pub async fn publish(&mut self, batch: &[Message]) -> Result<(), SinkError> {
+        match self {
+            Sink::Stdout(s) => s.publish(batch).await,
+            Sink::Jsonl(s) => s.publish(batch).await,
+            Sink::Nats(s) => s.publish(batch).await,
+            Sink::Redis(s) => s.publish(batch).await,
+            Sink::Mqtt(s) => s.publish(batch).await,
+        }
+    }
+}
+
+/// The bus subject of a message: `{prefix}.envelope.{node}` or
+/// `{prefix}.outbox.{subject}`, with `sep` between parts.
+pub fn subject(prefix: &str, sep: char, message: &Message) -> String {
+    match message {
+        Message::Envelope(e) => format!("{prefix}{sep}envelope{sep}{}", e.originator_node_id),
+        Message::Outbox(o) => format!("{prefix}{sep}outbox{sep}{}", o.subject),
+    }
+}
+
+pub use nats::NatsAuth;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_sinks() {
+        assert_eq!("stdout".parse(), Ok(SinkSpec::Stdout));
+        assert_eq!(
+            "jsonl:/tmp/x.jsonl".parse(),
+            Ok(SinkSpec::Jsonl("/tmp/x.jsonl".into()))
+        );
+        assert_eq!(
+            "nats://127.0.0.1:4222".parse(),
+            Ok(SinkSpec::Nats("nats://127.0.0.1:4222".into()))
+        );
+        assert_eq!(
+            "redis://127.0.0.1:6379".parse(),
+            Ok(SinkSpec::Redis("redis://127.0.0.1:6379".into()))
+        );
+        assert_eq!(
+            "mqtt://u:p@localhost:1883".parse(),
+            Ok(SinkSpec::Mqtt {
+                host: "localhost".into(),
+                port: 1883,
+                username: Some("u".into()),
+                password: Some("p".into())
+            })
+        );
+    }
+
+    #[test]
+    fn rejects_bad_sinks_without_echoing_secrets() {
+        assert_eq!("jsonl:".parse::<SinkSpec>(), Err(SinkParseError::EmptyPath));
+        assert!(matches!(
+            "kafka://h:1".parse::<SinkSpec>(),
+            Err(SinkParseError::Unknown(_))
+        ));
+        assert!(matches!(
+            "nats://host".parse::<SinkSpec>(),
+            Err(SinkParseError::Address(_))
+        ));
+        assert!(matches!(
+            "nats://:4222".parse::<SinkSpec>(),
+            Err(SinkParseError::Address(_))
+        ));
+        let err = "ftp://user:hunter2@h:1"
+            .parse::<SinkSpec>()
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("hunter2"), "{err}");
+        let shown = "mqtt://u:hunter2@h:1"
+            .parse::<SinkSpec>()
+            .unwrap()
+            .to_string();
+        assert!(!shown.contains("hunter2"), "{shown}");
+    }
+}

@@ -1,0 +1,276 @@
+//! Harness for the bridge's end-to-end tests: a fresh database per test in the
+//! throwaway cluster started by scripts/test.sh (`ENVELOPES_TEST_PG`), the bridge
+//! binary started and killed as a real process, and the real buses
+//! (`ENVELOPES_TEST_NATS`, `ENVELOPES_TEST_REDIS`, `ENVELOPES_TEST_MQTT`, with the
+//! local defaults) under names unique to each run.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+pub fn server() -> String {
+    std::env::var("ENVELOPES_TEST_PG")
+        .expect("ENVELOPES_TEST_PG is not set: run the tests through scripts/test.sh")
+}
+
+pub fn nats_url() -> String {
+    std::env::var("ENVELOPES_TEST_NATS").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
+}
+
+pub fn redis_url() -> String {
+    std::env::var("ENVELOPES_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+pub fn mqtt_url() -> String {
+    std::env::var("ENVELOPES_TEST_MQTT").unwrap_or_else(|_| "mqtt://127.0.0.1:1883".into())
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A name unique to this test run: fresh streams, keys and topics every time.
+pub fn unique(label: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!(
+        "{label}{}x{}x{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed),
+        nanos % 1_000_000_000
+    )
+}
+
+pub struct TestDb {
+    pub name: String,
+}
+
+impl TestDb {
+    pub fn new(label: &str) -> TestDb {
+        let name = unique(&format!("b_{label}_"));
+        let mut admin =
+            postgres::Client::connect(&format!("{} dbname=postgres", server()), postgres::NoTls)
+                .expect("connect to the test server");
+        admin
+            .batch_execute(&format!("CREATE DATABASE \"{name}\""))
+            .unwrap();
+        let db = TestDb { name };
+        db.client()
+            .batch_execute("CREATE EXTENSION pg_envelopes")
+            .unwrap();
+        db
+    }
+
+    /// libpq key=value connection string of this database.
+    pub fn conninfo(&self) -> String {
+        format!("{} dbname={}", server(), self.name)
+    }
+
+    /// The same as a postgres:// URL, for the bridge.
+    pub fn url(&self) -> String {
+        let mut host = "127.0.0.1".to_owned();
+        let mut port = "5432".to_owned();
+        let mut user = "postgres".to_owned();
+        for kv in server().split_whitespace() {
+            match kv.split_once('=') {
+                Some(("host", v)) => host = v.into(),
+                Some(("port", v)) => port = v.into(),
+                Some(("user", v)) => user = v.into(),
+                _ => {}
+            }
+        }
+        format!("postgres://{user}@{host}:{port}/{}", self.name)
+    }
+
+    pub fn client(&self) -> postgres::Client {
+        postgres::Client::connect(&self.conninfo(), postgres::NoTls).expect("connect")
+    }
+
+    pub fn int8(&self, sql: &str) -> i64 {
+        self.client().query_one(sql, &[]).expect(sql).get(0)
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if let Ok(mut admin) =
+            postgres::Client::connect(&format!("{} dbname=postgres", server()), postgres::NoTls)
+        {
+            let _ = admin.batch_execute(&format!(
+                "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+                self.name
+            ));
+        }
+    }
+}
+
+/// A running bridge process; killed (SIGKILL) on drop.
+pub struct Bridge {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+pub fn bridge_command(args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_envelopes-bridge"));
+    cmd.args(args).env_remove("RUST_BACKTRACE");
+    cmd
+}
+
+impl Bridge {
+    /// Starts `envelopes-bridge egress` with the given sink and extra arguments and
+    /// environment; its stderr goes to a log file, its stdout to `stdout`.
+    pub fn egress(
+        db: &TestDb,
+        name: &str,
+        sink: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Bridge {
+        let log = std::env::temp_dir().join(format!("{}.log", unique("bridge")));
+        let mut args = vec![
+            "egress",
+            "--database-url",
+            &db.url()[..],
+            "--name",
+            name,
+            "--sink",
+            sink,
+            "--poll-interval-ms",
+            "100",
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .collect::<Vec<_>>();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_envelopes-bridge"));
+        cmd.args(&args)
+            .env_remove("RUST_BACKTRACE")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        Bridge {
+            child: cmd.spawn().expect("start the bridge"),
+            log,
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill(); // SIGKILL on Unix
+        let _ = self.child.wait();
+    }
+
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        self.child.wait().expect("wait for the bridge")
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits until `done()` holds, polling; panics with `what` after `limit`.
+pub fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        if start.elapsed() > limit {
+            panic!("timed out after {limit:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Dedup ids of every committed row: "node:seq" and "outbox:id".
+pub fn committed_ids(db: &TestDb) -> BTreeSet<String> {
+    let mut c = db.client();
+    let mut ids = BTreeSet::new();
+    for r in c
+        .query("SELECT originator_node_id, originator_sequence_id FROM envelopes.gateway_envelopes_meta", &[])
+        .unwrap()
+    {
+        ids.insert(format!("{}:{}", r.get::<_, i32>(0), r.get::<_, i64>(1)));
+    }
+    for r in c.query("SELECT id FROM envelopes.outbox", &[]).unwrap() {
+        ids.insert(format!("outbox:{}", r.get::<_, i64>(0)));
+    }
+    ids
+}
+
+/// Rows committed but not yet acknowledged by consumer `name`.
+pub fn lag(db: &TestDb, name: &str) -> i64 {
+    db.client()
+        .query_one(
+            "SELECT COALESCE(outbox_pending, 0) + COALESCE(envelopes_pending, 0)
+               FROM envelopes.consumer_status WHERE consumer = $1",
+            &[&name],
+        )
+        .map(|r| r.get(0))
+        .unwrap_or(i64::MAX)
+}
+
+/// Every message in a JetStream stream: (Nats-Msg-Id header, payload).
+pub async fn read_stream(url: &str, stream: &str) -> Vec<(String, Vec<u8>)> {
+    use futures_util::StreamExt;
+    let client = async_nats::connect(url).await.expect("connect to NATS");
+    let js = async_nats::jetstream::new(client);
+    let mut s = js.get_stream(stream).await.expect("stream exists");
+    let total = s.info().await.expect("stream info").state.messages;
+    let consumer = s
+        .create_consumer(async_nats::jetstream::consumer::pull::Config {
+            deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::All,
+            ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
+            ..Default::default()
+        })
+        .await
+        .expect("consumer");
+    let mut out = Vec::new();
+    while (out.len() as u64) < total {
+        let mut batch = consumer
+            .fetch()
+            .max_messages(1000)
+            .expires(Duration::from_secs(2))
+            .messages()
+            .await
+            .expect("fetch");
+        let mut got = 0;
+        while let Some(Ok(m)) = batch.next().await {
+            got += 1;
+            let id = m
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("Nats-Msg-Id"))
+                .map(|v| v.to_string())
+                .unwrap_or_default();
+            out.push((id, m.payload.to_vec()));
+        }
+        if got == 0 {
+            break;
+        }
+    }
+    out
+}
+
+pub async fn delete_stream(url: &str, stream: &str) {
+    if let Ok(client) = async_nats::connect(url).await {
+        let _ = async_nats::jetstream::new(client)
+            .delete_stream(stream)
+            .await;
+    }
+}
