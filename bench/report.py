@@ -10,6 +10,13 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+# Absolute goals: (comparison, variant, goal, "higher"/"lower", what)
+ABSOLUTE = [
+    ("bridge", "throughput", 50000, "higher", "bridge to JetStream, draining a backlog (envelopes/s)"),
+    ("bridge", "latency_p99_ms", 100, "lower", "bridge commit -> JetStream p99 at 1,000 commits/s (ms)"),
+    ("bridge", "latency_p50_ms", None, "lower", "bridge commit -> JetStream p50 at 1,000 commits/s (ms)"),
+]
+
 # (comparison, numerator variant, denominator variant, goal, "higher"/"lower", what)
 RATIOS = [
     ("insert", "extension", "plain", 0.95, "higher",
@@ -57,6 +64,20 @@ def main(out_dir: str, results_md: str) -> None:
             sign = ">=" if direction == "higher" else "<="
             lines.append(f"| {what} | {durability} | {ratio:.3f} | {sign} {goal} | {'yes' if met else 'NO'} |")
             ratio_rows.append((f"{comparison} {num}/{den} ({durability})", ratio, goal))
+    lines += ["", "## Absolute numbers", "",
+              "| measurement | synchronous_commit | median | goal | met |", "|---|---|---|---|---|"]
+    for comparison, variant, goal, direction, what in ABSOLUTE:
+        for durability in ("off", "on"):
+            vs = values.get((comparison, durability, variant))
+            if not vs:
+                continue
+            m = statistics.median(vs)
+            if goal is None:
+                lines.append(f"| {what} | {durability} | {m:.1f} | - | - |")
+                continue
+            met = m >= goal if direction == "higher" else m <= goal
+            sign = ">=" if direction == "higher" else "<="
+            lines.append(f"| {what} | {durability} | {m:.1f} | {sign} {goal} | {'yes' if met else 'NO'} |")
     lines += ["", "## Every variant", "",
               "| comparison | synchronous_commit | variant | median | min | max | runs | unit |",
               "|---|---|---|---|---|---|---|---|"]

@@ -24,6 +24,10 @@ if $quick; then RUNS=3 SECONDS_PER_RUN=5; else RUNS=5 SECONDS_PER_RUN=20; fi
 
 scripts/setup.sh
 install_extension release
+cargo build --quiet --release -p envelopes-bridge --bin envelopes-bridge --example latency_probe
+BRIDGE=target/release/envelopes-bridge
+PROBE=target/release/examples/latency_probe
+NATS_URL=${ENVELOPES_BENCH_NATS:-nats://127.0.0.1:4222}
 
 OUT=bench/out
 mkdir -p "$OUT"
@@ -136,6 +140,51 @@ for durability in off on; do
             done
         done
         rm -f "$OUT"/lat.*
+    fi
+
+    if selected bridge; then
+        # Bridge to JetStream: (1) drain a preloaded backlog, envelopes/s;
+        # (2) commit -> bus latency at a fixed insert rate.
+        if $quick; then backlog=100000; else backlog=500000; fi
+        for run in $(seq "$RUNS"); do
+            db="bridge_$run"
+            stream="BENCH$$_$run" prefix="bench$$r$run"
+            sql postgres -q -c "CREATE DATABASE $db"
+            sql "$db" -q -c "CREATE EXTENSION pg_envelopes" -c "CREATE SEQUENCE bench_seq"
+            sql "$db" -q -c "SET envelopes.notify = off" -c "SELECT envelopes.insert_gateway_envelopes(
+                    array_agg((1 + s % 4)::int), array_agg(s), array_agg(pg_catalog.int4send(s::int % 16)),
+                    array_agg(pg_catalog.convert_to(repeat('e', 200), 'UTF8')))
+                  FROM generate_series(1::bigint, $backlog) s" >/dev/null
+            sql "$db" -q -c "SELECT envelopes.consumer_register('bench')"
+            url="postgres://postgres@127.0.0.1:$PORT/$db"
+            started=$(date +%s.%N)
+            "$BRIDGE" egress --database-url "$url" --name bench --sink "$NATS_URL" --batch-size 2000 \
+                --nats-stream "$stream" --subject-prefix "$prefix" 2>"$OUT/bridge.log" &
+            bridge=$!
+            until [ "$(sql "$db" -At -c "SELECT envelopes_pending FROM envelopes.consumer_status WHERE consumer = 'bench'")" = 0 ]; do
+                sleep 0.2
+            done
+            elapsed=$(python3 -c "print(f'{$(date +%s.%N) - $started:.2f}')")
+            rate=$(python3 -c "print(f'{$backlog / $elapsed:.0f}')")
+            record bridge throughput "$durability" "$run" "$rate" envelopes/s
+            log "bridge [$durability] run $run: $backlog envelopes in ${elapsed}s = $rate/s"
+
+            # Latency at a fixed rate of 1,000 single-row commits a second.
+            n=$((SECONDS_PER_RUN * 1000))
+            "$PROBE" "$NATS_URL" "$prefix" "$n" >"$OUT/probe.out" &
+            probe=$!
+            until grep -q ready "$OUT/probe.out" 2>/dev/null; do sleep 0.1; done
+            "$PG_BIN/pgbench" -n -M prepared -h 127.0.0.1 -p "$PORT" -U postgres -c 4 -j 2 -R 1000 \
+                -t $((n / 4)) -f bench/sql/insert_rate.sql "$db" >/dev/null 2>"$OUT/pgbench.err"
+            wait "$probe"
+            read -r p50 p99 max count < <(tail -n 1 "$OUT/probe.out")
+            record bridge latency_p50_ms "$durability" "$run" "$p50" ms
+            record bridge latency_p99_ms "$durability" "$run" "$p99" ms
+            log "bridge [$durability] run $run: commit->bus p50 ${p50}ms p99 ${p99}ms max ${max}ms ($count messages)"
+            kill -TERM "$bridge"; wait "$bridge" || true
+            "$PROBE" "$NATS_URL" --delete "$stream"
+            sql postgres -q -c "DROP DATABASE $db WITH (FORCE)"
+        done
     fi
 
     if selected read && [ "$durability" = off ]; then

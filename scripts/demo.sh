@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job, end to end on a fresh machine: set up, build, install the extension
 # into a throwaway cluster, insert envelopes across new originators and sequence
-# bands, and show what landed. Options: --debug (debug build, faster to compile),
+# bands, show what landed, then run the bridge to stdout and show what it forwarded. Options: --debug (debug build, faster to compile),
 # --keep (leave the cluster running and print how to connect).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -73,11 +73,33 @@ SQL
 echo
 echo "== A read through the view touches only that originator's partitions"
 sql <<'SQL'
+ANALYZE envelopes.gateway_envelopes_meta, envelopes.gateway_envelopes_blob;
 EXPLAIN (COSTS OFF)
 SELECT originator_sequence_id, topic FROM envelopes.gateway_envelopes_view
  WHERE originator_node_id = 20 AND originator_sequence_id > 3500
  ORDER BY originator_sequence_id LIMIT 5;
 SQL
+
+echo
+echo "== The bridge forwards what committed, to stdout (JSON lines), then stops"
+cargo build --quiet $([ "$profile" = release ] && echo --release) -p envelopes-bridge
+bridge="target/$profile/envelopes-bridge"
+sql -q -c "SELECT envelopes.publish('orders.created', convert_to('{\"order\": 42}', 'UTF8'), '{\"trace\": \"demo\"}')" >/dev/null
+forwarded="$ENVELOPES_TMP/demo/forwarded.jsonl"
+url="postgres://postgres@127.0.0.1:$port/postgres"
+"$bridge" egress --database-url "$url" --name demo --sink stdout >"$forwarded" 2>"$ENVELOPES_TMP/demo/bridge.log" &
+bridge_pid=$!
+for _ in $(seq 100); do
+    pending=$(sql -At -c "SELECT COALESCE(outbox_pending + envelopes_pending, -1) FROM envelopes.consumer_status WHERE consumer = 'demo'" 2>/dev/null || echo -1)
+    [ "$pending" = 0 ] && break
+    sleep 0.2
+done
+kill -TERM "$bridge_pid"; wait "$bridge_pid" || true
+echo "forwarded $(wc -l <"$forwarded") messages; the first three and the outbox one:"
+head -n 3 "$forwarded"
+grep '"kind":"outbox"' "$forwarded" | head -n 1
+echo
+"$bridge" status --database-url "$url"
 
 if $keep; then
     log "cluster left running: psql -h 127.0.0.1 -p $port -U postgres"
