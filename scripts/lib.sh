@@ -44,6 +44,33 @@ cluster_start() {
         || { tail -n 30 "$dir/server.log" >&2; return 1; }
 }
 
+# cluster_enable_tls NAME: a self-signed certificate, ssl = on, and for the role
+# envelopes_tls password logins over TLS only (plain connections rejected).
+cluster_enable_tls() {
+    local dir="$ENVELOPES_TMP/$1"
+    # A throwaway CA, and a server certificate it signs (a self-signed certificate
+    # is a CA certificate, which TLS clients rightly refuse as a server's).
+    openssl req -new -x509 -days 2 -nodes -subj "/CN=pg_envelopes test CA" \
+        -keyout "$dir/ca.key" -out "$dir/ca.crt" >/dev/null 2>&1
+    openssl req -new -nodes -subj "/CN=127.0.0.1" \
+        -keyout "$dir/data/server.key" -out "$dir/server.csr" >/dev/null 2>&1
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' >"$dir/server.ext"
+    openssl x509 -req -days 2 -in "$dir/server.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" \
+        -CAcreateserial -extfile "$dir/server.ext" -out "$dir/data/server.crt" >/dev/null 2>&1
+    chown postgres:postgres "$dir/data/server.key" "$dir/data/server.crt"
+    chmod 600 "$dir/data/server.key"
+    {
+        echo "ssl = on"
+        echo "ssl_cert_file = 'server.crt'"
+        echo "ssl_key_file = 'server.key'"
+        echo "password_encryption = 'scram-sha-256'"
+    } >>"$dir/data/postgresql.conf"
+    { printf 'hostssl all envelopes_tls 127.0.0.1/32 scram-sha-256\nhost all envelopes_tls 127.0.0.1/32 reject\n'
+      cat "$dir/data/pg_hba.conf"; } >"$dir/pg_hba.new"
+    install -o postgres -g postgres -m 600 "$dir/pg_hba.new" "$dir/data/pg_hba.conf"
+    as_postgres "$PG_BIN/pg_ctl" -D "$dir/data" -w restart >/dev/null
+}
+
 # cluster_stop NAME: stops the cluster if it runs; leaves its files.
 cluster_stop() {
     local dir="$ENVELOPES_TMP/$1"
@@ -79,4 +106,7 @@ install_extension() {
     [ "$profile" = release ] && flags+=(--release)
     log "installing the extension ($profile build)"
     cargo pgrx install --pg-config "$PG_CONFIG" "${flags[@]}" >/dev/null
+    # Install scripts of released versions, so older versions can be created and
+    # upgraded (upgrade scripts in sql/ are copied by cargo pgrx install itself).
+    cp sql/releases/pg_envelopes--*.sql "$("$PG_CONFIG" --sharedir)/extension/"
 }

@@ -16,6 +16,11 @@ cleanup_leftover_clusters
 started=$(date +%s)
 step() { log "== $* ($(( $(date +%s) - started ))s)"; }
 
+step "released SQL scripts are unchanged"
+# An install or upgrade script, once released, is never edited: users' databases
+# were built with it. New releases append their scripts' checksums.
+sha256sum --quiet -c sql/releases/SHA256SUMS
+
 step "model checks (spin)"
 model/check.sh
 
@@ -37,7 +42,9 @@ step "integration tests"
 port=$(free_port)
 cluster_start itest "$port"
 trap 'cluster_stop itest' EXIT
+cluster_enable_tls itest
 export ENVELOPES_TEST_PG="host=127.0.0.1 port=$port user=postgres"
+export ENVELOPES_TEST_PG_CA="$ENVELOPES_TMP/itest/ca.crt"
 cargo test -p pg_envelopes_tests -- --test-threads=4
 
 step "bridge tests (real NATS JetStream, Redis, Mosquitto)"

@@ -13,7 +13,7 @@ COMMENT ON TABLE ingress_positions IS
 
 -- The stored position of a consumer on a stream (0 when it has none yet).
 CREATE FUNCTION ingress_position(consumer text, stream text)
-RETURNS bigint LANGUAGE sql STABLE
+RETURNS bigint LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT COALESCE((SELECT p.position FROM @extschema@.ingress_positions p
@@ -23,7 +23,7 @@ $$;
 -- Moves a consumer's position forward (never backwards). Call it in the
 -- transaction that inserts the envelopes read up to that position.
 CREATE FUNCTION ingress_store_position(consumer text, stream text, new_position bigint)
-RETURNS void LANGUAGE plpgsql
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN

@@ -56,7 +56,7 @@ CREATE INDEX delivery_log_consumer_idx ON delivery_log (consumer, acknowledged_a
 -- Registers a consumer (idempotent). A new consumer starts at the beginning of
 -- both streams, or at their current end when from_start is false.
 CREATE FUNCTION consumer_register(name text, from_start boolean DEFAULT true)
-RETURNS void LANGUAGE plpgsql
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
@@ -83,7 +83,7 @@ END $$;
 CREATE FUNCTION consumer_outbox_batch(consumer text, batch_size integer DEFAULT 1000)
 RETURNS TABLE (id bigint, inserted_xid xid8, subject text, payload bytea, headers jsonb,
                created_at timestamptz)
-LANGUAGE plpgsql STABLE
+LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -110,7 +110,7 @@ END $$;
 -- delivered, and logs the batch. Never moves it backwards (a replayed ack is a
 -- no-op), and refuses a position no batch could have returned.
 CREATE FUNCTION consumer_outbox_ack(consumer text, inserted_xid xid8, id bigint)
-RETURNS bigint LANGUAGE plpgsql
+RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -151,7 +151,7 @@ END $$;
 -- Moves a consumer's envelope cursor forward, per originator, to the last sequence
 -- id it delivered (never backwards), and logs the batch.
 CREATE FUNCTION consumer_envelope_ack(consumer text, originator_node_ids integer[], sequence_ids bigint[])
-RETURNS bigint LANGUAGE plpgsql
+RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE

@@ -7,7 +7,8 @@ CREATE FUNCTION partitions()
 RETURNS TABLE (originator_node_id integer, band_start bigint, band_end bigint,
                meta_partition regclass, blob_partition regclass,
                row_estimate bigint, total_bytes bigint)
-LANGUAGE sql STABLE
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
     WITH bands AS (
         SELECT r.kind,

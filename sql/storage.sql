@@ -76,7 +76,8 @@ COMMENT ON VIEW gateway_envelopes_view IS 'Envelopes with their bytes: meta join
 -- tables directly or dropped a partition of one table only.
 CREATE FUNCTION orphaned_envelopes()
 RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint, missing_from text)
-LANGUAGE sql STABLE
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT m.originator_node_id, m.originator_sequence_id, 'gateway_envelopes_blob'
       FROM @extschema@.gateway_envelopes_meta m

@@ -217,7 +217,8 @@ fn execute(plan: Plan, args: &[DatumWithOid<'_>]) -> Result<i64, InsertError> {
 /// Inserts one envelope. Returns 1 if it was new, 0 if
 /// `(originator_node_id, originator_sequence_id)` already existed. Missing
 /// partitions are created first.
-#[pg_extern(volatile, parallel_unsafe)]
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
 #[allow(clippy::too_many_arguments)]
 fn insert_gateway_envelope(
     originator_node_id: Option<i32>,
@@ -283,7 +284,8 @@ fn check_len(name: &'static str, len: Option<usize>, expected: usize) -> Result<
 /// Inserts a batch of envelopes given as parallel arrays (one element per
 /// envelope). Returns how many were new. `payer_ids`, `gateway_times` and
 /// `expiries` may be NULL as a whole; NULL elements mean no payer, now(), never.
-#[pg_extern(volatile, parallel_unsafe)]
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
 #[allow(clippy::too_many_arguments)]
 fn insert_gateway_envelopes(
     originator_node_ids: Option<Array<'_, i32>>,

@@ -47,6 +47,15 @@ pgrx::extension_sql_file!(
     requires = ["storage"]
 );
 
+// Roles: grant_writer / grant_reader / grant_consumer and their revoke_ twins.
+pgrx::extension_sql_file!(
+    "../sql/roles.sql",
+    name = "roles",
+    requires = ["storage", "retention", "outbox_tables", "ingress_positions"]
+);
+// Last: nothing is usable by PUBLIC until granted.
+pgrx::extension_sql_file!("../sql/privileges.sql", name = "privileges", finalize);
+
 /// Runs once per process when Postgres loads the library.
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {

@@ -162,7 +162,8 @@ fn publish_row(
 
 /// Writes a message into `envelopes.outbox` inside the caller's transaction and
 /// returns its id. It is delivered by the bridge only if the transaction commits.
-#[pg_extern(volatile, parallel_unsafe)]
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
 fn publish(
     subject: Option<&str>,
     payload: Option<&[u8]>,
@@ -333,7 +334,8 @@ fn envelope_batch(
 /// originator after the consumer's cursor, and never past the originator's
 /// ceiling (see `originator_ceilings()`), so a lower sequence id that is still
 /// being inserted is never skipped. Acknowledge with `consumer_envelope_ack`.
-#[pg_extern(volatile, parallel_unsafe)]
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
 #[allow(clippy::type_complexity)]
 fn consumer_envelope_batch(
     consumer: Option<&str>,

@@ -372,7 +372,8 @@ pub fn read_below_ceilings(
 /// its originator, or greater than 0 when the cursor has no entry for it. `topics`
 /// and `originator_node_ids` restrict the rows when given (both apply together);
 /// NULL means no restriction, an empty array matches nothing.
-#[pg_extern(stable, parallel_unsafe)]
+#[pg_extern(stable, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
 #[allow(clippy::type_complexity)]
 fn select_gateway_envelopes(
     cursor_node_ids: default!(Option<Array<'_, i32>>, "'{}'"),
@@ -502,7 +503,8 @@ fn ceilings() -> Result<Vec<(i32, i64)>, SelectError> {
 /// still fall below a cursor that moved on; a transaction that wrote to more than
 /// 256 originators holds every ceiling at -1 until it ends; rows written into the
 /// tables directly, not through the insert functions, are not tracked.
-#[pg_extern(volatile, parallel_unsafe)]
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
 fn originator_ceilings(
 ) -> TableIterator<'static, (name!(originator_node_id, i32), name!(max_sequence_id, i64))> {
     TableIterator::new(ceilings().or_raise())

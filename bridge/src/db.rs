@@ -33,14 +33,14 @@ pub async fn connect(url: &str, application_name: &str) -> Result<Db, DbError> {
             let (client, connection) = config
                 .connect(tls)
                 .await
-                .map_err(|e| DbError::Connect(e.to_string()))?;
+                .map_err(|e| DbError::Connect(chain(&e)))?;
             (client, spawn_driver(connection))
         }
         None => {
             let (client, connection) = config
                 .connect(NoTls)
                 .await
-                .map_err(|e| DbError::Connect(e.to_string()))?;
+                .map_err(|e| DbError::Connect(chain(&e)))?;
             (client, spawn_driver(connection))
         }
     };
@@ -48,6 +48,19 @@ pub async fn connect(url: &str, application_name: &str) -> Result<Db, DbError> {
         client,
         notifications,
     })
+}
+
+/// An error with its causes, `outer: inner: ...` (tokio-postgres keeps the
+/// interesting part, e.g. why a TLS handshake failed, in the source).
+pub fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 fn spawn_driver<S, T>(

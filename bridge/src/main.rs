@@ -48,6 +48,19 @@ struct DatabaseArgs {
     /// or key=value string. Never logged with its password.
     #[arg(long, env = "ENVELOPES_DATABASE_URL", hide_env_values = true)]
     database_url: String,
+    /// PEM file of the CA the database server's certificate must chain to (also
+    /// checks the host name). Without it, sslmode=require encrypts but does not
+    /// verify the certificate, as libpq does.
+    #[arg(long, env = "ENVELOPES_DATABASE_CA")]
+    database_ca: Option<PathBuf>,
+}
+
+impl DatabaseArgs {
+    fn apply(&self) {
+        if let Some(ca) = &self.database_ca {
+            tls::set_database_ca(ca.clone());
+        }
+    }
 }
 
 #[derive(Args)]
@@ -240,6 +253,7 @@ fn shutdown_signal() -> watch::Receiver<bool> {
 }
 
 async fn status(args: StatusArgs) -> Result<(), String> {
+    args.database.apply();
     let db = db::connect(&args.database.database_url, "envelopes-bridge status")
         .await
         .map_err(|e| e.to_string())?;
@@ -289,6 +303,7 @@ async fn main() -> std::process::ExitCode {
     init_logging(cli.log_json);
     match cli.command {
         Command::Egress(args) => {
+            args.database.apply();
             let metrics = Arc::new(metrics::Metrics::new());
             if let Some(addr) = args.metrics_addr {
                 if let Err(e) = metrics::serve(addr, metrics.clone()).await {
@@ -311,6 +326,7 @@ async fn main() -> std::process::ExitCode {
             std::process::ExitCode::SUCCESS
         }
         Command::Ingress(args) => {
+            args.database.apply();
             let metrics = Arc::new(metrics::Metrics::new());
             if let Some(addr) = args.metrics_addr {
                 if let Err(e) = metrics::serve(addr, metrics.clone()).await {

@@ -188,3 +188,72 @@ mod tests {
         );
     }
 }
+
+/// Generated inputs: the decoder of bytes that arrive from a bus must answer every
+/// input with a message or an error, never a panic.
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn envelope() -> impl Strategy<Value = Envelope> {
+        (
+            any::<i32>(),
+            any::<i64>(),
+            any::<i64>(),
+            proptest::collection::vec(any::<u8>(), 0..64),
+            any::<Option<i32>>(),
+            any::<Option<i64>>(),
+            proptest::collection::vec(any::<u8>(), 0..256),
+        )
+            .prop_map(|(n, s, t, topic, payer_id, expiry, blob)| Envelope {
+                originator_node_id: n,
+                originator_sequence_id: s,
+                gateway_time_us: t,
+                topic,
+                payer_id,
+                expiry,
+                originator_envelope: blob,
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4000))]
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = Message::from_cbor(&bytes);
+            let _ = Envelope::from_bus(&bytes);
+        }
+
+        #[test]
+        fn damaged_messages_never_panic(
+            e in envelope(),
+            cut in any::<prop::sample::Index>(),
+            flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..8),
+        ) {
+            let mut bytes = Message::Envelope(e).to_cbor();
+            for (at, value) in flips {
+                let i = at.index(bytes.len());
+                bytes[i] ^= value;
+            }
+            let len = cut.index(bytes.len() + 1);
+            let decoded = Envelope::from_bus(&bytes[..len]);
+            if let Ok(e) = decoded {
+                prop_assert!(e.originator_node_id >= 0 && e.originator_sequence_id >= 0);
+            }
+        }
+
+        #[test]
+        fn envelopes_round_trip(e in envelope()) {
+            let m = Message::Envelope(e.clone());
+            prop_assert_eq!(Message::from_cbor(&m.to_cbor()), Ok(m));
+            match Envelope::from_bus(&Message::Envelope(e.clone()).to_cbor()) {
+                Ok(back) => prop_assert_eq!(back, e),
+                Err(DecodeError::NegativeNode(_)) => prop_assert!(e.originator_node_id < 0),
+                Err(DecodeError::NegativeSequence(_)) => prop_assert!(e.originator_sequence_id < 0),
+                Err(other) => prop_assert!(false, "unexpected {other}"),
+            }
+        }
+    }
+}

@@ -10,7 +10,10 @@ SELECT p.proname,
        pg_get_function_arguments(p.oid) AS arguments,
        pg_get_function_result(p.oid) AS result,
        p.provolatile AS volatility,
-       p.proisstrict AS strict
+       p.proisstrict AS strict,
+       p.prosecdef AS security_definer,
+       p.proconfig AS settings,
+       p.proacl AS privileges
   FROM pg_proc p
  WHERE p.pronamespace = 'envelopes'::regnamespace
  ORDER BY 1, 2;

@@ -361,7 +361,8 @@ fn create_missing(node: i32, seq: i64, desired: Band) -> Result<(), PartitionErr
 /// both tables if they do not exist yet. Idempotent: calling it again, or racing
 /// other sessions doing the same, is harmless. `band_width` defaults to the
 /// `envelopes.band_width` setting.
-#[pg_extern(volatile, parallel_unsafe)]
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
 fn ensure_gateway_parts(
     originator_node_id: Option<i32>,
     originator_sequence_id: Option<i64>,

@@ -245,3 +245,51 @@ mod tests {
         assert!(!shown.contains("hunter2"), "{shown}");
     }
 }
+
+/// Generated inputs for the sink argument parser and the URL redaction.
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4000))]
+
+        #[test]
+        fn any_string_parses_or_errors(s in ".{0,80}") {
+            let _ = s.parse::<SinkSpec>();
+            let _ = crate::redact::url(&s);
+        }
+
+        #[test]
+        fn url_shaped_strings_never_panic(
+            scheme in "(nats|redis|rediss|mqtt|tls|jsonl|[a-z]{1,6})",
+            user in "[a-zA-Z0-9:@%]{0,12}",
+            host in "[a-z0-9.:\\[\\]]{0,20}",
+            port in "[0-9]{0,7}",
+            rest in "[/?&=a-z]{0,12}",
+        ) {
+            let url = format!("{scheme}://{user}@{host}:{port}{rest}");
+            let _ = url.parse::<SinkSpec>();
+            let _ = crate::redact::url(&url);
+        }
+
+        #[test]
+        fn passwords_never_survive_redaction(
+            user in "[a-z]{1,8}",
+            password in "[A-Z0-9]{6,16}",
+            host in "[a-z]{1,10}",
+        ) {
+            for scheme in ["postgres", "nats", "redis", "mqtt"] {
+                let url = format!("{scheme}://{user}:{password}@{host}:1234/db");
+                let shown = crate::redact::url(&url);
+                prop_assert!(!shown.contains(&password), "{}", shown);
+                if let Ok(spec) = url.parse::<SinkSpec>() {
+                    prop_assert!(!spec.to_string().contains(&password));
+                    let debug = format!("{:?}", spec);
+                    prop_assert!(!debug.contains(&password));
+                }
+            }
+        }
+    }
+}

@@ -130,11 +130,22 @@ impl Bridge {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Bridge {
+        Bridge::egress_with_url(&db.url(), name, sink, extra, env)
+    }
+
+    /// The same with an explicit database URL (credentials, sslmode).
+    pub fn egress_with_url(
+        url: &str,
+        name: &str,
+        sink: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Bridge {
         let log = std::env::temp_dir().join(format!("{}.log", unique("bridge")));
         let mut args = vec![
             "egress",
             "--database-url",
-            &db.url()[..],
+            url,
             "--name",
             name,
             "--sink",

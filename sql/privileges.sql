@@ -1,0 +1,7 @@
+-- Runs last: nothing of the extension is usable by PUBLIC until granted with the
+-- grant_* functions (see sql/roles.sql). New functions are executable by PUBLIC by
+-- default, so this matters even though PUBLIC has no USAGE on the schema (a role
+-- could be given USAGE for another reason).
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA @extschema@ FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA @extschema@ FROM PUBLIC;
+REVOKE ALL ON SCHEMA @extschema@ FROM PUBLIC;

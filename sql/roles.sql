@@ -1,0 +1,115 @@
+-- Least privilege. Nothing in the schema is usable by PUBLIC; an administrator
+-- (the extension owner) grants one of three bundles to application roles:
+--
+--   writer    inserts envelopes (creating partitions for new originators and
+--             bands), publishes outbox messages, stores ingress positions
+--   reader    reads envelopes: the selectors, the view, ceilings, partitions
+--   consumer  a reader that also keeps a consumer cursor (the egress bridge)
+--
+-- The functions that write, or that read partitions directly, are SECURITY
+-- DEFINER with search_path pinned to pg_catalog, pg_temp, and name every object
+-- schema-qualified: the roles need no privilege on the tables, own nothing, and
+-- have no CREATE anywhere, so they cannot drop or alter a partition.
+
+CREATE FUNCTION grant_writer(role name) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@._check_role(role);
+    EXECUTE format('GRANT USAGE ON SCHEMA @extschema@ TO %I', role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION
+        @extschema@.insert_gateway_envelope(integer, bigint, bytea, bytea, integer, timestamp with time zone, bigint),
+        @extschema@.insert_gateway_envelopes(integer[], bigint[], bytea[], bytea[], integer[], timestamp with time zone[], bigint[]),
+        @extschema@.ensure_gateway_parts(integer, bigint, bigint),
+        @extschema@.publish(text, bytea, jsonb),
+        @extschema@.ingress_position(text, text),
+        @extschema@.ingress_store_position(text, text, bigint)
+        TO %I', role);
+END $$;
+
+CREATE FUNCTION revoke_writer(role name) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@._check_role(role);
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION
+        @extschema@.insert_gateway_envelope(integer, bigint, bytea, bytea, integer, timestamp with time zone, bigint),
+        @extschema@.insert_gateway_envelopes(integer[], bigint[], bytea[], bytea[], integer[], timestamp with time zone[], bigint[]),
+        @extschema@.ensure_gateway_parts(integer, bigint, bigint),
+        @extschema@.publish(text, bytea, jsonb),
+        @extschema@.ingress_position(text, text),
+        @extschema@.ingress_store_position(text, text, bigint)
+        FROM %I', role);
+END $$;
+
+CREATE FUNCTION grant_reader(role name) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@._check_role(role);
+    EXECUTE format('GRANT USAGE ON SCHEMA @extschema@ TO %I', role);
+    EXECUTE format('GRANT SELECT ON @extschema@.gateway_envelopes_view TO %I', role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION
+        @extschema@.select_gateway_envelopes(integer[], bigint[], bytea[], integer[], integer),
+        @extschema@.originator_ceilings(),
+        @extschema@.partitions()
+        TO %I', role);
+END $$;
+
+CREATE FUNCTION revoke_reader(role name) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@._check_role(role);
+    EXECUTE format('REVOKE SELECT ON @extschema@.gateway_envelopes_view FROM %I', role);
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION
+        @extschema@.select_gateway_envelopes(integer[], bigint[], bytea[], integer[], integer),
+        @extschema@.originator_ceilings(),
+        @extschema@.partitions()
+        FROM %I', role);
+END $$;
+
+CREATE FUNCTION grant_consumer(role name) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@.grant_reader(role);
+    EXECUTE format('GRANT SELECT ON @extschema@.consumer_status TO %I', role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION
+        @extschema@.consumer_register(text, boolean),
+        @extschema@.consumer_outbox_batch(text, integer),
+        @extschema@.consumer_outbox_ack(text, xid8, bigint),
+        @extschema@.consumer_envelope_batch(text, integer),
+        @extschema@.consumer_envelope_ack(text, integer[], bigint[]),
+        @extschema@.notification_queue_usage()
+        TO %I', role);
+END $$;
+
+CREATE FUNCTION revoke_consumer(role name) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@.revoke_reader(role);
+    EXECUTE format('REVOKE SELECT ON @extschema@.consumer_status FROM %I', role);
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION
+        @extschema@.consumer_register(text, boolean),
+        @extschema@.consumer_outbox_batch(text, integer),
+        @extschema@.consumer_outbox_ack(text, xid8, bigint),
+        @extschema@.consumer_envelope_batch(text, integer),
+        @extschema@.consumer_envelope_ack(text, integer[], bigint[]),
+        @extschema@.notification_queue_usage()
+        FROM %I', role);
+END $$;
+
+-- Errors out clearly for a role that does not exist (42704) or is NULL (22004).
+CREATE FUNCTION _check_role(role name) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF role IS NULL THEN
+        RAISE EXCEPTION 'role must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.rolname = role) THEN
+        RAISE EXCEPTION 'role "%" does not exist', role USING ERRCODE = 'undefined_object';
+    END IF;
+END $$;

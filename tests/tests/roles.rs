@@ -1,0 +1,359 @@
+//! Least privilege, over real connections as application roles, and hostile
+//! values that must never reach SQL text.
+
+use pg_envelopes_tests::{server, sqlstate, TestDb};
+use postgres::{Client, NoTls};
+
+/// A LOGIN role for this test, dropped afterwards (roles are cluster-wide).
+struct Role {
+    name: String,
+}
+
+impl Role {
+    fn new(db: &TestDb, label: &str) -> Role {
+        let name = format!("{label}_{}", db.name.trim_start_matches("t_"));
+        let name = name[..name.len().min(60)].to_owned();
+        db.connect()
+            .batch_execute(&format!("CREATE ROLE \"{name}\" LOGIN"))
+            .unwrap();
+        Role { name }
+    }
+
+    fn connect(&self, db: &TestDb) -> Client {
+        Client::connect(
+            &format!(
+                "{} dbname={} user='{}'",
+                server().replace("user=postgres", ""),
+                db.name,
+                self.name
+            ),
+            NoTls,
+        )
+        .expect("connect as the role")
+    }
+}
+
+impl Drop for Role {
+    fn drop(&mut self) {
+        if let Ok(mut c) = Client::connect(&format!("{} dbname=postgres", server()), NoTls) {
+            let _ = c.batch_execute(&format!(
+                "DROP ROLE IF EXISTS \"{}\"",
+                self.name.replace('"', "\"\"")
+            ));
+        }
+    }
+}
+
+/// The SQLSTATE of a statement, or "ok".
+fn outcome(c: &mut Client, sql: &str) -> String {
+    match c.batch_execute(sql) {
+        Ok(()) => "ok".into(),
+        Err(e) => sqlstate(&e),
+    }
+}
+
+fn revoke_everything(db: &TestDb, role: &Role) {
+    db.connect()
+        .batch_execute(&format!(
+            "DROP OWNED BY \"{}\"",
+            role.name.replace('"', "\"\"")
+        ))
+        .unwrap();
+}
+
+#[test]
+fn a_writer_inserts_and_creates_partitions_but_cannot_read_or_alter() {
+    let db = TestDb::new("writer");
+    db.connect()
+        .execute(
+            "SELECT envelopes.insert_gateway_envelope(1, 1, '\\x01', '\\x02')",
+            &[],
+        )
+        .unwrap();
+    let writer = Role::new(&db, "w");
+    db.connect()
+        .execute("SELECT envelopes.grant_writer($1)", &[&writer.name])
+        .unwrap();
+    let mut c = writer.connect(&db);
+    for mode in ["worker", "transaction"] {
+        c.batch_execute(&format!("SET envelopes.create_partitions_in = '{mode}'"))
+            .unwrap();
+        let node = if mode == "worker" { 50 } else { 51 };
+        // A new originator and a new band: partitions created for a role that owns nothing.
+        assert_eq!(
+            outcome(
+                &mut c,
+                &format!("SELECT envelopes.insert_gateway_envelope({node}, 1, '\\x01', '\\x02')")
+            ),
+            "ok"
+        );
+        assert_eq!(
+            outcome(
+                &mut c,
+                &format!(
+                    "SELECT envelopes.insert_gateway_envelope({node}, 5000000, '\\x01', '\\x02')"
+                )
+            ),
+            "ok"
+        );
+        assert_eq!(
+            outcome(&mut c, &format!(
+                "SELECT envelopes.insert_gateway_envelopes(ARRAY[{node}], ARRAY[2]::bigint[], ARRAY['\\x01']::bytea[], ARRAY['\\x01']::bytea[])"
+            )),
+            "ok"
+        );
+    }
+    assert_eq!(
+        outcome(&mut c, "SELECT envelopes.ensure_gateway_parts(52, 1)"),
+        "ok"
+    );
+    assert_eq!(
+        outcome(
+            &mut c,
+            "SELECT envelopes.publish('orders.created', '\\x01')"
+        ),
+        "ok"
+    );
+    assert_eq!(db.int8("SELECT count(*) FROM envelopes.gateway_envelopes_meta WHERE originator_node_id IN (50, 51)"), 6);
+    // Denied: reading, owning, altering, creating.
+    for sql in [
+        "SELECT * FROM envelopes.gateway_envelopes_meta",
+        "SELECT * FROM envelopes.gateway_envelopes_view",
+        "SELECT * FROM envelopes.gateway_envelopes_meta_o50_s0_1000000",
+        "SELECT * FROM envelopes.select_gateway_envelopes()",
+        "SELECT * FROM envelopes.outbox",
+        "DROP TABLE envelopes.gateway_envelopes_meta_o50_s0_1000000",
+        "ALTER TABLE envelopes.gateway_envelopes_meta_o50 DETACH PARTITION envelopes.gateway_envelopes_meta_o50_s0_1000000",
+        "DELETE FROM envelopes.gateway_envelopes_meta",
+        "CREATE TABLE envelopes.mine (x int)",
+        "SELECT * FROM envelopes.prune_expired()",
+        "SELECT envelopes.grant_writer(current_user)",
+    ] {
+        assert_eq!(outcome(&mut c, sql), "42501", "{sql}");
+    }
+    // Revoked: inserts are denied again.
+    db.connect()
+        .execute("SELECT envelopes.revoke_writer($1)", &[&writer.name])
+        .unwrap();
+    assert_eq!(
+        outcome(
+            &mut c,
+            "SELECT envelopes.insert_gateway_envelope(1, 9, '\\x01', '\\x02')"
+        ),
+        "42501"
+    );
+    revoke_everything(&db, &writer);
+}
+
+#[test]
+fn a_reader_reads_and_nothing_else() {
+    let db = TestDb::new("reader");
+    db.connect()
+        .execute(
+            "SELECT envelopes.insert_gateway_envelope(1, 1, '\\x01', '\\x02')",
+            &[],
+        )
+        .unwrap();
+    let reader = Role::new(&db, "r");
+    db.connect()
+        .execute("SELECT envelopes.grant_reader($1)", &[&reader.name])
+        .unwrap();
+    let mut c = reader.connect(&db);
+    for sql in [
+        "SELECT * FROM envelopes.select_gateway_envelopes()",
+        "SELECT * FROM envelopes.gateway_envelopes_view",
+        "SELECT * FROM envelopes.originator_ceilings()",
+        "SELECT * FROM envelopes.partitions()",
+    ] {
+        assert_eq!(outcome(&mut c, sql), "ok", "{sql}");
+    }
+    assert_eq!(
+        c.query("SELECT * FROM envelopes.select_gateway_envelopes()", &[])
+            .unwrap()
+            .len(),
+        1
+    );
+    for sql in [
+        "SELECT envelopes.insert_gateway_envelope(1, 2, '\\x01', '\\x02')",
+        "SELECT envelopes.publish('s', '\\x01')",
+        "SELECT envelopes.ensure_gateway_parts(9, 1)",
+        "SELECT * FROM envelopes.gateway_envelopes_meta",
+        "SELECT * FROM envelopes.consumer_outbox_batch('x')",
+        "INSERT INTO envelopes.gateway_envelopes_meta (originator_node_id, originator_sequence_id, topic) VALUES (1, 3, '\\x01')",
+    ] {
+        assert_eq!(outcome(&mut c, sql), "42501", "{sql}");
+    }
+    revoke_everything(&db, &reader);
+}
+
+#[test]
+fn a_consumer_keeps_its_cursor_and_a_stranger_gets_nothing() {
+    let db = TestDb::new("consumer");
+    db.connect()
+        .execute("SELECT envelopes.publish('s', '\\x01')", &[])
+        .unwrap();
+    let consumer = Role::new(&db, "c");
+    let stranger = Role::new(&db, "x");
+    db.connect()
+        .execute("SELECT envelopes.grant_consumer($1)", &[&consumer.name])
+        .unwrap();
+    let mut c = consumer.connect(&db);
+    assert_eq!(
+        outcome(&mut c, "SELECT envelopes.consumer_register('bridge')"),
+        "ok"
+    );
+    let rows = c
+        .query(
+            "SELECT inserted_xid::text, id FROM envelopes.consumer_outbox_batch('bridge')",
+            &[],
+        )
+        .unwrap();
+    assert_eq!(rows.len(), 1);
+    let (xid, id): (String, i64) = (rows[0].get(0), rows[0].get(1));
+    c.execute(
+        "SELECT envelopes.consumer_outbox_ack('bridge', $1::text::xid8, $2)",
+        &[&xid, &id],
+    )
+    .unwrap();
+    assert_eq!(
+        outcome(&mut c, "SELECT * FROM envelopes.consumer_status"),
+        "ok"
+    );
+    assert_eq!(
+        outcome(&mut c, "SELECT envelopes.publish('s', '\\x01')"),
+        "42501"
+    );
+    let mut s = stranger.connect(&db);
+    for sql in [
+        "SELECT * FROM envelopes.select_gateway_envelopes()",
+        "SELECT envelopes.insert_gateway_envelope(1, 1, '\\x01', '\\x02')",
+        "SELECT envelopes.publish('s', '\\x01')",
+        "SELECT * FROM envelopes.gateway_envelopes_view",
+        "SELECT * FROM envelopes.consumer_status",
+    ] {
+        assert_eq!(outcome(&mut s, sql), "42501", "{sql}");
+    }
+    revoke_everything(&db, &consumer);
+}
+
+#[test]
+fn grant_functions_check_their_argument() {
+    let db = TestDb::new("grants");
+    let mut c = db.connect();
+    assert_eq!(
+        outcome(&mut c, "SELECT envelopes.grant_writer('no_such_role_here')"),
+        "42704"
+    );
+    assert_eq!(
+        outcome(&mut c, "SELECT envelopes.grant_reader(NULL)"),
+        "22004"
+    );
+}
+
+/// Names and values built to break out of SQL text go through as data: a role
+/// whose name is an injection attempt gets exactly the grant, a channel, a subject,
+/// a consumer name and a topic full of quotes are stored or used verbatim, and the
+/// tables are all still there.
+#[test]
+fn hostile_values_stay_data() {
+    let db = TestDb::new("hostile");
+    let evil = Role {
+        name: format!("evil\"; DROP TABLE envelopes.outbox; --{}", db.name.len()),
+    };
+    db.connect()
+        .batch_execute(&format!(
+            "CREATE ROLE \"{}\" LOGIN",
+            evil.name.replace('"', "\"\"")
+        ))
+        .unwrap();
+    let mut c = db.connect();
+    c.execute("SELECT envelopes.grant_writer($1)", &[&evil.name])
+        .unwrap();
+    c.execute("SELECT envelopes.grant_consumer($1)", &[&evil.name])
+        .unwrap();
+    assert_eq!(
+        db.int8("SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = 'envelopes' AND tablename = 'outbox'"),
+        1
+    );
+    let granted: bool = c
+        .query_one(
+            "SELECT has_function_privilege($1, 'envelopes.publish(text, bytea, jsonb)', 'EXECUTE')",
+            &[&evil.name],
+        )
+        .unwrap()
+        .get(0);
+    assert!(granted);
+
+    // A channel with quotes and a semicolon is a channel name, nothing more.
+    let channel = "ch\"'; DROP TABLE envelopes.outbox; --";
+    let mut listener = db.connect();
+    listener
+        .batch_execute(&format!("LISTEN \"{}\"", channel.replace('"', "\"\"")))
+        .unwrap();
+    c.execute(
+        "SELECT set_config('envelopes.notify_channel', $1, false)",
+        &[&channel],
+    )
+    .unwrap();
+    c.batch_execute("SET envelopes.notify_interval = 0")
+        .unwrap();
+    let subject = "orders.'\";DROP.TABLE";
+    c.execute("SELECT envelopes.publish($1, '\\x27')", &[&subject])
+        .unwrap();
+    let topic: &[u8] = b"'); DROP TABLE envelopes.gateway_envelopes_meta; --";
+    c.execute(
+        "SELECT envelopes.insert_gateway_envelope(1, 1, $1, $1)",
+        &[&topic],
+    )
+    .unwrap();
+    let consumer = "bridge'); DROP TABLE envelopes.consumers; --";
+    c.execute("SELECT envelopes.consumer_register($1)", &[&consumer])
+        .unwrap();
+    {
+        use postgres::fallible_iterator::FallibleIterator;
+        let mut notes = listener.notifications();
+        let got = notes
+            .timeout_iter(std::time::Duration::from_secs(2))
+            .next()
+            .unwrap();
+        assert_eq!(
+            got.map(|n| n.channel().to_owned()).as_deref(),
+            Some(channel)
+        );
+    }
+    assert_eq!(
+        db.int8("SELECT count(*) FROM envelopes.outbox WHERE subject = 'orders.''\";DROP.TABLE'"),
+        1
+    );
+    let stored: Vec<u8> = c
+        .query_one("SELECT topic FROM envelopes.gateway_envelopes_meta", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(stored, topic);
+    assert_eq!(
+        c.query(
+            "SELECT 1 FROM envelopes.consumers WHERE name = $1",
+            &[&consumer]
+        )
+        .unwrap()
+        .len(),
+        1
+    );
+    assert_eq!(
+        db.int8("SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = 'envelopes' AND tablename IN ('outbox', 'consumers', 'gateway_envelopes_meta')"),
+        3
+    );
+    // A setting that must be a number rejects text.
+    assert_eq!(
+        outcome(
+            &mut c,
+            "SET envelopes.band_width = '1; DROP TABLE envelopes.outbox'"
+        ),
+        "22023"
+    );
+    c.batch_execute(&format!(
+        "DROP OWNED BY \"{}\"",
+        evil.name.replace('"', "\"\"")
+    ))
+    .unwrap();
+}

@@ -1,0 +1,121 @@
+//! Upgrading from the last released version: data survives, and the upgraded
+//! schema is exactly what a fresh install of the current version creates, so
+//! every test of the current version holds for an upgraded database too.
+
+use pg_envelopes_tests::{connect_to, TestDb};
+use postgres::Client;
+
+/// Everything about the extension's objects that a user could observe: functions
+/// with their full definitions and privileges, relations with columns, indexes,
+/// constraints, triggers, views, and the schema's privileges.
+fn catalog(c: &mut Client) -> Vec<String> {
+    let queries = [
+        "SELECT p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ') ' ||
+                pg_get_functiondef(p.oid) || ' acl=' || COALESCE(p.proacl::text, 'default')
+           FROM pg_proc p WHERE p.pronamespace = 'envelopes'::regnamespace",
+        "SELECT c.relname || ' ' || c.relkind::text || ' acl=' || COALESCE(c.relacl::text, 'default') || ' ' ||
+                COALESCE(string_agg(a.attname || ':' || format_type(a.atttypid, a.atttypmod) || ':' ||
+                         a.attnotnull || ':' || COALESCE(pg_get_expr(d.adbin, d.adrelid), ''), ',' ORDER BY a.attnum), '')
+           FROM pg_class c
+           LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+           LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
+          WHERE c.relnamespace = 'envelopes'::regnamespace AND c.relname NOT LIKE '%\\_o%'
+          GROUP BY c.relname, c.relkind, c.relacl::text",
+        "SELECT indexrelid::regclass::text || ' ' || pg_get_indexdef(indexrelid) FROM pg_index i
+           JOIN pg_class c ON c.oid = i.indrelid
+          WHERE c.relnamespace = 'envelopes'::regnamespace AND c.relname NOT LIKE '%\\_o%'",
+        "SELECT conname || ' ' || pg_get_constraintdef(oid) FROM pg_constraint
+          WHERE connamespace = 'envelopes'::regnamespace AND conrelid::regclass::text NOT LIKE '%\\_o%'",
+        "SELECT tgname || ' ' || pg_get_triggerdef(t.oid) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+          WHERE c.relnamespace = 'envelopes'::regnamespace AND NOT t.tgisinternal AND c.relname NOT LIKE '%\\_o%'",
+        "SELECT viewname || ' ' || definition FROM pg_views WHERE schemaname = 'envelopes'",
+        "SELECT 'schema acl=' || COALESCE(nspacl::text, 'default') FROM pg_namespace WHERE nspname = 'envelopes'",
+    ];
+    let mut out = Vec::new();
+    for q in queries {
+        for row in c.query(q, &[]).expect(q) {
+            out.push(row.get::<_, String>(0));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn upgrading_from_0_1_0_keeps_the_data_and_matches_a_fresh_install() {
+    let fresh = TestDb::new("fresh");
+    let old = TestDb::new("old");
+    let mut c = connect_to(&old.name);
+    c.batch_execute("DROP EXTENSION pg_envelopes; CREATE EXTENSION pg_envelopes VERSION '0.1.0'")
+        .unwrap();
+    let version: String = c
+        .query_one(
+            "SELECT extversion FROM pg_extension WHERE extname = 'pg_envelopes'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(version, "0.1.0");
+    // Data written with 0.1.0: envelopes in several bands, an outbox row, a consumer.
+    c.batch_execute(
+        "SET envelopes.band_width = 10;
+         SELECT envelopes.insert_gateway_envelope(n, s, '\\x01', pg_catalog.int8send(s))
+           FROM generate_series(1, 3) n, generate_series(1, 25) s;
+         SELECT envelopes.publish('orders.created', '\\x7b7d');
+         SELECT envelopes.consumer_register('bridge');
+         SELECT envelopes.consumer_envelope_ack('bridge', '{1}', '{7}');",
+    )
+    .unwrap();
+
+    c.batch_execute("ALTER EXTENSION pg_envelopes UPDATE")
+        .unwrap();
+    let version: String = c
+        .query_one(
+            "SELECT extversion FROM pg_extension WHERE extname = 'pg_envelopes'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let current: String = connect_to(&fresh.name)
+        .query_one(
+            "SELECT extversion FROM pg_extension WHERE extname = 'pg_envelopes'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(version, current);
+    assert_ne!(version, "0.1.0");
+
+    // The schema is the same as a fresh install of the current version.
+    let upgraded = catalog(&mut c);
+    let expected = catalog(&mut connect_to(&fresh.name));
+    let missing: Vec<_> = expected.iter().filter(|x| !upgraded.contains(x)).collect();
+    let extra: Vec<_> = upgraded.iter().filter(|x| !expected.contains(x)).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "upgrade differs from a fresh install:\nmissing {missing:#?}\nextra {extra:#?}"
+    );
+
+    // The data is intact and the current version works on it.
+    assert_eq!(
+        old.int8("SELECT count(*) FROM envelopes.gateway_envelopes_view"),
+        75
+    );
+    assert_eq!(old.int8("SELECT count(*) FROM envelopes.partitions()"), 9);
+    assert_eq!(
+        old.int8("SELECT count(*) FROM envelopes.orphaned_envelopes()"),
+        0
+    );
+    assert_eq!(
+        old.int8("SELECT count(*) FROM envelopes.select_gateway_envelopes('{1}', '{20}', originator_node_ids => '{1}')"),
+        5
+    );
+    assert_eq!(
+        old.int8("SELECT envelopes.insert_gateway_envelope(4, 1, '\\x01', '\\x02')"),
+        1
+    );
+    assert_eq!(
+        old.int8("SELECT count(*) FROM envelopes.consumer_envelope_batch('bridge', 1000)"),
+        76 - 7
+    );
+}
