@@ -68,7 +68,7 @@ cluster_enable_tls() {
     { printf 'hostssl all envelopes_tls 127.0.0.1/32 scram-sha-256\nhost all envelopes_tls 127.0.0.1/32 reject\n'
       cat "$dir/data/pg_hba.conf"; } >"$dir/pg_hba.new"
     install -o postgres -g postgres -m 600 "$dir/pg_hba.new" "$dir/data/pg_hba.conf"
-    as_postgres "$PG_BIN/pg_ctl" -D "$dir/data" -w restart >/dev/null
+    as_postgres env -u RUST_BACKTRACE "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w restart >/dev/null
 }
 
 # cluster_stop NAME: stops the cluster if it runs; leaves its files.

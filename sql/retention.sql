@@ -50,8 +50,9 @@ COMMENT ON FUNCTION partitions() IS
 --
 -- Safe while inserts go on: a band is dropped only after ACCESS EXCLUSIVE locks on
 -- it and on its originator partition were granted within lock_timeout_ms and it was
--- found empty under those locks, so no insert can be writing into it; a band that
--- is busy is skipped and reported with dropped = false. Dropping keeps those locks
+-- found empty under those locks, so no insert can be writing into it, and only when
+-- no session is between creating or finding that band and inserting into it
+-- (envelopes._prune_guard); a busy band is skipped and reported with dropped = false. Dropping keeps those locks
 -- until the caller's transaction ends, so run it in a transaction of its own. An
 -- insert that later arrives for a dropped band creates it again.
 CREATE FUNCTION prune_expired(as_of bigint DEFAULT NULL, lock_timeout_ms integer DEFAULT 200)
@@ -99,6 +100,11 @@ BEGIN
                            band.meta_partition, band.blob_partition) INTO empty;
             IF empty THEN
                 BEGIN
+                    -- A session that just created or found this band and has not
+                    -- inserted into it yet keeps it: leave it for next time.
+                    IF NOT @extschema@._prune_guard(band.originator_node_id, band.band_start) THEN
+                        RAISE EXCEPTION USING ERRCODE = 'object_in_use';
+                    END IF;
                     PERFORM set_config('lock_timeout', lock_timeout_ms || 'ms', true);
                     -- Parents first, the order in which inserts lock them.
                     EXECUTE format('LOCK TABLE %s, %s, %s, %s IN ACCESS EXCLUSIVE MODE',

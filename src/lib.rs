@@ -27,7 +27,7 @@ pgrx::extension_sql_file!("../sql/storage.sql", name = "storage", bootstrap);
 pgrx::extension_sql_file!(
     "../sql/retention.sql",
     name = "retention",
-    requires = ["storage"]
+    requires = ["storage", partition::_prune_guard]
 );
 // The outbox, its doorbell triggers and the consumer cursors.
 pgrx::extension_sql_file!(

@@ -23,6 +23,12 @@ pub const INFLIGHT_SUBID: u16 = 0x4502;
 /// their own (`database` = node, `classid`/`objid` = the band's start).
 pub const LAUNCH_SUBID: u16 = 0x4503;
 
+/// `objsubid` of the lock that keeps `prune_expired` away from a band a session
+/// has just created or found and not yet inserted into: the session holds it in
+/// share mode until its transaction ends, prune needs it exclusively (`database`
+/// = node, `classid` = database, `objid` = a hash of the band's lower bound).
+pub const PRUNE_GUARD_SUBID: u16 = 0x4504;
+
 /// Node id of the marker taken instead of per-originator markers by a transaction
 /// that wrote to more than [`MAX_INFLIGHT_MARKERS`] originators: it holds back
 /// every originator's ceiling until the transaction ends.
@@ -104,6 +110,41 @@ pub fn wait_for_band_launch(node: i32, band_start: i64) {
         pg_sys::LockAcquire(&tag, pg_sys::ShareLock as pg_sys::LOCKMODE, false, false);
         pg_sys::LockRelease(&tag, pg_sys::ShareLock as pg_sys::LOCKMODE, false);
     }
+}
+
+fn prune_guard_tag(node: i32, band_start: i64) -> pg_sys::LOCKTAG {
+    // SAFETY: MyDatabaseId is set once the backend is connected to a database.
+    let database = unsafe { pg_sys::MyDatabaseId };
+    // Two bands hashing alike only make prune skip one more band for a while.
+    let start = band_start as u64;
+    advisory_tag(
+        node as u32,
+        database.to_u32(),
+        (start ^ (start >> 32)) as u32,
+        PRUNE_GUARD_SUBID,
+    )
+}
+
+/// Keeps `prune_expired` from dropping the band of `node` starting at
+/// `band_start` until this transaction ends: a band this session is about to fill
+/// stays. Waits while a prune that took it first commits.
+pub fn hold_off_prune(node: i32, band_start: i64) {
+    let tag = prune_guard_tag(node, band_start);
+    // SAFETY: as for the creation lock; share mode, transaction level.
+    unsafe {
+        pg_sys::LockAcquire(&tag, pg_sys::ShareLock as pg_sys::LOCKMODE, false, false);
+    }
+}
+
+/// For `prune_expired`: true (and the lock kept until the transaction ends) when
+/// no session is about to fill that band; false, without waiting, otherwise.
+pub fn try_lock_for_prune(node: i32, band_start: i64) -> bool {
+    let tag = prune_guard_tag(node, band_start);
+    // SAFETY: as for the creation lock, with dontWait = true.
+    let result = unsafe {
+        pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as pg_sys::LOCKMODE, false, true)
+    };
+    result != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
 }
 
 /// Whether this transaction holds the creation lock.

@@ -132,30 +132,58 @@ pub fn qualified_name(relid: Oid) -> Option<String> {
     }
 }
 
-/// The partitions of a partitioned table, from its relcache partition descriptor.
-/// Takes ACCESS SHARE on the table until the end of the transaction, as any
-/// reader of it would.
-fn partition_oids(relid: Oid) -> Result<Vec<Oid>, PartitionError> {
-    // SAFETY: relation_open raises an ERROR if the relation vanished; the lock keeps
-    // it from being dropped while we read its descriptor. The descriptor belongs to
-    // the relcache entry, which stays valid while the relation is open, and we copy
-    // the oids out before closing it.
+/// pg_inherits (stable catalog oids and column numbers of Postgres 15).
+const INHERITS_RELATION_ID: u32 = 2611;
+const INHERITS_PARENT_INDEX_ID: u32 = 2187;
+const ANUM_PG_INHERITS_INHPARENT: pg_sys::AttrNumber = 2;
+
+/// The partitions of a partitioned table, read from pg_inherits with the latest
+/// snapshot. Not from the relcache partition descriptor: right after another
+/// session committed an ATTACH, this backend's cached descriptor was seen to
+/// still lack the new partition (the new pg_inherits row sends no catalog-cache
+/// invalidation), while the syscache already knew the new table by name.
+fn partition_oids(parent: Oid) -> Result<Vec<Oid>, PartitionError> {
+    let mut children = Vec::new();
+    // SAFETY: the standard system-catalog index scan: the catalog is opened and
+    // closed with AccessShareLock, the snapshot is registered for the scan and
+    // unregistered after it, and each returned tuple is a pg_inherits row whose
+    // first fixed-width column is inhrelid (an Oid), read before the next call.
     unsafe {
-        let rel = pg_sys::relation_open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-        let desc = pg_sys::RelationGetPartitionDesc(rel, true);
-        let oids = if desc.is_null() || (*desc).nparts <= 0 {
-            Vec::new()
-        } else {
-            std::slice::from_raw_parts((*desc).oids, (*desc).nparts as usize).to_vec()
-        };
-        pg_sys::relation_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
-        if desc.is_null() {
-            return Err(PartitionError::Catalog(
-                "partitioned table without a partition descriptor",
-            ));
+        let rel = pg_sys::table_open(
+            Oid::from(INHERITS_RELATION_ID),
+            pg_sys::AccessShareLock as pg_sys::LOCKMODE,
+        );
+        let mut key = pg_sys::ScanKeyData::default();
+        pg_sys::ScanKeyInit(
+            &mut key,
+            ANUM_PG_INHERITS_INHPARENT,
+            pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
+            Oid::from(pg_sys::F_OIDEQ),
+            pg_sys::Datum::from(parent),
+        );
+        let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+        let scan = pg_sys::systable_beginscan(
+            rel,
+            Oid::from(INHERITS_PARENT_INDEX_ID),
+            true,
+            snapshot,
+            1,
+            &mut key,
+        );
+        loop {
+            let tuple = pg_sys::systable_getnext(scan);
+            if tuple.is_null() {
+                break;
+            }
+            let header = (*tuple).t_data;
+            let fields = (header as *const u8).add((*header).t_hoff as usize) as *const Oid;
+            children.push(fields.read_unaligned());
         }
-        Ok(oids)
+        pg_sys::systable_endscan(scan);
+        pg_sys::UnregisterSnapshot(snapshot);
+        pg_sys::table_close(rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
     }
+    Ok(children)
 }
 
 /// `pg_get_expr(relpartbound, relid)` of a partition, from the syscache.

@@ -180,14 +180,20 @@ pub fn lock_routes(routes: &[Route; 2]) {
 /// creating the partitions first when they are missing. `width` is the band width
 /// used if a band has to be created.
 pub fn route(node: i32, seq: i64, width: i64) -> Result<[Route; 2], PartitionError> {
-    // Three rounds are plenty: a round only repeats when a concurrent DETACH or
-    // DROP invalidated the entry between the lookup and the lock.
-    for _ in 0..3 {
+    for _ in 0..5 {
         let Some(routes) = cached_routes(node, seq) else {
             ensure_band(node, seq, width)?;
             continue;
         };
         lock_routes(&routes);
+        if cached_routes(node, seq) == Some(routes) {
+            return Ok(routes);
+        }
+        // An invalidation arrived while locking: some partition of this originator
+        // was attached, detached or dropped, and the cache forgot the originator.
+        // The locks are held now, so the leaf cannot go away any more: if the
+        // catalog still routes the row to it, it is ours.
+        refresh(node, seq)?;
         if cached_routes(node, seq) == Some(routes) {
             return Ok(routes);
         }
@@ -237,28 +243,60 @@ pub fn ensure_band(node: i32, seq: i64, width: i64) -> Result<(), PartitionError
     if cached_routes(node, seq).is_some() || refresh(node, seq)? {
         return Ok(());
     }
+    // A band created (or found) here is empty until this session's insert
+    // commits, and prune_expired drops empty bands. Guard the band until this
+    // transaction ends: the aligned band before it is created (usually the one that
+    // will be), the actual one once known; then check it is still there (a prune
+    // may have dropped it before the guard); if not, create it again.
+    locks::hold_off_prune(node, Band::containing(seq, width)?.start);
+    for _ in 0..5 {
+        create_once(node, seq, width)?;
+        let Some(start) = covering_band_start(node, seq)? else {
+            continue;
+        };
+        locks::hold_off_prune(node, start);
+        // SAFETY: plain call into the invalidation machinery, no arguments.
+        unsafe { pg_sys::AcceptInvalidationMessages() };
+        if covering_band_start(node, seq)? == Some(start) {
+            return Ok(());
+        }
+    }
+    Err(PartitionError::StillMissing { node, seq })
+}
+
+/// Lower bound of the meta band that holds `(node, seq)`, read afresh from the
+/// catalog, if both tables have a band for it.
+fn covering_band_start(node: i32, seq: i64) -> Result<Option<i64>, PartitionError> {
+    if !refresh(node, seq)? {
+        return Ok(None);
+    }
+    Ok(cache::parts(Table::Meta, node).and_then(|parts| {
+        parts
+            .bands
+            .iter()
+            .find(|(bound, _)| bound.contains(seq))
+            .map(|(bound, _)| bound.lower.unwrap_or(i64::MIN))
+    }))
+}
+
+/// One creation attempt, in a worker or in the caller's transaction.
+fn create_once(node: i32, seq: i64, width: i64) -> Result<(), PartitionError> {
     // A transaction that already created partitions itself holds the creation
     // lock: a worker would wait for it forever, so keep creating here.
     let in_worker = crate::gucs::create_partitions_in() == crate::gucs::CreatePartitionsIn::Worker
         && !locks::holds_partition_creation_lock();
-    if in_worker {
-        match create_in_one_worker(node, seq, width)? {
-            Ok(()) => {}
-            Err(fallback) => {
-                pgrx::log!(
-                    "pg_envelopes: partition worker unavailable ({fallback:?}); creating the \
-                     partition for originator {node}, sequence {seq} in the inserting transaction"
-                );
-                create_in_transaction(node, seq, width)?;
-            }
-        }
-    } else {
-        create_in_transaction(node, seq, width)?;
+    if !in_worker {
+        return create_in_transaction(node, seq, width);
     }
-    if refresh(node, seq)? {
-        Ok(())
-    } else {
-        Err(PartitionError::StillMissing { node, seq })
+    match create_in_one_worker(node, seq, width)? {
+        Ok(()) => Ok(()),
+        Err(fallback) => {
+            pgrx::log!(
+                "pg_envelopes: partition worker unavailable ({fallback:?}); creating the \
+                 partition for originator {node}, sequence {seq} in the inserting transaction"
+            );
+            create_in_transaction(node, seq, width)
+        }
     }
 }
 
@@ -355,6 +393,14 @@ fn create_missing(node: i32, seq: i64, desired: Band) -> Result<(), PartitionErr
         }
     }
     Ok(())
+}
+
+/// For `prune_expired`: whether it may drop this band now (no session is between
+/// creating or finding it and inserting into it). When it may, the guard is held
+/// until the caller's transaction ends.
+#[pg_extern(volatile, parallel_unsafe)]
+fn _prune_guard(originator_node_id: i32, band_start: i64) -> bool {
+    locks::try_lock_for_prune(originator_node_id, band_start)
 }
 
 /// Creates the partitions for `(originator_node_id, originator_sequence_id)` in

@@ -202,12 +202,20 @@ fn a_consumer_keeps_its_cursor_and_a_stranger_gets_nothing() {
         outcome(&mut c, "SELECT envelopes.consumer_register('bridge')"),
         "ok"
     );
-    let rows = c
-        .query(
-            "SELECT inserted_xid::text, id FROM envelopes.consumer_outbox_batch('bridge')",
-            &[],
-        )
-        .unwrap();
+    // Other tests' open transactions can hold the commit-safe horizon back a moment.
+    let mut rows = Vec::new();
+    for _ in 0..100 {
+        rows = c
+            .query(
+                "SELECT inserted_xid::text, id FROM envelopes.consumer_outbox_batch('bridge')",
+                &[],
+            )
+            .unwrap();
+        if !rows.is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     assert_eq!(rows.len(), 1);
     let (xid, id): (String, i64) = (rows[0].get(0), rows[0].get(1));
     c.execute(
