@@ -1,13 +1,24 @@
 #!/usr/bin/env bash
-# Benchmarks, measured side by side in one run: each comparison's variants are run
-# interleaved (A B A B ...), several times each, on the same throwaway cluster, and
-# the report compares their medians. Results go to bench/out/results.tsv and are
-# rendered into bench/RESULTS.md by bench/report.py.
+# Every benchmark of pg_envelopes, side by side in one run: each comparison's
+# variants run interleaved (A B C A B C ...), several times each, on the same
+# throwaway cluster, first with synchronous_commit = off (CPU-bound) and then on
+# (durable); the report compares medians. Results go to bench/out/results.tsv and
+# are rendered into bench/RESULTS.md and bench/results.png by bench/report.py.
+#
+# Comparisons: insert (single-row: extension, plain INSERT into pre-created
+# partitions, unpartitioned tables, xmtpd's SAVEPOINT pattern, pg_partman), batch
+# (100 rows: extension vs plain, savepoint, unpartitioned), notify (doorbell on/off, 2 and 8 writers),
+# crossing (p99 latency crossing bands, worker vs transaction vs existing bands),
+# read (1,000-row cursor read at 50 vs 5,000 leaf partitions, selector vs a
+# hand-written LATERAL query), bridge (backlog drain rate and commit -> JetStream
+# latency).
 #
 # usage: bench/run.sh [--quick] [--only NAME[,NAME...]]
-#   --quick   fewer, shorter runs (a smoke test of the numbers, minutes not tens)
-#   --only    run only the named comparisons (see `comparisons` below)
+#   --quick   2 runs of 3 s per cell, durable variant only for insert and notify:
+#             under 5 minutes, a smoke test of the numbers
+#   --only    run only the named comparisons
 set -euo pipefail
+COMMAND="bench/run.sh $*"
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
@@ -20,9 +31,12 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-if $quick; then RUNS=3 SECONDS_PER_RUN=5; else RUNS=5 SECONDS_PER_RUN=20; fi
+if $quick; then RUNS=2 SECONDS_PER_RUN=3; else RUNS=5 SECONDS_PER_RUN=15; fi
 
 scripts/setup.sh
+python3 -c "import matplotlib" 2>/dev/null \
+    || apt-get install -y -qq --no-install-recommends python3-matplotlib >/dev/null \
+    || log "matplotlib unavailable: no plot"
 install_extension release
 cargo build --quiet --release -p envelopes-bridge --bin envelopes-bridge --example latency_probe
 BRIDGE=target/release/envelopes-bridge
@@ -33,7 +47,6 @@ OUT=bench/out
 mkdir -p "$OUT"
 RESULTS="$OUT/results.tsv"
 : >"$RESULTS"
-COMMAND="bench/run.sh $*"
 # Settings of the throwaway cluster, printed into the results.
 TUNING=(
     "shared_buffers = 1GB"
@@ -45,7 +58,10 @@ TUNING=(
     "autovacuum = off"   # no vacuum of the growing tables landing in one variant's run
 )
 
-selected() { [ -z "$only" ] || [[ ",$only," == *",$1,"* ]]; }
+selected() {
+    { [ -z "$only" ] || [[ ",$only," == *",$1,"* ]]; } &&
+        { [ -z "${only_here:-}" ] || [[ ",$only_here," == *",$1,"* ]]; }
+}
 
 # pgbench_tps DB CLIENTS SCRIPT: runs the script for SECONDS_PER_RUN and prints tps.
 pgbench_tps() {
@@ -77,18 +93,33 @@ interleave() {
 sql() { cluster_psql bench "$PORT" "$@"; }
 
 for durability in off on; do
+    if $quick && [ "$durability" = on ]; then only_here=insert,notify; else only_here=""; fi
     PORT=$(free_port)
     cluster_start bench "$PORT" "${TUNING[@]}" "synchronous_commit = $durability"
     trap 'cluster_stop bench' EXIT
-    log "cluster on port $PORT, synchronous_commit = $durability"
+    log "cluster on port $PORT, synchronous_commit = $durability; settings:"
+    for t in "${TUNING[@]}"; do log "  $t"; done
     sql postgres -q -c "CREATE DATABASE bench"
     sql bench -q -f bench/sql/setup.sql >/dev/null
 
     if selected insert; then
-        # Single-row insert: the extension's function vs a plain INSERT of meta and
-        # blob into the same pre-created partitions. 2 clients.
+        # Single-row inserts, 2 clients: the extension's function; a plain INSERT of
+        # meta and blob into the same pre-created partitions; the same into
+        # unpartitioned tables; xmtpd's SAVEPOINT pattern; pg_partman's premade
+        # partitions.
         interleave insert "$durability" 2 bench \
-            extension=bench/sql/insert_extension.sql plain=bench/sql/insert_plain.sql
+            extension=bench/sql/insert_extension.sql plain=bench/sql/insert_plain.sql \
+            flat=bench/sql/insert_flat.sql savepoint=bench/sql/insert_savepoint.sql \
+            partman=bench/sql/insert_partman.sql
+    fi
+
+    if selected batch; then
+        # 100-row batches, 2 clients: the extension's batch function; a plain
+        # INSERT ... SELECT into the pre-created partitions; the same inside xmtpd's
+        # savepoint; the same into unpartitioned tables.
+        interleave batch "$durability" 2 bench \
+            extension=bench/sql/batch_extension.sql plain=bench/sql/batch_plain.sql \
+            savepoint=bench/sql/batch_savepoint.sql flat=bench/sql/batch_flat.sql
     fi
 
     if selected notify; then
@@ -142,10 +173,10 @@ for durability in off on; do
         rm -f "$OUT"/lat.*
     fi
 
-    if selected bridge; then
+    if selected bridge && [ "$durability" = off ]; then
         # Bridge to JetStream: (1) drain a preloaded backlog, envelopes/s;
         # (2) commit -> bus latency at a fixed insert rate.
-        if $quick; then backlog=100000; else backlog=500000; fi
+        if $quick; then backlog=50000; else backlog=500000; fi
         for run in $(seq "$RUNS"); do
             db="bridge_$run"
             stream="BENCH$$_$run" prefix="bench$$r$run"
@@ -188,18 +219,29 @@ for durability in off on; do
     fi
 
     if selected read && [ "$durability" = off ]; then
-        # Cursor reads of 1,000 rows: 50 vs 5,000 leaf partitions (5 originators x 10
-        # bands, 50 x 100), and the selector vs a hand-written LATERAL query. 1 client.
-        sql postgres -q -c "CREATE DATABASE read50" -c "CREATE DATABASE read5000"
+        # Cursor reads of 1,000 rows, 1 client: 50 leaf partitions (5 originators x
+        # 10 bands) vs 5,000 (50 x 100; 1,000 = 50 x 20 with --quick), and the
+        # selector vs a hand-written LATERAL query. The LATERAL query over 5,000
+        # partitions takes about a minute, so it runs once per round there.
+        if $quick; then big_bands=20; else big_bands=100; fi
+        big=$((50 * big_bands))
+        sql postgres -q -c "CREATE DATABASE read50" -c "CREATE DATABASE readbig"
         sql read50 -q -v nodes=5 -v bands=10 -f bench/sql/read_setup.sql
-        sql read5000 -q -v nodes=50 -v bands=100 -f bench/sql/read_setup.sql
+        sql readbig -q -v nodes=50 -v bands=$big_bands -f bench/sql/read_setup.sql
         for run in $(seq "$RUNS"); do
-            for pair in read50:selector read5000:selector read50:lateral read5000:lateral; do
-                db=${pair%%:*} kind=${pair#*:}
-                tps=$(pgbench_tps "$db" 1 "bench/sql/read_$kind.sql")
+            for pair in read50:selector:50 readbig:selector:$big read50:lateral:50 readbig:lateral:$big; do
+                IFS=: read -r db kind parts <<<"$pair"
+                if [ "$kind:$parts" = "lateral:$big" ]; then
+                    $quick && continue
+                    started=$(date +%s.%N)
+                    sql "$db" -q -f bench/sql/read_lateral.sql >/dev/null
+                    tps=$(python3 -c "print(1 / ($(date +%s.%N) - $started))")
+                else
+                    tps=$(pgbench_tps "$db" 1 "bench/sql/read_$kind.sql")
+                fi
                 [ -n "$tps" ] || { cat "$OUT/pgbench.err" >&2; exit 1; }
-                record read "${kind}_${db#read}" "$durability" "$run" "$tps" tps
-                log "read [$durability] ${kind}_${db#read} run $run: $tps tps"
+                record read "${kind}_$parts" "$durability" "$run" "$tps" reads/s
+                log "read [$durability] ${kind}_$parts run $run: $tps reads/s"
             done
         done
     fi

@@ -3,7 +3,9 @@
 # Debian 12 machine of this kind; every step is skipped when already done.
 #
 #   - Debian packages: Postgres 15 server + headers, clang (bindgen), sudo
-#     (cargo pgrx test --runas), spin (model checks), the message buses.
+#     (cargo pgrx test --runas), spin (model checks), the message buses,
+#     pg_partman for the benchmark's peer comparison (bench/run.sh fetches
+#     matplotlib itself: only the benchmark plot needs it).
 #   - cargo-pgrx, the exact version the crates pin.
 #   - `cargo pgrx init` pointed at the system pg_config, only when missing
 #     (re-running it makes pgrx regenerate bindings and rebuild everything).
@@ -22,7 +24,8 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 packages=(postgresql-15 postgresql-server-dev-15 postgresql-contrib libclang-dev clang sudo
-          spin nats-server redis-server mosquitto mosquitto-clients python3)
+          spin nats-server redis-server mosquitto mosquitto-clients python3
+          postgresql-15-partman)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
