@@ -6,8 +6,9 @@
 # are rendered into bench/RESULTS.md and bench/results.png by bench/report.py.
 #
 # Comparisons: insert (single-row: extension, plain INSERT into pre-created
-# partitions, unpartitioned tables, xmtpd's SAVEPOINT pattern, pg_partman), batch
-# (100 rows: extension vs plain, savepoint, unpartitioned), notify (doorbell on/off, 2 and 8 writers),
+# partitions with and without ON CONFLICT DO NOTHING, unpartitioned tables, xmtpd's
+# SAVEPOINT pattern, pg_partman), batch (100 rows: the same variants but
+# pg_partman), notify (doorbell on/off, 2 and 8 writers),
 # crossing (p99 latency crossing bands, worker vs transaction vs existing bands),
 # read (1,000-row cursor read at 50 vs 5,000 leaf partitions, selector vs a
 # hand-written LATERAL query), bridge (backlog drain rate and commit -> JetStream
@@ -104,21 +105,24 @@ for durability in off on; do
 
     if selected insert; then
         # Single-row inserts, 2 clients: the extension's function; a plain INSERT of
-        # meta and blob into the same pre-created partitions; the same into
-        # unpartitioned tables; xmtpd's SAVEPOINT pattern; pg_partman's premade
-        # partitions.
+        # meta and blob into the same pre-created partitions, without and with
+        # ON CONFLICT DO NOTHING; the same into unpartitioned tables; xmtpd's
+        # SAVEPOINT pattern; pg_partman's premade partitions.
         interleave insert "$durability" 2 bench \
             extension=bench/sql/insert_extension.sql plain=bench/sql/insert_plain.sql \
+            plain_idempotent=bench/sql/insert_plain_idempotent.sql \
             flat=bench/sql/insert_flat.sql savepoint=bench/sql/insert_savepoint.sql \
             partman=bench/sql/insert_partman.sql
     fi
 
     if selected batch; then
         # 100-row batches, 2 clients: the extension's batch function; a plain
-        # INSERT ... SELECT into the pre-created partitions; the same inside xmtpd's
-        # savepoint; the same into unpartitioned tables.
+        # INSERT ... SELECT into the pre-created partitions, without and with
+        # ON CONFLICT DO NOTHING; the same inside xmtpd's savepoint; the same into
+        # unpartitioned tables.
         interleave batch "$durability" 2 bench \
             extension=bench/sql/batch_extension.sql plain=bench/sql/batch_plain.sql \
+            plain_idempotent=bench/sql/batch_plain_idempotent.sql \
             savepoint=bench/sql/batch_savepoint.sql flat=bench/sql/batch_flat.sql
     fi
 
