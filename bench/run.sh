@@ -93,11 +93,22 @@ interleave() {
 
 sql() { cluster_psql bench "$PORT" "$@"; }
 
+# On any exit: stop what this script started in the background (listener, bridge,
+# probe), remove the benchmark's JetStream stream, stop the cluster.
+stream=""
+cleanup() {
+    local pids
+    pids=$(jobs -p)
+    [ -z "$pids" ] || kill $pids 2>/dev/null || true
+    if [ -n "$stream" ]; then "$PROBE" "$NATS_URL" --delete "$stream" >/dev/null 2>&1 || true; fi
+    cluster_stop bench
+}
+
 for durability in off on; do
     if $quick && [ "$durability" = on ]; then only_here=insert,notify; else only_here=""; fi
     PORT=$(free_port)
     cluster_start bench "$PORT" "${TUNING[@]}" "synchronous_commit = $durability"
-    trap 'cluster_stop bench' EXIT
+    trap cleanup EXIT
     log "cluster on port $PORT, synchronous_commit = $durability; settings:"
     for t in "${TUNING[@]}"; do log "  $t"; done
     sql postgres -q -c "CREATE DATABASE bench"
@@ -218,6 +229,7 @@ for durability in off on; do
             log "bridge [$durability] run $run: commit->bus p50 ${p50}ms p99 ${p99}ms max ${max}ms ($count messages)"
             kill -TERM "$bridge"; wait "$bridge" || true
             "$PROBE" "$NATS_URL" --delete "$stream"
+            stream=""
             sql postgres -q -c "DROP DATABASE $db WITH (FORCE)"
         done
     fi
