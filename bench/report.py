@@ -134,7 +134,13 @@ def plot(rows, path: Path) -> None:
     for i, (_, _, goal) in enumerate(rows):
         if goal is not None:
             ax.plot([goal, goal], [i - 0.4, i + 0.4], color="#c44e52", linewidth=2)
-    ax.set_xlabel("ratio of medians (red: goal)")
+    for i, (_, ratio, _) in enumerate(rows):
+        ax.annotate(f"{ratio:.2f}", (ratio, i), xytext=(3, 0), textcoords="offset points",
+                    va="center", fontsize=8)
+    # Log scale: the selector vs LATERAL ratio is in the thousands, the rest near 1.
+    ax.set_xscale("log")
+    ax.axvline(1.0, color="#888888", linewidth=0.8)
+    ax.set_xlabel("ratio of medians, log scale (red: goal, grey: 1.0)")
     ax.invert_yaxis()
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -35,9 +35,19 @@ done
 if $quick; then RUNS=2 SECONDS_PER_RUN=3; else RUNS=5 SECONDS_PER_RUN=15; fi
 
 scripts/setup.sh
-python3 -c "import matplotlib" 2>/dev/null \
-    || apt-get install -y -qq --no-install-recommends python3-matplotlib >/dev/null \
-    || log "matplotlib unavailable: no plot"
+# The report plots with matplotlib: the first python3 on PATH if it has it, else
+# Debian's python3 with python3-matplotlib (installed here when missing).
+REPORT_PYTHON=python3
+if ! python3 -c "import matplotlib" 2>/dev/null; then
+    /usr/bin/python3 -c "import matplotlib" 2>/dev/null \
+        || apt-get install -y -qq --no-install-recommends python3-matplotlib >/dev/null \
+        || true
+    if /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then
+        REPORT_PYTHON=/usr/bin/python3
+    else
+        log "matplotlib unavailable: no plot"
+    fi
+fi
 install_extension release
 cargo build --quiet --release -p envelopes-bridge --bin envelopes-bridge --example latency_probe
 BRIDGE=target/release/envelopes-bridge
@@ -83,6 +93,7 @@ interleave() {
     for run in $(seq "$RUNS"); do
         for pair in "$@"; do
             name=${pair%%=*} script=${pair#*=}
+            reset_tables "$db"
             tps=$(pgbench_tps "$db" "$clients" "$script")
             [ -n "$tps" ] || { cat "$OUT/pgbench.err" >&2; return 1; }
             record "$comparison" "$name" "$durability" "$run" "$tps" tps
@@ -92,6 +103,9 @@ interleave() {
 }
 
 sql() { cluster_psql bench "$PORT" "$@"; }
+
+# reset_tables DB: empty tables, sequence back to 1, checkpoint (bench/sql/reset.sql).
+reset_tables() { sql "$1" -q -f bench/sql/reset.sql >/dev/null; }
 
 # On any exit: stop what this script started in the background (listener, bridge,
 # probe), remove the benchmark's JetStream stream, stop the cluster.
@@ -146,6 +160,7 @@ for durability in off on; do
         for run in $(seq "$RUNS"); do
             for writers in 2 8; do
                 for mode in on off; do
+                    reset_tables bench
                     tps=$(PGOPTIONS="-c envelopes.notify=$mode" pgbench_tps bench "$writers" bench/sql/insert_extension.sql)
                     [ -n "$tps" ] || { cat "$OUT/pgbench.err" >&2; exit 1; }
                     record notify "${mode}_${writers}" "$durability" "$run" "$tps" tps
@@ -274,5 +289,5 @@ done
     echo "runs	$RUNS x ${SECONDS_PER_RUN}s per variant, interleaved"
     for t in "${TUNING[@]}"; do echo "setting	$t"; done
 } >"$OUT/meta.tsv"
-python3 bench/report.py "$OUT" bench/RESULTS.md
+"$REPORT_PYTHON" bench/report.py "$OUT" bench/RESULTS.md
 log "wrote bench/RESULTS.md"

@@ -5,12 +5,12 @@ CREATE SEQUENCE bench_seq;
 -- The same layout without partitions, for the "unpartitioned" comparison.
 CREATE TABLE flat_meta (LIKE envelopes.gateway_envelopes_meta INCLUDING ALL);
 CREATE TABLE flat_blob (LIKE envelopes.gateway_envelopes_blob INCLUDING ALL);
--- Bands for originators 1..4 covering the ids the runs will use (the shared
--- sequence reaches about 120 million in a full run, mostly from the batches): 25
--- bands of 10 million each, so that no variant ever creates a partition.
+-- Bands for originators 1..4 covering the ids the runs will use: bench/sql/reset.sql
+-- restarts the shared sequence before every cell, and one cell of 100-row batches
+-- stays well below 30 million ids, so no variant ever creates a partition.
 SELECT envelopes.ensure_gateway_parts(n, b * 10000000, 10000000)
-  FROM generate_series(1, 4) n, generate_series(0, 24) b;
--- pg_partman as a peer: one range-partitioned pair, the same 25 bands made ahead,
+  FROM generate_series(1, 4) n, generate_series(0, 2) b;
+-- pg_partman as a peer: one range-partitioned pair, the same 3 bands made ahead,
 -- the same primary key.
 CREATE SCHEMA partman;
 CREATE EXTENSION pg_partman SCHEMA partman;
@@ -22,6 +22,6 @@ CREATE TABLE partman_blob (LIKE envelopes.gateway_envelopes_blob INCLUDING DEFAU
     PARTITION BY RANGE (originator_sequence_id);
 CREATE INDEX ON partman_meta (topic, originator_sequence_id);
 SELECT partman.create_parent('public.partman_meta', 'originator_sequence_id', 'native', '10000000',
-                             p_premake => 25, p_start_partition => '0');
+                             p_premake => 3, p_start_partition => '0');
 SELECT partman.create_parent('public.partman_blob', 'originator_sequence_id', 'native', '10000000',
-                             p_premake => 25, p_start_partition => '0');
+                             p_premake => 3, p_start_partition => '0');
