@@ -41,9 +41,14 @@ scripts/run_pg_test.sh
 step "integration tests"
 port=$(free_port)
 cluster_start itest "$port"
-trap 'cluster_stop itest' EXIT
+trap 'cluster_stop itest; cluster_stop noworkers' EXIT
 cluster_enable_tls itest
 export ENVELOPES_TEST_PG="host=127.0.0.1 port=$port user=postgres"
+# A second server with no background-worker slots, for the fallback of partition
+# creation into the inserting transaction (tests/tests/worker.rs).
+port_nw=$(free_port)
+cluster_start noworkers "$port_nw" "max_worker_processes = 0"
+export ENVELOPES_TEST_PG_NO_WORKERS="host=127.0.0.1 port=$port_nw user=postgres"
 export ENVELOPES_TEST_PG_CA="$ENVELOPES_TMP/itest/ca.crt"
 cargo test -p pg_envelopes_tests -- --test-threads=4
 

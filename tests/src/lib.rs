@@ -22,12 +22,20 @@ pub fn server() -> String {
 /// A fresh database with the extension created in it; dropped on drop.
 pub struct TestDb {
     pub name: String,
+    /// Connection string of the server it lives on, without a database name.
+    pub server: String,
 }
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 impl TestDb {
     pub fn new(label: &str) -> TestDb {
+        TestDb::new_on(server(), label)
+    }
+
+    /// The same on another server than `ENVELOPES_TEST_PG` (one started with other
+    /// settings by scripts/test.sh).
+    pub fn new_on(server: String, label: &str) -> TestDb {
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.subsec_nanos())
@@ -37,11 +45,11 @@ impl TestDb {
             std::process::id(),
             COUNTER.fetch_add(1, Ordering::Relaxed)
         );
-        let mut admin = connect_to("postgres");
+        let mut admin = connect_on(&server, "postgres");
         admin
             .batch_execute(&format!("CREATE DATABASE \"{name}\""))
             .expect("create database");
-        let db = TestDb { name };
+        let db = TestDb { name, server };
         db.connect()
             .batch_execute("CREATE EXTENSION pg_envelopes")
             .expect("create extension");
@@ -52,13 +60,12 @@ impl TestDb {
     pub fn url(&self) -> String {
         format!(
             "{} dbname={} options='-c statement_timeout=120s'",
-            server(),
-            self.name
+            self.server, self.name
         )
     }
 
     pub fn connect(&self) -> Client {
-        connect_to(&self.name)
+        connect_on(&self.server, &self.name)
     }
 
     /// The single bigint a query returns.
@@ -69,7 +76,7 @@ impl TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        if let Ok(mut admin) = Client::connect(&format!("{} dbname=postgres", server()), NoTls) {
+        if let Ok(mut admin) = Client::connect(&format!("{} dbname=postgres", self.server), NoTls) {
             let _ = admin.batch_execute(&format!(
                 "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
                 self.name
@@ -81,11 +88,12 @@ impl Drop for TestDb {
 /// Connects with a statement timeout, so a test that would block forever (a
 /// regression that makes one session wait for another) fails instead of hanging.
 pub fn connect_to(dbname: &str) -> Client {
+    connect_on(&server(), dbname)
+}
+
+fn connect_on(server: &str, dbname: &str) -> Client {
     Client::connect(
-        &format!(
-            "{} dbname={dbname} options='-c statement_timeout=120s'",
-            server()
-        ),
+        &format!("{server} dbname={dbname} options='-c statement_timeout=120s'"),
         NoTls,
     )
     .unwrap_or_else(|e| panic!("connect to {dbname}: {e}"))

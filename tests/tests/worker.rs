@@ -2,7 +2,8 @@
 //! transaction, and what the worker creates commits on its own.
 
 use pg_envelopes_tests::{sqlstate, TestDb};
-use postgres::Client;
+use postgres::{Client, NoTls};
+use std::sync::{Arc, Mutex};
 
 fn session(db: &TestDb, mode: &str) -> Client {
     let mut c = db.connect();
@@ -114,4 +115,56 @@ fn a_failing_worker_reports_its_error_and_creates_nothing() {
     // The session is usable and other originators still work.
     let ok = insert(&mut c, 301, 1).unwrap_or_else(|e| panic!("{e:?}"));
     assert_eq!(ok, 1);
+}
+
+/// With no free background-worker slot (scripts/test.sh starts a second server
+/// with `max_worker_processes = 0`), creation falls back to the inserting
+/// transaction: the insert succeeds, a LOG message says why, and the partitions
+/// belong to that transaction, so its rollback removes them.
+#[test]
+fn without_a_worker_slot_creation_falls_back_to_the_transaction() {
+    let server = std::env::var("ENVELOPES_TEST_PG_NO_WORKERS").unwrap_or_else(|_| {
+        panic!("ENVELOPES_TEST_PG_NO_WORKERS is not set: run these tests through scripts/test.sh")
+    });
+    let db = TestDb::new_on(server, "worker_fallback");
+    let messages = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen = Arc::clone(&messages);
+    let mut config: postgres::Config = db.url().parse().expect("connection string");
+    config.notice_callback(move |notice| {
+        if let Ok(mut m) = seen.lock() {
+            m.push(notice.message().to_owned());
+        }
+    });
+    let mut c = config.connect(NoTls).expect("connect");
+    c.batch_execute(
+        "SET envelopes.create_partitions_in = 'worker'; SET client_min_messages = 'log'",
+    )
+    .unwrap();
+    let partitions_of_400 =
+        "SELECT count(*) FROM envelopes.partitions() WHERE originator_node_id = 400";
+
+    let mut tx = c.transaction().unwrap();
+    assert_eq!(insert(&mut tx, 400, 1).expect("insert without a worker"), 1);
+    tx.rollback().unwrap();
+    let logged = messages.lock().unwrap().clone();
+    assert!(
+        logged
+            .iter()
+            .any(|m| m.contains("partition worker unavailable")),
+        "the fallback is logged: {logged:?}"
+    );
+    assert_eq!(
+        db.int8(partitions_of_400),
+        0,
+        "created in the rolled-back transaction, so gone with it"
+    );
+
+    // The same session (its partition cache saw the rolled-back partitions)
+    // creates them again and keeps them this time.
+    assert_eq!(insert(&mut c, 400, 1).expect("insert after rollback"), 1);
+    assert_eq!(db.int8(partitions_of_400), 1);
+    assert_eq!(
+        db.int8("SELECT count(*) FROM envelopes.gateway_envelopes_meta"),
+        1
+    );
 }
