@@ -108,7 +108,8 @@ sql() { cluster_psql bench "$PORT" "$@"; }
 reset_tables() { sql "$1" -q -f bench/sql/reset.sql >/dev/null; }
 
 # On any exit: stop what this script started in the background (listener, bridge,
-# probe), remove the benchmark's JetStream stream, stop the cluster.
+# probe), remove the benchmark's JetStream stream, stop the cluster and delete its
+# files (gigabytes after a full run).
 stream=""
 cleanup() {
     local pids
@@ -116,6 +117,7 @@ cleanup() {
     [ -z "$pids" ] || kill $pids 2>/dev/null || true
     if [ -n "$stream" ]; then "$PROBE" "$NATS_URL" --delete "$stream" >/dev/null 2>&1 || true; fi
     cluster_stop bench
+    rm -rf "${ENVELOPES_TMP:?}/bench"
 }
 
 for durability in off on; do
@@ -277,7 +279,7 @@ for durability in off on; do
         done
     fi
 
-    cluster_stop bench
+    cleanup
     trap - EXIT
 done
 
