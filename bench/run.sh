@@ -37,16 +37,14 @@ if $quick; then RUNS=2 SECONDS_PER_RUN=3; else RUNS=5 SECONDS_PER_RUN=15; fi
 scripts/setup.sh
 # The report plots with matplotlib: the first python3 on PATH if it has it, else
 # Debian's python3 with python3-matplotlib (installed here when missing).
+# (report.py itself needs only the standard library: without matplotlib it writes
+# RESULTS.md and no plot.)
 REPORT_PYTHON=python3
 if ! python3 -c "import matplotlib" 2>/dev/null; then
-    /usr/bin/python3 -c "import matplotlib" 2>/dev/null \
+    REPORT_PYTHON=/usr/bin/python3
+    "$REPORT_PYTHON" -c "import matplotlib" 2>/dev/null \
         || apt-get install -y -qq --no-install-recommends python3-matplotlib >/dev/null \
-        || true
-    if /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then
-        REPORT_PYTHON=/usr/bin/python3
-    else
-        log "matplotlib unavailable: no plot"
-    fi
+        || log "matplotlib unavailable: no plot"
 fi
 install_extension release
 cargo build --quiet --release -p envelopes-bridge --bin envelopes-bridge --example latency_probe

@@ -8,20 +8,6 @@ use common::*;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn wait_for_port(port: u16) {
-    wait_until("a server to listen", Duration::from_secs(10), || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-    });
-}
-
 struct Server(Child);
 
 impl Drop for Server {
@@ -155,20 +141,23 @@ fn nats_with_user_and_password() {
     let db = TestDb::new("natsauth");
     seed(&db, 3);
     let url = format!("nats://127.0.0.1:{port}");
-    let mut bridge = Bridge::egress(
-        &db,
-        "natsauth",
-        &url,
-        &[
-            "--nats-user",
-            "bridge",
-            "--nats-password",
-            &secret,
-            "--nats-stream",
-            "AUTH",
-        ],
-        &[],
-    );
+    let egress = |password: &str| {
+        Bridge::egress(
+            &db,
+            "natsauth",
+            &url,
+            &[
+                "--nats-user",
+                "bridge",
+                "--nats-password",
+                password,
+                "--nats-stream",
+                "AUTH",
+            ],
+            &[],
+        )
+    };
+    let mut bridge = egress(&secret);
     wait_until("delivery with credentials", Duration::from_secs(20), || {
         lag(&db, "natsauth") == 0
     });
@@ -178,20 +167,7 @@ fn nats_with_user_and_password() {
     // A wrong password: refused, retried, and neither password is logged.
     seed_more(&db, 4);
     let wrong = format!("{secret}x");
-    let mut bridge = Bridge::egress(
-        &db,
-        "natsauth",
-        &url,
-        &[
-            "--nats-user",
-            "bridge",
-            "--nats-password",
-            &wrong,
-            "--nats-stream",
-            "AUTH",
-        ],
-        &[],
-    );
+    let mut bridge = egress(&wrong);
     std::thread::sleep(Duration::from_millis(1500));
     bridge.terminate();
     assert!(lag(&db, "natsauth") > 0);

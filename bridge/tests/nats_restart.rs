@@ -8,14 +8,6 @@ use std::collections::BTreeSet;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn start_nats(port: u16, store: &std::path::Path) -> Child {
     let binary = std::env::var("ENVELOPES_TEST_NATS_SERVER")
         .unwrap_or_else(|_| "/usr/sbin/nats-server".into());
@@ -26,9 +18,7 @@ fn start_nats(port: u16, store: &std::path::Path) -> Child {
         .stderr(Stdio::null())
         .spawn()
         .expect("start nats-server");
-    wait_until("nats-server to listen", Duration::from_secs(10), || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-    });
+    wait_for_port(port);
     child
 }
 

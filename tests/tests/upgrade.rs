@@ -41,6 +41,16 @@ fn catalog(c: &mut Client) -> Vec<String> {
     out
 }
 
+/// The installed version of pg_envelopes in the connected database.
+fn extversion(c: &mut Client) -> String {
+    c.query_one(
+        "SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'pg_envelopes'",
+        &[],
+    )
+    .unwrap()
+    .get(0)
+}
+
 #[test]
 fn upgrading_from_0_1_0_keeps_the_data_and_matches_a_fresh_install() {
     let fresh = TestDb::new("fresh");
@@ -48,14 +58,7 @@ fn upgrading_from_0_1_0_keeps_the_data_and_matches_a_fresh_install() {
     let mut c = connect_to(&old.name);
     c.batch_execute("DROP EXTENSION pg_envelopes; CREATE EXTENSION pg_envelopes VERSION '0.1.0'")
         .unwrap();
-    let version: String = c
-        .query_one(
-            "SELECT extversion FROM pg_extension WHERE extname = 'pg_envelopes'",
-            &[],
-        )
-        .unwrap()
-        .get(0);
-    assert_eq!(version, "0.1.0");
+    assert_eq!(extversion(&mut c), "0.1.0");
     // Data written with 0.1.0: envelopes in several bands, an outbox row, a consumer.
     c.batch_execute(
         "SET envelopes.band_width = 10;
@@ -69,20 +72,8 @@ fn upgrading_from_0_1_0_keeps_the_data_and_matches_a_fresh_install() {
 
     c.batch_execute("ALTER EXTENSION pg_envelopes UPDATE")
         .unwrap();
-    let version: String = c
-        .query_one(
-            "SELECT extversion FROM pg_extension WHERE extname = 'pg_envelopes'",
-            &[],
-        )
-        .unwrap()
-        .get(0);
-    let current: String = connect_to(&fresh.name)
-        .query_one(
-            "SELECT extversion FROM pg_extension WHERE extname = 'pg_envelopes'",
-            &[],
-        )
-        .unwrap()
-        .get(0);
+    let version = extversion(&mut c);
+    let current = extversion(&mut connect_to(&fresh.name));
     assert_eq!(version, current);
     assert_ne!(version, "0.1.0");
 

@@ -208,6 +208,22 @@ pub fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// A TCP port on 127.0.0.1 that nothing listens on right now, for a private server.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits until something accepts connections on 127.0.0.1:`port`.
+pub fn wait_for_port(port: u16) {
+    wait_until("a server to listen", Duration::from_secs(10), || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+}
+
 /// Dedup ids of every committed row: "node:seq" and "outbox:id".
 pub fn committed_ids(db: &TestDb) -> BTreeSet<String> {
     let mut c = db.client();
