@@ -44,7 +44,7 @@ COMMENT ON FUNCTION partitions() IS
     'Every band partition with its originator, bounds, live-row estimate and size.';
 
 -- Deletes envelopes whose expiry (unix seconds) is before as_of (default: now),
--- from meta and blob together, then drops band partitions that are empty in both
+-- from meta and blob together (and their late-feed entries), then drops band partitions that are empty in both
 -- tables and are not their originator's newest band. Returns one row per band it
 -- deleted rows from or dropped.
 --
@@ -83,6 +83,11 @@ BEGIN
          USING gone g
          WHERE b.originator_node_id = g.originator_node_id
            AND b.originator_sequence_id = g.originator_sequence_id
+    ), gone_late AS (
+        DELETE FROM @extschema@.late_envelopes l
+         USING gone g
+         WHERE l.originator_node_id = g.originator_node_id
+           AND l.originator_sequence_id = g.originator_sequence_id
     )
     SELECT COALESCE(jsonb_object_agg(t.leaf::text, t.n), '{}')
       INTO deleted

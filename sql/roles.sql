@@ -77,10 +77,13 @@ BEGIN
     EXECUTE format('GRANT SELECT ON @extschema@.consumer_status TO %I', role);
     EXECUTE format('GRANT EXECUTE ON FUNCTION
         @extschema@.consumer_register(text, boolean),
-        @extschema@.consumer_outbox_batch(text, integer),
-        @extschema@.consumer_outbox_ack(text, xid8, bigint),
-        @extschema@.consumer_envelope_batch(text, integer),
-        @extschema@.consumer_envelope_ack(text, integer[], bigint[]),
+        @extschema@.consumer_outbox_batch(text, integer, bigint),
+        @extschema@.consumer_outbox_ack(text, bigint),
+        @extschema@.consumer_envelope_batch(text, integer, bigint),
+        @extschema@.consumer_envelope_ack(text, integer[], bigint[], bigint),
+        @extschema@.consumer_dead_letter(text, text, integer, bigint, bigint, text, text, integer, timestamp with time zone),
+        @extschema@.consumer_dead_letter_retries(text, integer),
+        @extschema@.consumer_dead_letter_resolved(text, bigint[]),
         @extschema@.notification_queue_usage()
         TO %I', role);
 END $$;
@@ -93,10 +96,13 @@ BEGIN
     EXECUTE format('REVOKE SELECT ON @extschema@.consumer_status FROM %I', role);
     EXECUTE format('REVOKE EXECUTE ON FUNCTION
         @extschema@.consumer_register(text, boolean),
-        @extschema@.consumer_outbox_batch(text, integer),
-        @extschema@.consumer_outbox_ack(text, xid8, bigint),
-        @extschema@.consumer_envelope_batch(text, integer),
-        @extschema@.consumer_envelope_ack(text, integer[], bigint[]),
+        @extschema@.consumer_outbox_batch(text, integer, bigint),
+        @extschema@.consumer_outbox_ack(text, bigint),
+        @extschema@.consumer_envelope_batch(text, integer, bigint),
+        @extschema@.consumer_envelope_ack(text, integer[], bigint[], bigint),
+        @extschema@.consumer_dead_letter(text, text, integer, bigint, bigint, text, text, integer, timestamp with time zone),
+        @extschema@.consumer_dead_letter_retries(text, integer),
+        @extschema@.consumer_dead_letter_resolved(text, bigint[]),
         @extschema@.notification_queue_usage()
         FROM %I', role);
 END $$;

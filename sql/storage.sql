@@ -28,6 +28,10 @@ CREATE TABLE gateway_envelopes_meta (
     -- The inserting transaction, so readers can tell rows that may still be joined by
     -- a lower, not yet committed sequence id (see originator_ceilings()).
     inserted_xid           xid8        NOT NULL DEFAULT pg_catalog.pg_current_xact_id(),
+    -- Arrived below a sequence id of its originator that another transaction had
+    -- already committed: it is also in late_envelopes, and consumers receive it
+    -- from there (src/feed/).
+    late                   boolean     NOT NULL DEFAULT false,
     CONSTRAINT gateway_envelopes_meta_pkey
         PRIMARY KEY (originator_node_id, originator_sequence_id)
 ) PARTITION BY LIST (originator_node_id);
@@ -91,3 +95,20 @@ AS $$
                         WHERE m.originator_node_id = b.originator_node_id
                           AND m.originator_sequence_id = b.originator_sequence_id)
 $$;
+
+-- The late-envelope feed: one entry per envelope that arrived below a sequence id
+-- of its originator that another transaction had already committed (a consumer
+-- may have moved past it). Written by the insert functions in the inserting
+-- statement; read by the consumer functions in id order, like the outbox. The ids
+-- come from a CACHE 1 sequence, so they are drawn in increasing order across
+-- sessions, which the feed's in-flight markers rely on (src/feed/markers.rs).
+CREATE TABLE late_envelopes (
+    id                     bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    originator_node_id     integer     NOT NULL,
+    originator_sequence_id bigint      NOT NULL,
+    recorded_at            timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+-- prune_expired() deletes the entries of the envelopes it deletes.
+CREATE INDEX late_envelopes_key_idx ON late_envelopes (originator_node_id, originator_sequence_id);
+COMMENT ON TABLE late_envelopes IS
+    'Envelopes inserted below a sequence id their originator had already committed; consumers read them from here.';

@@ -6,21 +6,27 @@
 //! makes replays idempotent.
 //!
 //! The hot path (partitions already known) validates the input, asks the
-//! partition cache for the row's route, locks it, and executes a plan prepared
-//! once per backend. No subtransaction is opened and no catalog query runs; only
-//! a cache miss pays for the catalog read, the advisory lock and the DDL (see
-//! [`crate::partition`]). There is no "no partition found" error to recover
-//! from, because a row is only inserted once its partitions are known to exist.
+//! partition cache for the row's route, locks it, takes the change feed's
+//! envelope marker, checks whether the row arrives late (below a sequence id of
+//! its originator that another transaction has committed, see [`crate::feed`]),
+//! and executes a plan prepared once per backend. No subtransaction is opened and
+//! no catalog query runs; only a cache miss pays for the catalog read, the
+//! advisory lock and the DDL (see [`crate::partition`]). There is no "no
+//! partition found" error to recover from, because a row is only inserted once
+//! its partitions are known to exist. A late row takes the other plan of each
+//! pair, which also records it in the late-envelope feed.
 
 use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
+use crate::feed::late;
+use crate::feed::markers::{self, Drawn, MarkerError};
 use crate::gucs;
-use crate::locks;
 use crate::partition::{self, PartitionError};
 use pgrx::datum::{DatumWithOid, TimestampWithTimeZone};
 use pgrx::prelude::*;
 use pgrx::spi::{OwnedPreparedStatement, Spi};
 use pgrx::PgOid;
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::rc::Rc;
 
 /// Errors of the insert functions.
@@ -43,8 +49,12 @@ pub enum InsertError {
     },
     #[error("{name}[{index}] must not be NULL")]
     NullElement { name: &'static str, index: usize },
+    #[error("{0} must be a finite timestamp")]
+    InfiniteTime(String),
     #[error("{0}")]
     Partition(#[from] PartitionError),
+    #[error("{0}")]
+    Marker(#[from] MarkerError),
     #[error("SPI error while inserting envelopes: {0}")]
     Spi(#[from] pgrx::spi::SpiError),
 }
@@ -58,7 +68,9 @@ impl SqlError for InsertError {
             }
             InsertError::TooLong { .. } => ERRCODE_STRING_DATA_RIGHT_TRUNCATION,
             InsertError::ArrayLength { .. } => ERRCODE_ARRAY_ELEMENT_ERROR,
+            InsertError::InfiniteTime(_) => ERRCODE_DATETIME_FIELD_OVERFLOW,
             InsertError::Partition(e) => e.sqlstate(),
+            InsertError::Marker(e) => e.sqlstate(),
             InsertError::Spi(_) => ERRCODE_INTERNAL_ERROR,
         }
     }
@@ -120,6 +132,23 @@ INSERT INTO envelopes.gateway_envelopes_blob
     (originator_node_id, originator_sequence_id, originator_envelope)
 SELECT m.originator_node_id, m.originator_sequence_id, $4 FROM m";
 
+/// [`INSERT_ONE`] for a row that arrives late: flagged in meta and recorded in the
+/// late-envelope feed, both only if the row is new.
+const INSERT_ONE_LATE: &str = "
+WITH m AS (
+    INSERT INTO envelopes.gateway_envelopes_meta
+        (originator_node_id, originator_sequence_id, gateway_time, topic, payer_id, expiry, late)
+    VALUES ($1, $2, COALESCE($6, pg_catalog.now()), $3, $5, $7, true)
+    ON CONFLICT DO NOTHING
+    RETURNING originator_node_id, originator_sequence_id
+), l AS (
+    INSERT INTO envelopes.late_envelopes (originator_node_id, originator_sequence_id)
+    SELECT m.originator_node_id, m.originator_sequence_id FROM m
+)
+INSERT INTO envelopes.gateway_envelopes_blob
+    (originator_node_id, originator_sequence_id, originator_envelope)
+SELECT m.originator_node_id, m.originator_sequence_id, $4 FROM m";
+
 /// Inserts a batch given as parallel arrays. Duplicates inside the batch keep their
 /// first occurrence; rows are inserted in key order, so two batches that overlap
 /// take their index locks in the same order and cannot deadlock each other.
@@ -143,17 +172,44 @@ INSERT INTO envelopes.gateway_envelopes_blob
 SELECT m.originator_node_id, m.originator_sequence_id, input.envelope
   FROM m JOIN input ON input.node = m.originator_node_id AND input.seq = m.originator_sequence_id";
 
+/// [`INSERT_MANY`] for a batch with late rows: `$8` flags them, and the new ones
+/// among them are recorded in the late-envelope feed.
+const INSERT_MANY_LATE: &str = "
+WITH input AS (
+    SELECT DISTINCT ON (u.node, u.seq) u.node, u.seq, u.topic, u.envelope, u.payer, u.at, u.expiry, u.late
+      FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3),
+                      pg_catalog.unnest($4), pg_catalog.unnest($5), pg_catalog.unnest($6),
+                      pg_catalog.unnest($7), pg_catalog.unnest($8))
+           WITH ORDINALITY AS u(node, seq, topic, envelope, payer, at, expiry, late, ord)
+     ORDER BY u.node, u.seq, u.ord
+), m AS (
+    INSERT INTO envelopes.gateway_envelopes_meta
+        (originator_node_id, originator_sequence_id, gateway_time, topic, payer_id, expiry, late)
+    SELECT node, seq, COALESCE(at, pg_catalog.now()), topic, payer, expiry, late FROM input
+    ON CONFLICT DO NOTHING
+    RETURNING originator_node_id, originator_sequence_id, late
+), l AS (
+    INSERT INTO envelopes.late_envelopes (originator_node_id, originator_sequence_id)
+    SELECT m.originator_node_id, m.originator_sequence_id FROM m WHERE m.late
+)
+INSERT INTO envelopes.gateway_envelopes_blob
+    (originator_node_id, originator_sequence_id, originator_envelope)
+SELECT m.originator_node_id, m.originator_sequence_id, input.envelope
+  FROM m JOIN input ON input.node = m.originator_node_id AND input.seq = m.originator_sequence_id";
+
 thread_local! {
     /// Plans prepared once per backend, indexed by [`Plan`]. The plan cache re-plans
     /// them by itself when the tables change (e.g. after the extension is re-created).
-    static PLANS: RefCell<[Option<Rc<OwnedPreparedStatement>>; 2]> =
-        const { RefCell::new([None, None]) };
+    static PLANS: RefCell<[Option<Rc<OwnedPreparedStatement>>; 4]> =
+        const { RefCell::new([None, None, None, None]) };
 }
 
 #[derive(Clone, Copy)]
 enum Plan {
     One = 0,
     Many = 1,
+    OneLate = 2,
+    ManyLate = 3,
 }
 
 impl Plan {
@@ -161,6 +217,8 @@ impl Plan {
         match self {
             Plan::One => INSERT_ONE,
             Plan::Many => INSERT_MANY,
+            Plan::OneLate => INSERT_ONE_LATE,
+            Plan::ManyLate => INSERT_MANY_LATE,
         }
     }
 
@@ -169,7 +227,7 @@ impl Plan {
             PgOid::from(T::type_oid())
         }
         match self {
-            Plan::One => vec![
+            Plan::One | Plan::OneLate => vec![
                 oid::<i32>(),
                 oid::<i64>(),
                 oid::<&[u8]>(),
@@ -187,6 +245,11 @@ impl Plan {
                 oid::<Vec<TimestampWithTimeZone>>(),
                 oid::<Vec<i64>>(),
             ],
+            Plan::ManyLate => {
+                let mut types = Plan::Many.argument_types();
+                types.push(oid::<Vec<bool>>());
+                types
+            }
         }
     }
 }
@@ -255,8 +318,16 @@ fn insert_one(
     let seq = partition::check_sequence(originator_sequence_id)?;
     let topic = check_topic(topic)?;
     let envelope = check_envelope(originator_envelope)?;
+    check_time(gateway_time, || "gateway_time".to_owned())?;
     partition::route(node, seq, gucs::band_width())?;
-    locks::mark_inflight(node, seq);
+    // Marker first, then the lateness check (see crate::feed).
+    markers::mark_envelope(node, seq);
+    let plan = if late::committed_above(node, seq)?.is_some() {
+        markers::mark_drawn(Drawn::Late)?;
+        Plan::OneLate
+    } else {
+        Plan::One
+    };
     let args = [
         DatumWithOid::from(node),
         DatumWithOid::from(seq),
@@ -266,7 +337,19 @@ fn insert_one(
         DatumWithOid::from(gateway_time),
         DatumWithOid::from(expiry),
     ];
-    execute(Plan::One, &args)
+    execute(plan, &args)
+}
+
+/// Refuses an infinite `gateway_time`: no reader could turn it into a point in
+/// time (the bridge publishes microseconds since the epoch).
+fn check_time(
+    time: Option<TimestampWithTimeZone>,
+    name: impl FnOnce() -> String,
+) -> Result<(), InsertError> {
+    match time {
+        Some(t) if !t.is_finite() => Err(InsertError::InfiniteTime(name())),
+        _ => Ok(()),
+    }
 }
 
 /// Checks that an array that was given has `expected` elements.
@@ -366,17 +449,19 @@ fn insert_many(
         }
         check_envelope(envelope)?;
     }
+    if let Some(times) = &gateway_times {
+        for (index, time) in times.iter().enumerate() {
+            check_time(time, || format!("gateway_times[{}]", index + 1))?;
+        }
+    }
 
     let width = gucs::band_width();
+    let input_keys = keys.clone();
     keys.sort_unstable();
     keys.dedup();
     // Consecutive keys mostly share a band: lock each distinct route once.
     let mut locked = Vec::new();
-    for (i, &(node, seq)) in keys.iter().enumerate() {
-        // Keys are sorted: the first of each originator is its lowest sequence id.
-        if i == 0 || keys[i - 1].0 != node {
-            locks::mark_inflight(node, seq);
-        }
+    for &(node, seq) in &keys {
         if let Some(routes) = partition::cached_routes(node, seq) {
             if locked.contains(&routes) {
                 continue;
@@ -384,8 +469,26 @@ fn insert_many(
         }
         locked.push(partition::route(node, seq, width)?);
     }
+    // Per originator: the marker at its lowest sequence id (keys are sorted), then
+    // the highest id another transaction has committed above it; the batch's rows
+    // below that arrive late.
+    let mut committed: HashMap<i32, i64> = HashMap::new();
+    for (i, &(node, seq)) in keys.iter().enumerate() {
+        if i == 0 || keys[i - 1].0 != node {
+            markers::mark_envelope(node, seq);
+            if let Some(above) = late::committed_above(node, seq)? {
+                committed.insert(node, above);
+            }
+        }
+    }
+    let late_flags: Option<Vec<bool>> = (!committed.is_empty()).then(|| {
+        input_keys
+            .iter()
+            .map(|(node, seq)| committed.get(node).is_some_and(|above| seq < above))
+            .collect()
+    });
 
-    let args = [
+    let mut args = vec![
         DatumWithOid::from(nodes),
         DatumWithOid::from(seqs),
         DatumWithOid::from(topics),
@@ -394,7 +497,14 @@ fn insert_many(
         array_or_null(gateway_times),
         array_or_null(expiries),
     ];
-    execute(Plan::Many, &args)
+    match late_flags {
+        Some(flags) if flags.contains(&true) => {
+            markers::mark_drawn(Drawn::Late)?;
+            args.push(DatumWithOid::from(flags));
+            execute(Plan::ManyLate, &args)
+        }
+        _ => execute(Plan::Many, &args),
+    }
 }
 
 fn array_or_null<'a, T: IntoDatum>(array: Option<Array<'a, T>>) -> DatumWithOid<'a> {
@@ -474,11 +584,12 @@ mod tests {
         Spi::run("SET LOCAL envelopes.band_width = 10").unwrap();
         let inserted = int8(
             "SELECT sum(envelopes.insert_gateway_envelope(n, s, '\\x01', '\\x02'))::bigint
-               FROM generate_series(1, 3) n, generate_series(0, 29) s",
+               FROM generate_series(1, 3) n, generate_series(1, 30) s",
         );
         assert_eq!(inserted, 90);
-        assert_eq!(band_names("meta").len(), 9);
-        assert_eq!(band_names("blob").len(), 9);
+        // Bands [0,10), [10,20), [20,30) and [30,40) of each originator.
+        assert_eq!(band_names("meta").len(), 12);
+        assert_eq!(band_names("blob").len(), 12);
         assert_eq!(
             int8("SELECT count(*) FROM envelopes.orphaned_envelopes()"),
             0
@@ -496,6 +607,10 @@ mod tests {
             ("1, 1, '\\x01', NULL", "22004"),
             ("-1, 1, '\\x01', '\\x02'", "22003"),
             ("1, -1, '\\x01', '\\x02'", "22003"),
+            // Sequence ids start at 1: "no cursor entry" means "before 1".
+            ("1, 0, '\\x01', '\\x02'", "22003"),
+            ("1, 1, '\\x01', '\\x02', gateway_time => 'infinity'", "22008"),
+            ("1, 1, '\\x01', '\\x02', gateway_time => '-infinity'", "22008"),
             ("1, 1, '\\x0102030405', '\\x02'", "22001"),
             ("1, 1, '\\x01', '\\x010203040506070809'", "22001"),
         ];
@@ -563,6 +678,8 @@ mod tests {
             ("ARRAY[1,1], ARRAY[1,2]::bigint[], ARRAY['\\x01','\\x01']::bytea[], ARRAY[NULL,'\\x01']::bytea[]", "22004"),
             ("ARRAY[1,1], ARRAY[1,-2]::bigint[], ARRAY['\\x01','\\x01']::bytea[], ARRAY['\\x01','\\x01']::bytea[]", "22003"),
             ("ARRAY[1,-1], ARRAY[1,2]::bigint[], ARRAY['\\x01','\\x01']::bytea[], ARRAY['\\x01','\\x01']::bytea[]", "22003"),
+            ("ARRAY[1,1], ARRAY[1,0]::bigint[], ARRAY['\\x01','\\x01']::bytea[], ARRAY['\\x01','\\x01']::bytea[]", "22003"),
+            ("ARRAY[1,1], ARRAY[1,2]::bigint[], ARRAY['\\x01','\\x01']::bytea[], ARRAY['\\x01','\\x01']::bytea[], gateway_times => ARRAY[now(), 'infinity']", "22008"),
         ];
         for (args, expected) in cases {
             let sql = format!("SELECT envelopes.insert_gateway_envelopes({args})");
@@ -602,17 +719,17 @@ mod tests {
 
     #[pg_test]
     fn hot_inserts_open_no_subtransactions() {
-        assert_eq!(insert(1, 0), 1); // creates the partitions and assigns our xid
+        assert_eq!(insert(1, 1), 1); // creates the partitions and assigns our xid
         let inserted = int8(
             "SELECT sum(envelopes.insert_gateway_envelope(1, s, '\\x01', '\\x02'))::bigint
-               FROM generate_series(1, 200) s",
+               FROM generate_series(2, 201) s",
         );
         assert_eq!(inserted, 200);
         assert_eq!(subxids(), (0, false), "hot inserts opened subtransactions");
 
         // The check has teeth: the same inserts, each in a subtransaction, show up.
         Spi::run(
-            "DO $$ BEGIN FOR s IN 201..210 LOOP
+            "DO $$ BEGIN FOR s IN 202..211 LOOP
                  BEGIN PERFORM envelopes.insert_gateway_envelope(1, s, '\\x01', '\\x02');
                  EXCEPTION WHEN OTHERS THEN NULL; END;
              END LOOP; END $$",
@@ -642,10 +759,10 @@ mod tests {
 
     #[pg_test]
     fn hot_inserts_do_not_query_the_catalog() {
-        assert_eq!(insert(1, 0), 1); // creates the partitions
-        scans_for_inserts(1, 1); // warms the caches used by the statement itself
-        let one = scans_for_inserts(2, 1);
-        let many = scans_for_inserts(3, 200);
+        assert_eq!(insert(1, 1), 1); // creates the partitions
+        scans_for_inserts(2, 1); // warms the caches used by the statement itself
+        let one = scans_for_inserts(3, 1);
+        let many = scans_for_inserts(4, 200);
         // Whatever one statement costs to plan and measure, 200 rows cost no more.
         assert_eq!(many, one, "catalog scans grew with the number of rows");
 

@@ -9,12 +9,16 @@
 
 use pgrx::prelude::*;
 
+mod consumer;
 mod error;
+mod feed;
 mod gucs;
 mod insert;
 mod locks;
 mod outbox;
 mod partition;
+mod read;
+mod scan;
 mod select;
 #[cfg(any(test, feature = "pg_test"))]
 mod testing;
@@ -29,15 +33,17 @@ pgrx::extension_sql_file!(
     name = "retention",
     requires = ["storage", partition::_prune_guard]
 );
-// The outbox, its doorbell triggers and the consumer cursors.
+// The outbox and its doorbell triggers.
 pgrx::extension_sql_file!(
     "../sql/outbox.sql",
     name = "outbox_tables",
-    requires = [
-        "storage",
-        outbox::notify_on_insert,
-        select::originator_ceilings
-    ]
+    requires = ["storage", outbox::notify_on_insert]
+);
+// Consumers: positions, acknowledgements, dead letters, status.
+pgrx::extension_sql_file!(
+    "../sql/consumer.sql",
+    name = "consumers",
+    requires = ["storage", "outbox_tables", feed::originator_ceilings]
 );
 
 // Positions of ingress consumers (bus -> store).
@@ -51,7 +57,13 @@ pgrx::extension_sql_file!(
 pgrx::extension_sql_file!(
     "../sql/roles.sql",
     name = "roles",
-    requires = ["storage", "retention", "outbox_tables", "ingress_positions"]
+    requires = [
+        "storage",
+        "retention",
+        "outbox_tables",
+        "consumers",
+        "ingress_positions"
+    ]
 );
 // Last: nothing is usable by PUBLIC until granted.
 pgrx::extension_sql_file!("../sql/privileges.sql", name = "privileges", finalize);

@@ -1,4 +1,5 @@
-//! Advisory locks the extension takes for itself.
+//! Advisory locks the extension takes for itself (the change feed's in-flight
+//! markers are in [`crate::feed::markers`], which also reads them back).
 //!
 //! They live in the advisory lock space (visible in `pg_locks` with
 //! `locktype = 'advisory'`) but use a `objsubid` value that the SQL-level
@@ -6,17 +7,9 @@
 //! collide with an application's own advisory locks.
 
 use pgrx::pg_sys;
-use std::cell::RefCell;
-use std::collections::HashMap;
 
 /// `objsubid` of the lock that serializes partition creation in one database.
 pub const CREATION_LOCK_SUBID: u16 = 0x4501;
-
-/// `objsubid` of in-flight markers: a transaction that inserts envelopes holds, per
-/// originator, a marker naming the lowest sequence id it has inserted, until it
-/// ends. `originator_ceilings()` reads them from `pg_locks` (`database` = node,
-/// `classid`/`objid` = high/low 32 bits of the sequence id).
-pub const INFLIGHT_SUBID: u16 = 0x4502;
 
 /// `objsubid` of the lock a session holds while its worker creates one band, so
 /// that sessions needing the same band wait for that worker instead of starting
@@ -29,16 +22,8 @@ pub const LAUNCH_SUBID: u16 = 0x4503;
 /// = node, `classid` = database, `objid` = a hash of the band's lower bound).
 pub const PRUNE_GUARD_SUBID: u16 = 0x4504;
 
-/// Node id of the marker taken instead of per-originator markers by a transaction
-/// that wrote to more than [`MAX_INFLIGHT_MARKERS`] originators: it holds back
-/// every originator's ceiling until the transaction ends.
-pub const INFLIGHT_ALL_NODES: u32 = u32::MAX;
-
-/// Per-originator markers one transaction takes before switching to the
-/// all-originators marker; bounds its use of the shared lock table.
-pub const MAX_INFLIGHT_MARKERS: usize = 256;
-
-fn advisory_tag(field1: u32, field2: u32, field3: u32, subid: u16) -> pg_sys::LOCKTAG {
+/// An advisory LOCKTAG with an `objsubid` of the extension's own.
+pub fn advisory_tag(field1: u32, field2: u32, field3: u32, subid: u16) -> pg_sys::LOCKTAG {
     pg_sys::LOCKTAG {
         locktag_field1: field1,
         locktag_field2: field2,
@@ -179,73 +164,4 @@ pub fn lock_for_insert(relid: pg_sys::Oid) {
     // SAFETY: LockRelationOid accepts any oid (a lock on a dropped relation is
     // harmless) and raises a Postgres ERROR on failure.
     unsafe { pg_sys::LockRelationOid(relid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE) }
-}
-
-/// The markers this backend's current transaction holds: node -> (lowest sequence
-/// id marked, subtransaction that took it).
-struct Inflight {
-    lxid: pg_sys::LocalTransactionId,
-    marked: HashMap<i32, (i64, pg_sys::SubTransactionId)>,
-    /// Set (to the subtransaction that took it) once the all-originators marker is held.
-    all_nodes: Option<pg_sys::SubTransactionId>,
-}
-
-thread_local! {
-    static INFLIGHT: RefCell<Inflight> =
-        RefCell::new(Inflight { lxid: 0, marked: HashMap::new(), all_nodes: None });
-}
-
-fn acquire_marker(node: u32, seq: i64) {
-    let seq = seq.max(0) as u64;
-    let tag = advisory_tag(node, (seq >> 32) as u32, seq as u32, INFLIGHT_SUBID);
-    // SAFETY: as for the creation lock; a transaction-level lock that nobody ever
-    // waits for (readers only list it), released at commit or abort.
-    unsafe {
-        pg_sys::LockAcquire(&tag, pg_sys::ShareLock as pg_sys::LOCKMODE, false, false);
-    }
-}
-
-/// Records that the current transaction is about to insert `seq` for `node`: takes
-/// a marker unless one at or below `seq` is already held. Cheap when the
-/// transaction already marked this originator lower (a hash lookup).
-pub fn mark_inflight(node: i32, seq: i64) {
-    // SAFETY: MyProc is this backend's PGPROC, valid for the backend's whole life;
-    // GetCurrentSubTransactionId only reads transaction state.
-    let (lxid, subxid) = unsafe { ((*pg_sys::MyProc).lxid, pg_sys::GetCurrentSubTransactionId()) };
-    INFLIGHT.with(|state| {
-        let mut state = state.borrow_mut();
-        if state.lxid != lxid {
-            state.lxid = lxid;
-            state.marked.clear();
-            state.all_nodes = None;
-        }
-        match state.all_nodes {
-            Some(taken_in) if taken_in == subxid => return,
-            Some(_) => {
-                acquire_marker(INFLIGHT_ALL_NODES, 0);
-                state.all_nodes = Some(subxid);
-                return;
-            }
-            None => {}
-        }
-        match state.marked.get(&node) {
-            // A marker taken in this same subtransaction at or below seq covers it.
-            // One from another subtransaction may have been released by a rollback
-            // to a savepoint: take it again (a no-op if it is still held).
-            Some(&(marked, taken_in)) if marked <= seq && taken_in == subxid => return,
-            Some(&(marked, _)) if marked <= seq => {
-                acquire_marker(node as u32, marked);
-                state.marked.insert(node, (marked, subxid));
-                return;
-            }
-            _ => {}
-        }
-        if state.marked.len() >= MAX_INFLIGHT_MARKERS && !state.marked.contains_key(&node) {
-            acquire_marker(INFLIGHT_ALL_NODES, 0);
-            state.all_nodes = Some(subxid);
-            return;
-        }
-        acquire_marker(node as u32, seq);
-        state.marked.insert(node, (seq, subxid));
-    });
 }

@@ -1,5 +1,4 @@
-//! The transactional outbox: `publish()`, the commit-time doorbell, and the
-//! consumer's envelope batches.
+//! The transactional outbox: `publish()` and the commit-time doorbell.
 //!
 //! An application's change and the message announcing it commit together or not
 //! at all, because the message is a row in the same transaction
@@ -11,11 +10,15 @@
 //! small notification (`{"xid":"…","changed":["envelopes","outbox"]}`, never
 //! envelope bytes). Nothing is sent for a transaction that rolls back, because
 //! Postgres discards its pending notifications.
+//!
+//! `publish()` takes the outbox's in-flight marker before its row draws an id, so
+//! the consumers' reads (`crate::consumer`) never pass an id that a running
+//! transaction may still commit (see `crate::feed`).
 
 use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
+use crate::feed::markers::{self, Drawn, MarkerError};
 use crate::gucs;
-use crate::select::{self, SelectError};
-use pgrx::datum::{DatumWithOid, JsonB, TimestampWithTimeZone};
+use pgrx::datum::{DatumWithOid, JsonB};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::spi::{OwnedPreparedStatement, Spi};
@@ -32,24 +35,23 @@ pub enum OutboxError {
     Null(&'static str),
     #[error("subject must not be empty")]
     EmptySubject,
-    #[error("subject must not contain whitespace or control characters")]
-    BadSubject,
+    #[error(
+        "subject must be dot-separated non-empty tokens without whitespace, control \
+         characters or the wildcards * > + # (got {0:?})"
+    )]
+    BadSubject(String),
     #[error("subject is {len} bytes, more than {max}")]
     SubjectTooLong { len: usize, max: usize },
     #[error("payload is {len} bytes, more than envelopes.max_publish_bytes = {max}")]
     PayloadTooLarge { len: usize, max: usize },
     #[error("headers must be a JSON object")]
     HeadersNotObject,
-    #[error("consumer \"{0}\" does not exist")]
-    UnknownConsumer(String),
-    #[error("batch_size must be positive (got {0})")]
-    BadBatchSize(i32),
     #[error(
         "trigger must be called as notify_on_insert('envelopes') or notify_on_insert('outbox')"
     )]
     BadTrigger,
     #[error("{0}")]
-    Select(#[from] SelectError),
+    Marker(#[from] MarkerError),
     #[error("SPI error in the outbox: {0}")]
     Spi(#[from] pgrx::spi::SpiError),
 }
@@ -60,31 +62,33 @@ impl SqlError for OutboxError {
         match self {
             OutboxError::Null(_) => ERRCODE_NULL_VALUE_NOT_ALLOWED,
             OutboxError::EmptySubject
-            | OutboxError::BadSubject
-            | OutboxError::HeadersNotObject
-            | OutboxError::BadBatchSize(_) => ERRCODE_INVALID_PARAMETER_VALUE,
+            | OutboxError::BadSubject(_)
+            | OutboxError::HeadersNotObject => ERRCODE_INVALID_PARAMETER_VALUE,
             OutboxError::SubjectTooLong { .. } | OutboxError::PayloadTooLarge { .. } => {
                 ERRCODE_STRING_DATA_RIGHT_TRUNCATION
             }
-            OutboxError::UnknownConsumer(_) => ERRCODE_UNDEFINED_OBJECT,
             OutboxError::BadTrigger => ERRCODE_TRIGGERED_ACTION_EXCEPTION,
-            OutboxError::Select(e) => e.sqlstate(),
+            OutboxError::Marker(e) => e.sqlstate(),
             OutboxError::Spi(_) => ERRCODE_INTERNAL_ERROR,
-        }
-    }
-
-    fn hint(&self) -> Option<String> {
-        match self {
-            OutboxError::UnknownConsumer(_) => {
-                Some("Create it with envelopes.consumer_register(name).".into())
-            }
-            _ => None,
         }
     }
 }
 
 /// Longest accepted subject. NATS, Redis and MQTT all take this comfortably.
 pub const MAX_SUBJECT_BYTES: usize = 255;
+
+/// Whether every bus the bridge serves accepts `subject` as part of a publish
+/// subject, topic or routing key: NATS refuses empty tokens (`a..b`) and the
+/// wildcards `*` and `>`, MQTT refuses `+` and `#` in a published topic, and none
+/// takes whitespace or control characters.
+fn valid_on_every_bus(subject: &str) -> bool {
+    subject.split('.').all(|token| {
+        !token.is_empty()
+            && !token
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control() || matches!(c, '*' | '>' | '+' | '#'))
+    })
+}
 
 fn check_subject(subject: Option<&str>) -> Result<&str, OutboxError> {
     let subject = subject.ok_or(OutboxError::Null("subject"))?;
@@ -97,8 +101,8 @@ fn check_subject(subject: Option<&str>) -> Result<&str, OutboxError> {
             max: MAX_SUBJECT_BYTES,
         });
     }
-    if subject.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(OutboxError::BadSubject);
+    if !valid_on_every_bus(subject) {
+        return Err(OutboxError::BadSubject(subject.to_owned()));
     }
     Ok(subject)
 }
@@ -125,6 +129,8 @@ fn publish_row(
     if !headers.0.is_object() {
         return Err(OutboxError::HeadersNotObject);
     }
+    // Before the row draws its id (see crate::feed).
+    markers::mark_drawn(Drawn::Outbox)?;
     Spi::connect_mut(|client| {
         let cached = PUBLISH_PLAN.with(|p| p.borrow().clone());
         let plan = match cached {
@@ -288,73 +294,6 @@ fn notify_on_insert<'a>(
     Ok(None)
 }
 
-/// Reads a consumer's envelope cursor; errors if the consumer does not exist.
-fn consumer_cursor(consumer: &str) -> Result<HashMap<i32, i64>, OutboxError> {
-    Spi::connect(|client| {
-        let exists = !client
-            .select(
-                "SELECT 1 FROM envelopes.consumers WHERE name = $1",
-                None,
-                &[DatumWithOid::from(consumer)],
-            )?
-            .is_empty();
-        if !exists {
-            return Err(OutboxError::UnknownConsumer(consumer.to_owned()));
-        }
-        let mut cursor = HashMap::new();
-        for row in client.select(
-            "SELECT originator_node_id, sequence_id FROM envelopes.consumer_envelope_cursors
-              WHERE consumer = $1",
-            None,
-            &[DatumWithOid::from(consumer)],
-        )? {
-            if let (Some(node), Some(seq)) = (row.get::<i32>(1)?, row.get::<i64>(2)?) {
-                cursor.insert(node, seq);
-            }
-        }
-        Ok(cursor)
-    })
-}
-
-fn envelope_batch(
-    consumer: Option<&str>,
-    batch_size: Option<i32>,
-) -> Result<Vec<select::Row>, OutboxError> {
-    let consumer = consumer.ok_or(OutboxError::Null("consumer"))?;
-    let limit = match batch_size {
-        None => return Err(OutboxError::Null("batch_size")),
-        Some(n) if n <= 0 => return Err(OutboxError::BadBatchSize(n)),
-        Some(n) => n as usize,
-    };
-    let cursor = consumer_cursor(consumer)?;
-    Ok(select::read_below_ceilings(&cursor, limit)?)
-}
-
-/// The next envelopes a consumer has not acknowledged, in commit-safe order: per
-/// originator after the consumer's cursor, and never past the originator's
-/// ceiling (see `originator_ceilings()`), so a lower sequence id that is still
-/// being inserted is never skipped. Acknowledge with `consumer_envelope_ack`.
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
-#[search_path(pg_catalog, pg_temp)]
-#[allow(clippy::type_complexity)]
-fn consumer_envelope_batch(
-    consumer: Option<&str>,
-    batch_size: default!(Option<i32>, "1000"),
-) -> TableIterator<
-    'static,
-    (
-        name!(originator_node_id, i32),
-        name!(originator_sequence_id, i64),
-        name!(gateway_time, TimestampWithTimeZone),
-        name!(topic, Vec<u8>),
-        name!(payer_id, Option<i32>),
-        name!(expiry, Option<i64>),
-        name!(originator_envelope, Vec<u8>),
-    ),
-> {
-    TableIterator::new(envelope_batch(consumer, batch_size).or_raise())
-}
-
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
@@ -367,12 +306,26 @@ mod tests {
         let b = int8("SELECT envelopes.publish('orders.created', '\\x02', '{\"k\": \"v\"}')");
         assert!(b > a);
         assert_eq!(
-            int8(
+            int8(&format!(
                 "SELECT count(*) FROM envelopes.outbox
-                  WHERE inserted_xid = pg_current_xact_id() AND headers IN ('{}', '{\"k\": \"v\"}')"
-            ),
+                  WHERE id IN ({a}, {b}) AND headers IN ('{{}}', '{{\"k\": \"v\"}}')"
+            )),
             2
         );
+        // The transaction holds the outbox marker, naming a value below its ids.
+        let marked = int8(
+            "SELECT count(*) FROM pg_catalog.pg_locks
+              WHERE locktype = 'advisory' AND objsubid = 17669 AND pid = pg_backend_pid()",
+        );
+        assert_eq!(marked, 1);
+    }
+
+    #[pg_test]
+    fn subjects_valid_on_every_bus_are_accepted() {
+        for subject in ["orders.created", "a", "a-b_c.d/e", "ünïcode.ok", "x.1.2.3"] {
+            let sql = format!("SELECT envelopes.publish('{subject}', '\\x01')");
+            assert_eq!(sqlstate_of(&sql), None, "{sql}");
+        }
     }
 
     #[pg_test]
@@ -383,6 +336,13 @@ mod tests {
             ("NULL, '\\x01'".to_owned(), "22004"),
             ("'', '\\x01'".to_owned(), "22023"),
             ("'a b', '\\x01'".to_owned(), "22023"),
+            ("'a..b', '\\x01'".to_owned(), "22023"),
+            ("'.a', '\\x01'".to_owned(), "22023"),
+            ("'a.', '\\x01'".to_owned(), "22023"),
+            ("'a.*', '\\x01'".to_owned(), "22023"),
+            ("'a.>', '\\x01'".to_owned(), "22023"),
+            ("'a/+/b', '\\x01'".to_owned(), "22023"),
+            ("'a/#', '\\x01'".to_owned(), "22023"),
             (format!("'{long}', '\\x01'"), "22001"),
             ("'s', NULL".to_owned(), "22004"),
             ("'s', '\\x0102030405'".to_owned(), "22001"),
@@ -407,89 +367,6 @@ mod tests {
         assert_eq!(
             sqlstate_of("SET envelopes.notify_channel = 'ok_channel'"),
             None
-        );
-    }
-
-    #[pg_test]
-    fn consumer_functions_check_their_arguments() {
-        let cases = [
-            (
-                "SELECT * FROM envelopes.consumer_outbox_batch('nobody')",
-                "42704",
-            ),
-            (
-                "SELECT * FROM envelopes.consumer_envelope_batch('nobody')",
-                "42704",
-            ),
-            (
-                "SELECT envelopes.consumer_outbox_ack('nobody', '1', 1)",
-                "42704",
-            ),
-            (
-                "SELECT envelopes.consumer_envelope_ack('nobody', '{1}', '{1}')",
-                "42704",
-            ),
-            ("SELECT envelopes.consumer_register('')", "22023"),
-            (
-                "SELECT * FROM envelopes.consumer_outbox_batch('c', 0)",
-                "22023",
-            ),
-            (
-                "SELECT * FROM envelopes.consumer_envelope_batch('c', 0)",
-                "22023",
-            ),
-            (
-                "SELECT envelopes.consumer_envelope_ack('c', '{1,2}', '{1}')",
-                "2202E",
-            ),
-            (
-                "SELECT envelopes.consumer_envelope_ack('c', '{1}', '{NULL}')",
-                "22004",
-            ),
-            (
-                "SELECT envelopes.consumer_outbox_ack('c', NULL, 1)",
-                "22004",
-            ),
-            // Our own transaction is still running: nothing at or past it is committed.
-            (
-                "SELECT envelopes.consumer_outbox_ack('c', pg_current_xact_id(), 1)",
-                "22023",
-            ),
-        ];
-        Spi::run("SELECT envelopes.consumer_register('c')").unwrap();
-        for (sql, expected) in cases {
-            assert_eq!(sqlstate_of(sql).as_deref(), Some(expected), "{sql}");
-        }
-    }
-
-    #[pg_test]
-    fn envelope_acks_move_forward_only_and_are_logged() {
-        Spi::run("SELECT envelopes.consumer_register('c')").unwrap();
-        Spi::run(
-            "SELECT envelopes.insert_gateway_envelope(1, s, '\\x01', '\\x01') FROM generate_series(1, 5) s",
-        )
-        .unwrap();
-        assert_eq!(
-            int8("SELECT envelopes.consumer_envelope_ack('c', '{1}', '{3}')"),
-            3
-        );
-        assert_eq!(
-            int8("SELECT envelopes.consumer_envelope_ack('c', '{1}', '{2}')"),
-            0
-        );
-        assert_eq!(
-            int8("SELECT envelopes.consumer_envelope_ack('c', '{1, 1}', '{4, 5}')"),
-            2
-        );
-        assert_eq!(
-            int8(
-                "SELECT sequence_id FROM envelopes.consumer_envelope_cursors WHERE consumer = 'c'"
-            ),
-            5
-        );
-        assert_eq!(
-            int8("SELECT sum(rows)::bigint FROM envelopes.delivery_log WHERE consumer = 'c'"),
-            5
         );
     }
 }

@@ -11,10 +11,10 @@
 //!
 //! Sequence order is not commit order: a reader that moves its cursor past a row
 //! it saw may skip a lower sequence id that commits later. `originator_ceilings`
-//! tells readers how far they may move (see its documentation).
+//! ([`crate::feed`]) tells readers how far they may move; the consumer functions
+//! ([`crate::consumer`]) also hand out the rows that arrive late.
 
 use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
-use crate::locks;
 use crate::partition::band::{RangeBound, Table};
 use crate::partition::{self, PartitionError};
 use pgrx::datum::{DatumWithOid, TimestampWithTimeZone};
@@ -342,29 +342,6 @@ fn select(
     Ok(rows)
 }
 
-/// Up to `limit` envelopes after `cursor` (absent originators from 0), in order,
-/// each at or below its originator's ceiling: the commit-safe read of a consumer.
-pub fn read_below_ceilings(
-    cursor: &HashMap<i32, i64>,
-    limit: usize,
-) -> Result<Vec<Row>, SelectError> {
-    let ceilings = ceilings()?;
-    let mut rows = Vec::new();
-    Spi::connect(|client| {
-        for (node, ceiling) in ceilings {
-            if rows.len() >= limit {
-                break;
-            }
-            let after = cursor.get(&node).copied().unwrap_or(0);
-            if ceiling > after {
-                read_originator(client, node, after, ceiling, None, limit, &mut rows)?;
-            }
-        }
-        Ok::<_, SelectError>(())
-    })?;
-    Ok(rows)
-}
-
 /// Envelopes after a vector-clock cursor, ordered by
 /// `(originator_node_id, originator_sequence_id)`, at most `row_limit` of them.
 ///
@@ -402,112 +379,6 @@ fn select_gateway_envelopes(
     )
     .or_raise();
     TableIterator::new(rows)
-}
-
-/// In-flight markers of other transactions: lowest marked sequence id per
-/// originator, and whether some transaction holds the all-originators marker.
-fn inflight_markers(client: &SpiClient<'_>) -> Result<(HashMap<i32, i64>, bool), SelectError> {
-    // Markers of backends connected to other databases are theirs, not ours; a
-    // prepared transaction (no pid) could be anyone's and is counted.
-    let rows = client.select(
-        "SELECT l.database::pg_catalog.int8, (l.classid::pg_catalog.int8 << 32) | l.objid::pg_catalog.int8
-           FROM pg_catalog.pg_locks l
-           LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
-          WHERE l.locktype = 'advisory' AND l.objsubid = $1 AND l.granted
-            AND l.pid IS DISTINCT FROM pg_catalog.pg_backend_pid()
-            AND (l.pid IS NULL OR a.datid = (SELECT d.oid FROM pg_catalog.pg_database d
-                                              WHERE d.datname = pg_catalog.current_database()))",
-        None,
-        &[DatumWithOid::from(i32::from(locks::INFLIGHT_SUBID))],
-    )?;
-    let mut lowest: HashMap<i32, i64> = HashMap::new();
-    let mut all_nodes = false;
-    for row in rows {
-        let (Some(node), Some(seq)) = (row.get::<i64>(1)?, row.get::<i64>(2)?) else {
-            continue;
-        };
-        if node == i64::from(locks::INFLIGHT_ALL_NODES) {
-            all_nodes = true;
-        } else if let Ok(node) = i32::try_from(node) {
-            let entry = lowest.entry(node).or_insert(seq);
-            *entry = (*entry).min(seq);
-        }
-    }
-    Ok((lowest, all_nodes))
-}
-
-/// Highest committed sequence id of one originator, searching its bands from the
-/// newest down (an index backward scan each; usually only the newest is read).
-fn committed_max(client: &SpiClient<'_>, node: i32) -> Result<Option<i64>, SelectError> {
-    let Some(meta) = partition::originator_parts(Table::Meta, node)? else {
-        return Ok(None);
-    };
-    for (_, leaf) in meta.bands.iter().rev() {
-        let Some(name) = partition::qualified_name(*leaf) else {
-            continue;
-        };
-        let max = client
-            .select(
-                &format!(
-                    "SELECT pg_catalog.max(originator_sequence_id) FROM {name}
-                      WHERE originator_node_id = $1"
-                ),
-                None,
-                &[DatumWithOid::from(node)],
-            )?
-            .first()
-            .get_one::<i64>()?;
-        if max.is_some() {
-            return Ok(max);
-        }
-    }
-    Ok(None)
-}
-
-fn ceilings() -> Result<Vec<(i32, i64)>, SelectError> {
-    Spi::connect(|client| {
-        // Markers first, rows second: a row that exists (committed or not) when the
-        // markers are read is either visible to the later snapshot or marked.
-        let (markers, all_nodes) = inflight_markers(client)?;
-        let mut out = Vec::new();
-        for node in partition::originators()? {
-            let committed = committed_max(client, node)?;
-            let held_back = if all_nodes {
-                Some(0)
-            } else {
-                markers.get(&node).copied()
-            };
-            let ceiling = match (committed, held_back) {
-                (Some(max), Some(marker)) => max.min(marker.saturating_sub(1)),
-                (Some(max), None) => max,
-                (None, Some(marker)) => marker.saturating_sub(1),
-                (None, None) => continue,
-            };
-            out.push((node, ceiling));
-        }
-        Ok(out)
-    })
-}
-
-/// Per originator, the highest sequence id a reader may advance its cursor to
-/// without ever skipping a row that is still being inserted.
-///
-/// Guarantee: every row inserted through the insert functions by a transaction
-/// that is still open when this function starts has a sequence id above the
-/// ceiling of its originator; every committed row at or below the ceiling is
-/// visible. A reader that advances its cursor only up to the ceiling therefore
-/// never skips a row that existed, committed or not, when it asked.
-///
-/// Limits: a row inserted later with a lower sequence id than rows already
-/// committed (a late arrival, e.g. an envelope replayed from another gateway) can
-/// still fall below a cursor that moved on; a transaction that wrote to more than
-/// 256 originators holds every ceiling at -1 until it ends; rows written into the
-/// tables directly, not through the insert functions, are not tracked.
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
-#[search_path(pg_catalog, pg_temp)]
-fn originator_ceilings(
-) -> TableIterator<'static, (name!(originator_node_id, i32), name!(max_sequence_id, i64))> {
-    TableIterator::new(ceilings().or_raise())
 }
 
 #[cfg(any(test, feature = "pg_test"))]
@@ -736,7 +607,7 @@ mod tests {
         Spi::run(
             "SELECT envelopes.insert_gateway_envelope(901, s, '\\x01', '\\x01',
                  expiry => CASE WHEN s < 10 OR s % 2 = 0 OR s >= 20 THEN 100 END)
-               FROM generate_series(0, 25) s",
+               FROM generate_series(1, 25) s",
         )
         .unwrap();
         let removed = Spi::connect(|client| {
@@ -746,7 +617,7 @@ mod tests {
                 .map(|r| (r.get::<i64>(1).unwrap().unwrap(), r.get::<i64>(2).unwrap().unwrap(), r.get::<bool>(3).unwrap().unwrap()))
                 .collect::<Vec<_>>()
         });
-        assert_eq!(removed, [(0, 10, true), (10, 5, false), (20, 6, false)]);
+        assert_eq!(removed, [(0, 9, true), (10, 5, false), (20, 6, false)]);
         assert_eq!(
             int8("SELECT count(*) FROM envelopes.gateway_envelopes_view WHERE originator_node_id = 901"),
             5

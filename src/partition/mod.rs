@@ -34,6 +34,8 @@ pub enum PartitionError {
     NullSequence,
     #[error("originator_node_id must not be negative (got {0})")]
     NegativeNode(i32),
+    #[error("originator_sequence_id must be at least {FIRST_SEQUENCE_ID} (got {0})")]
+    SequenceBelowFirst(i64),
     #[error("{0}")]
     Band(#[from] BandError),
     #[error("relation \"{name}\" exists but is not a partition of the envelope store")]
@@ -63,7 +65,9 @@ impl SqlError for PartitionError {
             PartitionError::NullNode | PartitionError::NullSequence => {
                 ERRCODE_NULL_VALUE_NOT_ALLOWED
             }
-            PartitionError::NegativeNode(_) => ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
+            PartitionError::NegativeNode(_) | PartitionError::SequenceBelowFirst(_) => {
+                ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE
+            }
             PartitionError::Band(BandError::NegativeSequence(_)) => {
                 ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE
             }
@@ -105,11 +109,16 @@ pub fn check_node(node: Option<i32>) -> Result<i32, PartitionError> {
     }
 }
 
+/// The lowest sequence id an envelope may have. A cursor that has seen nothing of
+/// an originator stands at `FIRST_SEQUENCE_ID - 1` (0), which is also what "no
+/// cursor entry" means to every reader, so an id below it could never be read.
+pub const FIRST_SEQUENCE_ID: i64 = 1;
+
 /// Checks a sequence id from SQL.
 pub fn check_sequence(seq: Option<i64>) -> Result<i64, PartitionError> {
     match seq {
         None => Err(PartitionError::NullSequence),
-        Some(s) if s < 0 => Err(BandError::NegativeSequence(s).into()),
+        Some(s) if s < FIRST_SEQUENCE_ID => Err(PartitionError::SequenceBelowFirst(s)),
         Some(s) => Ok(s),
     }
 }

@@ -106,3 +106,75 @@ pub fn sqlstate(error: &postgres::Error) -> String {
         .map(|c| c.code().to_owned())
         .unwrap_or_else(|| "-----".to_owned())
 }
+
+/// One envelope as a consumer batch hands it out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Handed {
+    pub node: i32,
+    pub seq: i64,
+    /// Set when the row came from the late-envelope feed.
+    pub late_id: Option<i64>,
+}
+
+/// Reads one envelope batch of `consumer` (`batch_size` rows).
+pub fn envelope_batch(
+    client: &mut impl postgres::GenericClient,
+    consumer: &str,
+    batch_size: i32,
+) -> Result<Vec<Handed>, postgres::Error> {
+    Ok(client
+        .query(
+            "SELECT originator_node_id, originator_sequence_id, late_id
+               FROM envelopes.consumer_envelope_batch($1, $2)",
+            &[&consumer, &batch_size],
+        )?
+        .iter()
+        .map(|r| Handed {
+            node: r.get(0),
+            seq: r.get(1),
+            late_id: r.get(2),
+        })
+        .collect())
+}
+
+/// Acknowledges a batch as the bridge does: per originator the highest sequence id
+/// of the in-order rows, and the highest late-feed id.
+pub fn envelope_ack(
+    client: &mut impl postgres::GenericClient,
+    consumer: &str,
+    batch: &[Handed],
+) -> Result<i64, postgres::Error> {
+    let mut tops: std::collections::BTreeMap<i32, i64> = std::collections::BTreeMap::new();
+    let mut late: Option<i64> = None;
+    for h in batch {
+        match h.late_id {
+            Some(id) => late = Some(late.map_or(id, |l| l.max(id))),
+            None => {
+                let top = tops.entry(h.node).or_insert(h.seq);
+                *top = (*top).max(h.seq);
+            }
+        }
+    }
+    let nodes: Vec<i32> = tops.keys().copied().collect();
+    let seqs: Vec<i64> = tops.values().copied().collect();
+    Ok(client
+        .query_one(
+            "SELECT envelopes.consumer_envelope_ack($1, $2, $3, $4)",
+            &[&consumer, &nodes, &seqs, &late],
+        )?
+        .get(0))
+}
+
+/// Reads and acknowledges batches until one comes back empty; returns everything
+/// handed out, in order.
+pub fn drain_envelopes(client: &mut Client, consumer: &str) -> Vec<Handed> {
+    let mut all = Vec::new();
+    loop {
+        let batch = envelope_batch(client, consumer, 1000).expect("envelope batch");
+        if batch.is_empty() {
+            return all;
+        }
+        envelope_ack(client, consumer, &batch).expect("envelope ack");
+        all.extend(batch);
+    }
+}

@@ -1,0 +1,330 @@
+-- Consumers (bridges): their durable positions, the acknowledgement functions,
+-- the delivery log, dead letters and the status view. The batch functions are
+-- in Rust (src/consumer.rs): they read through the change feed's gate.
+
+-- A consumer's positions: the outbox id and the late-envelope feed id it has
+-- acknowledged up to, and (in consumer_envelope_cursors) a vector clock over
+-- originators. version grows with every acknowledgement that moves the vector
+-- clock; each cursor row carries the version that last moved it, so a backend
+-- that caches the cursor reads only the rows newer than its copy. Change
+-- positions only through the functions below.
+CREATE TABLE consumers (
+    name        text        PRIMARY KEY CHECK (name <> ''),
+    outbox_id   bigint      NOT NULL DEFAULT 0,
+    created_at  timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    acked_at    timestamptz,
+    late_id     bigint      NOT NULL DEFAULT 0,
+    version     bigint      NOT NULL DEFAULT 0
+);
+CREATE TABLE consumer_envelope_cursors (
+    consumer           text    NOT NULL REFERENCES consumers (name) ON DELETE CASCADE,
+    originator_node_id integer NOT NULL,
+    sequence_id        bigint  NOT NULL,
+    version            bigint  NOT NULL DEFAULT 0,
+    PRIMARY KEY (consumer, originator_node_id)
+);
+CREATE INDEX consumer_envelope_cursors_version_idx ON consumer_envelope_cursors (consumer, version);
+
+-- The delivery log: one row per acknowledged batch, with when its rows were
+-- written (committed_from .. committed_to, the rows' created_at / gateway_time)
+-- and when the consumer acknowledged them.
+CREATE TABLE delivery_log (
+    id              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    consumer        text        NOT NULL REFERENCES consumers (name) ON DELETE CASCADE,
+    kind            text        NOT NULL CHECK (kind IN ('outbox', 'envelopes')),
+    rows            bigint      NOT NULL,
+    committed_from  timestamptz,
+    committed_to    timestamptz,
+    acknowledged_at timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+CREATE INDEX delivery_log_consumer_idx ON delivery_log (consumer, acknowledged_at);
+
+-- Rows a consumer could not deliver because its bus refuses them for good (too
+-- large, a subject the bus rejects), set aside after bounded retries so that the
+-- rows after them flow. The cursor has moved past them; retry_dead_letters()
+-- asks the consumer to try them again.
+CREATE TABLE dead_letters (
+    id                     bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    consumer               text        NOT NULL REFERENCES consumers (name) ON DELETE CASCADE,
+    kind                   text        NOT NULL CHECK (kind IN ('envelope', 'outbox')),
+    originator_node_id     integer,
+    originator_sequence_id bigint,
+    outbox_id              bigint,
+    reason                 text        NOT NULL,
+    -- The SQLSTATE, or the bus's own error code or class.
+    error                  text,
+    attempts               integer     NOT NULL CHECK (attempts > 0),
+    first_attempt_at       timestamptz NOT NULL,
+    last_attempt_at        timestamptz NOT NULL,
+    retry_requested_at     timestamptz,
+    CONSTRAINT dead_letters_row CHECK (
+        CASE kind WHEN 'envelope' THEN originator_node_id IS NOT NULL AND originator_sequence_id IS NOT NULL
+                                       AND outbox_id IS NULL
+                  ELSE outbox_id IS NOT NULL AND originator_node_id IS NULL AND originator_sequence_id IS NULL
+        END),
+    CONSTRAINT dead_letters_once UNIQUE NULLS NOT DISTINCT
+        (consumer, kind, originator_node_id, originator_sequence_id, outbox_id)
+);
+COMMENT ON TABLE dead_letters IS
+    'Rows a consumer''s bus refused for good, set aside after bounded retries; see retry_dead_letters().';
+
+-- Locks a consumer's row for an update, or raises 42704 for an unknown one.
+CREATE FUNCTION _lock_consumer(consumer text) RETURNS @extschema@.consumers
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c @extschema@.consumers;
+BEGIN
+    IF consumer IS NULL THEN
+        RAISE EXCEPTION 'consumer must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    SELECT * INTO c FROM @extschema@.consumers WHERE name = consumer FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'consumer "%" does not exist', consumer USING ERRCODE = 'undefined_object',
+              HINT = 'Create it with envelopes.consumer_register(name).';
+    END IF;
+    RETURN c;
+END $$;
+
+-- Refuses a position no batch could have returned: above the feed's last id.
+CREATE FUNCTION _check_drawn_position(what text, acked bigint, feed_sequence regclass) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF acked > COALESCE(pg_catalog.pg_sequence_last_value(feed_sequence), 0) THEN
+        RAISE EXCEPTION 'cannot acknowledge % %: no such id has been drawn yet', what, acked
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END $$;
+
+-- Moves a consumer's outbox position forward to id, the last row it delivered,
+-- and logs the batch. Never moves it backwards (a replayed ack is a no-op).
+CREATE FUNCTION consumer_outbox_ack(consumer text, id bigint)
+RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    cur @extschema@.consumers;
+    n bigint;
+    first_at timestamptz;
+    last_at timestamptz;
+BEGIN
+    IF id IS NULL THEN
+        RAISE EXCEPTION 'id must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    cur := @extschema@._lock_consumer(consumer);
+    PERFORM @extschema@._check_drawn_position('outbox id', id, '@extschema@.outbox_id_seq');
+    IF id <= cur.outbox_id THEN
+        RETURN 0;
+    END IF;
+    SELECT count(*), min(o.created_at), max(o.created_at) INTO n, first_at, last_at
+      FROM @extschema@.outbox o
+     WHERE o.id > cur.outbox_id AND o.id <= consumer_outbox_ack.id;
+    UPDATE @extschema@.consumers c SET outbox_id = consumer_outbox_ack.id, acked_at = now()
+     WHERE c.name = consumer;
+    INSERT INTO @extschema@.delivery_log (consumer, kind, rows, committed_from, committed_to)
+    VALUES (consumer, 'outbox', n, first_at, last_at);
+    RETURN n;
+END $$;
+
+-- Moves a consumer's envelope positions forward: per originator to the last
+-- sequence id it delivered from the in-order part of its batches, and its
+-- late-feed position to the last late_id it delivered. Never backwards; logs
+-- the batch; returns the envelopes acknowledged.
+CREATE FUNCTION consumer_envelope_ack(consumer text, originator_node_ids integer[], sequence_ids bigint[],
+                                      late_id bigint DEFAULT NULL)
+RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    cur @extschema@.consumers;
+    n bigint := 0;
+    moved_nodes bigint := 0;
+    n_late bigint := 0;
+    first_at timestamptz;
+    last_at timestamptz;
+    late_first timestamptz;
+    late_last timestamptz;
+BEGIN
+    IF originator_node_ids IS NULL OR sequence_ids IS NULL THEN
+        RAISE EXCEPTION 'originator_node_ids and sequence_ids must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF cardinality(originator_node_ids) <> cardinality(sequence_ids) THEN
+        RAISE EXCEPTION 'originator_node_ids has % elements but sequence_ids has %',
+              cardinality(originator_node_ids), cardinality(sequence_ids) USING ERRCODE = '2202E';
+    END IF;
+    IF array_position(originator_node_ids, NULL) IS NOT NULL OR array_position(sequence_ids, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'cursor arrays must not contain NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    cur := @extschema@._lock_consumer(consumer);
+    IF late_id IS NOT NULL THEN
+        PERFORM @extschema@._check_drawn_position('late_id', late_id, '@extschema@.late_envelopes_id_seq');
+    END IF;
+    WITH target AS (
+        SELECT t.node, max(t.seq) AS seq
+          FROM unnest(originator_node_ids, sequence_ids) AS t(node, seq) GROUP BY t.node
+    ), moved AS (
+        SELECT t.node, COALESCE(c.sequence_id, 0) AS old_seq, t.seq AS new_seq
+          FROM target t
+          LEFT JOIN @extschema@.consumer_envelope_cursors c
+                 ON c.consumer = consumer_envelope_ack.consumer AND c.originator_node_id = t.node
+         WHERE t.seq > COALESCE(c.sequence_id, 0)
+    ), counted AS (
+        SELECT count(*) AS n, min(m.gateway_time) AS first_at, max(m.gateway_time) AS last_at
+          FROM moved v
+          JOIN @extschema@.gateway_envelopes_meta m
+            ON m.originator_node_id = v.node
+           AND m.originator_sequence_id > v.old_seq AND m.originator_sequence_id <= v.new_seq
+         WHERE NOT m.late
+    ), upsert AS (
+        INSERT INTO @extschema@.consumer_envelope_cursors AS c (consumer, originator_node_id, sequence_id, version)
+        SELECT consumer_envelope_ack.consumer, v.node, v.new_seq, cur.version + 1 FROM moved v
+        ON CONFLICT ON CONSTRAINT consumer_envelope_cursors_pkey
+        DO UPDATE SET sequence_id = GREATEST(c.sequence_id, EXCLUDED.sequence_id), version = EXCLUDED.version
+        RETURNING 1
+    )
+    SELECT counted.n, counted.first_at, counted.last_at, (SELECT count(*) FROM upsert)
+      INTO n, first_at, last_at, moved_nodes FROM counted;
+    IF late_id IS NOT NULL AND late_id > cur.late_id THEN
+        SELECT count(*), min(m.gateway_time), max(m.gateway_time) INTO n_late, late_first, late_last
+          FROM @extschema@.late_envelopes l
+          JOIN @extschema@.gateway_envelopes_meta m
+            ON m.originator_node_id = l.originator_node_id
+           AND m.originator_sequence_id = l.originator_sequence_id
+         WHERE l.id > cur.late_id AND l.id <= consumer_envelope_ack.late_id;
+    END IF;
+    IF moved_nodes > 0 OR (late_id IS NOT NULL AND late_id > cur.late_id) THEN
+        UPDATE @extschema@.consumers c
+           SET version = CASE WHEN moved_nodes > 0 THEN cur.version + 1 ELSE c.version END,
+               late_id = GREATEST(c.late_id, COALESCE(consumer_envelope_ack.late_id, c.late_id)),
+               acked_at = now()
+         WHERE c.name = consumer;
+        INSERT INTO @extschema@.delivery_log (consumer, kind, rows, committed_from, committed_to)
+        VALUES (consumer, 'envelopes', n + n_late, LEAST(first_at, late_first), GREATEST(last_at, late_last));
+    END IF;
+    RETURN n + n_late;
+END $$;
+
+-- Sets a row aside for a consumer whose bus refuses it: called by the bridge
+-- after its bounded retries, before it acknowledges past the row. Recording the
+-- same row again adds the attempts and keeps the first attempt's time.
+CREATE FUNCTION consumer_dead_letter(consumer text, kind text, originator_node_id integer,
+                                     originator_sequence_id bigint, outbox_id bigint,
+                                     reason text, error text, attempts integer,
+                                     first_attempt_at timestamptz DEFAULT NULL)
+RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    new_id bigint;
+BEGIN
+    IF kind IS NULL OR reason IS NULL OR attempts IS NULL THEN
+        RAISE EXCEPTION 'kind, reason and attempts must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF kind NOT IN ('envelope', 'outbox') THEN
+        RAISE EXCEPTION 'kind must be envelope or outbox (got %)', kind USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF attempts <= 0 THEN
+        RAISE EXCEPTION 'attempts must be positive (got %)', attempts USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM @extschema@._lock_consumer(consumer);
+    INSERT INTO @extschema@.dead_letters AS d
+        (consumer, kind, originator_node_id, originator_sequence_id, outbox_id, reason, error,
+         attempts, first_attempt_at, last_attempt_at)
+    VALUES (consumer, kind, originator_node_id, originator_sequence_id, outbox_id, reason, error,
+            attempts, COALESCE(first_attempt_at, now()), now())
+    ON CONFLICT ON CONSTRAINT dead_letters_once DO UPDATE
+       SET attempts = d.attempts + EXCLUDED.attempts, reason = EXCLUDED.reason, error = EXCLUDED.error,
+           last_attempt_at = now(), retry_requested_at = NULL
+    RETURNING d.id INTO new_id;
+    RETURN new_id;
+END $$;
+
+-- Asks consumers to try their dead letters again (all of them, one consumer's,
+-- or the given ids). The bridge picks them up with consumer_dead_letter_retries().
+CREATE FUNCTION retry_dead_letters(consumer text DEFAULT NULL, ids bigint[] DEFAULT NULL)
+RETURNS bigint LANGUAGE sql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH r AS (
+        UPDATE @extschema@.dead_letters d SET retry_requested_at = pg_catalog.now()
+         WHERE ($1 IS NULL OR d.consumer = $1) AND ($2 IS NULL OR d.id = ANY ($2))
+        RETURNING 1)
+    SELECT count(*) FROM r
+$$;
+
+-- The dead letters of a consumer that were asked to be retried, with their rows
+-- (NULL columns when the row no longer exists, e.g. pruned).
+CREATE FUNCTION consumer_dead_letter_retries(consumer text, batch_size integer DEFAULT 100)
+RETURNS TABLE (dead_letter_id bigint, kind text, originator_node_id integer, originator_sequence_id bigint,
+               gateway_time timestamptz, topic bytea, payer_id integer, expiry bigint,
+               originator_envelope bytea, outbox_id bigint, subject text, payload bytea, headers jsonb,
+               created_at timestamptz)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT d.id, d.kind, d.originator_node_id, d.originator_sequence_id,
+           v.gateway_time, v.topic, v.payer_id, v.expiry, v.originator_envelope,
+           d.outbox_id, o.subject, o.payload, o.headers, o.created_at
+      FROM @extschema@.dead_letters d
+      LEFT JOIN @extschema@.gateway_envelopes_view v
+             ON d.kind = 'envelope' AND v.originator_node_id = d.originator_node_id
+            AND v.originator_sequence_id = d.originator_sequence_id
+      LEFT JOIN @extschema@.outbox o ON d.kind = 'outbox' AND o.id = d.outbox_id
+     WHERE d.consumer = $1 AND d.retry_requested_at IS NOT NULL
+     ORDER BY d.id
+     LIMIT $2
+$$;
+
+-- Removes dead letters a consumer delivered on retry (or whose rows are gone).
+CREATE FUNCTION consumer_dead_letter_resolved(consumer text, ids bigint[])
+RETURNS bigint LANGUAGE sql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH r AS (
+        DELETE FROM @extschema@.dead_letters d WHERE d.consumer = $1 AND d.id = ANY ($2) RETURNING 1)
+    SELECT count(*) FROM r
+$$;
+
+-- How full the server's NOTIFY queue is (0..1); a listener that stops reading its
+-- notifications makes it grow.
+CREATE FUNCTION notification_queue_usage() RETURNS double precision
+LANGUAGE sql STABLE AS $$ SELECT pg_catalog.pg_notification_queue_usage() $$;
+
+-- Per consumer: where it stands, what is committed but not yet acknowledged, how
+-- old the oldest such row is, and its dead letters. envelopes_pending counts the
+-- in-order envelopes up to each originator's ceiling and the late arrivals after
+-- the consumer's late-feed position: what it can read next.
+CREATE VIEW consumer_status AS
+SELECT c.name AS consumer,
+       c.outbox_id,
+       c.late_id,
+       o.pending AS outbox_pending,
+       pg_catalog.now() - o.oldest AS outbox_oldest_pending_age,
+       e.pending + l.pending AS envelopes_pending,
+       pg_catalog.now() - LEAST(e.oldest, l.oldest) AS envelopes_oldest_pending_age,
+       c.acked_at AS last_acknowledged_at,
+       d.dead_letters,
+       @extschema@.notification_queue_usage() AS notification_queue_usage
+  FROM @extschema@.consumers c
+  CROSS JOIN LATERAL (
+        SELECT count(*) AS pending, min(ob.created_at) AS oldest
+          FROM @extschema@.outbox ob
+         WHERE ob.id > c.outbox_id) o
+  CROSS JOIN LATERAL (
+        SELECT count(*) AS pending, min(m.gateway_time) AS oldest
+          FROM @extschema@.originator_ceilings() x
+          LEFT JOIN @extschema@.consumer_envelope_cursors ec
+                 ON ec.consumer = c.name AND ec.originator_node_id = x.originator_node_id
+          JOIN @extschema@.gateway_envelopes_meta m
+            ON m.originator_node_id = x.originator_node_id
+           AND m.originator_sequence_id > COALESCE(ec.sequence_id, 0)
+           AND m.originator_sequence_id <= x.max_sequence_id
+         WHERE NOT m.late) e
+  CROSS JOIN LATERAL (
+        SELECT count(*) AS pending, min(le.recorded_at) AS oldest
+          FROM @extschema@.late_envelopes le
+         WHERE le.id > c.late_id) l
+  CROSS JOIN LATERAL (
+        SELECT count(*) AS dead_letters FROM @extschema@.dead_letters dl WHERE dl.consumer = c.name) d;
+COMMENT ON VIEW consumer_status IS 'Consumer positions, what is committed but not yet acknowledged, dead letters and the NOTIFY queue usage.';

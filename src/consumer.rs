@@ -1,0 +1,746 @@
+//! The consumer functions: durable cursors and the batches the bridge forwards.
+//!
+//! A consumer has three positions: a vector clock over originators (the last
+//! sequence id handed out per originator, 0 when absent), a position in the
+//! late-envelope feed and a position in the outbox. The batch functions read
+//! through a [`Gate`] (see [`crate::feed`] for why that hands out every committed
+//! row), the acknowledgement functions (SQL, `sql/consumer.sql`) move the
+//! positions forward only.
+//!
+//! An idle poll costs the same whatever the number of originators: each backend
+//! remembers, per consumer, which originators a read found *clean* (no marker,
+//! read to the end) and at which change clock. While that originator's clock has
+//! not moved and the cursor is at the point the read reached, there is nothing to
+//! read there, and a poll in which every originator and both drawn feeds are
+//! clean returns without opening a gate or a table. The cursor itself is cached
+//! too and refreshed from the rows whose `version` is newer than the cached one.
+
+use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
+use crate::feed::clock;
+use crate::feed::markers::{Drawn, MarkerError};
+use crate::feed::{Gate, Sample};
+use crate::partition::{self, PartitionError};
+use crate::read::{self, EnvelopeRow, Flow};
+use crate::scan::{Range, Scan};
+use pgrx::datum::{DatumWithOid, JsonB, TimestampWithTimeZone};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::spi::Spi;
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+/// Errors of the consumer functions.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsumerError {
+    #[error("{0} must not be NULL")]
+    Null(&'static str),
+    #[error("consumer name must not be empty")]
+    EmptyName,
+    #[error("consumer \"{0}\" does not exist")]
+    Unknown(String),
+    #[error("batch_size must be positive (got {0})")]
+    BadBatchSize(i32),
+    #[error("batch_bytes must be positive (got {0})")]
+    BadBatchBytes(i64),
+    #[error("{0}")]
+    Partition(#[from] PartitionError),
+    #[error("{0}")]
+    Marker(#[from] MarkerError),
+    #[error("a feed table of the extension is missing or damaged: {0}")]
+    Feed(&'static str),
+    #[error("SPI error in the consumer functions: {0}")]
+    Spi(#[from] pgrx::spi::SpiError),
+}
+
+impl SqlError for ConsumerError {
+    fn sqlstate(&self) -> PgSqlErrorCode {
+        use PgSqlErrorCode::*;
+        match self {
+            ConsumerError::Null(_) => ERRCODE_NULL_VALUE_NOT_ALLOWED,
+            ConsumerError::EmptyName
+            | ConsumerError::BadBatchSize(_)
+            | ConsumerError::BadBatchBytes(_) => ERRCODE_INVALID_PARAMETER_VALUE,
+            ConsumerError::Unknown(_) => ERRCODE_UNDEFINED_OBJECT,
+            ConsumerError::Partition(e) => e.sqlstate(),
+            ConsumerError::Marker(e) => e.sqlstate(),
+            ConsumerError::Feed(_) => ERRCODE_UNDEFINED_TABLE,
+            ConsumerError::Spi(_) => ERRCODE_INTERNAL_ERROR,
+        }
+    }
+
+    fn hint(&self) -> Option<String> {
+        match self {
+            ConsumerError::Unknown(_) => {
+                Some("Create it with envelopes.consumer_register(name).".into())
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A consumer's positions as stored, and what this backend learned from reads.
+#[derive(Default)]
+struct Known {
+    /// Identity of the stored row: a consumer dropped and registered again is new.
+    created_at: Option<TimestampWithTimeZone>,
+    version: i64,
+    cursor: HashMap<i32, i64>,
+    late_id: i64,
+    outbox_id: i64,
+    /// Per originator, from a clean read: (its bucket's clock, the all-originators
+    /// clock, the cursor value at which nothing was left to read).
+    clean: HashMap<i32, (u64, u64, i64)>,
+    /// From a clean read of the late feed: (its last value, the position reached).
+    late_clean: Option<(i64, i64)>,
+    /// The same for the outbox.
+    outbox_clean: Option<(i64, i64)>,
+}
+
+impl Known {
+    fn cursor_of(&self, node: i32) -> i64 {
+        self.cursor.get(&node).copied().unwrap_or(0)
+    }
+
+    /// Whether a clean read showed that `node` has nothing to read at these clocks.
+    fn node_is_clean(&self, node: i32, clocks: &[u64]) -> bool {
+        self.clean.get(&node).is_some_and(|&(bucket, all, reached)| {
+            clocks[clock::bucket(node)] == bucket
+                && clocks[clock::ALL] == all
+                && self.cursor_of(node) >= reached
+        })
+    }
+
+    fn drawn_is_clean(clean: Option<(i64, i64)>, last: i64, position: i64) -> bool {
+        clean.is_some_and(|(at, reached)| at == last && position >= reached)
+    }
+}
+
+thread_local! {
+    static KNOWN: RefCell<HashMap<String, Known>> = RefCell::new(HashMap::new());
+}
+
+/// Brings this backend's copy of `consumer`'s positions up to date and runs `f`
+/// on it. Only cursor rows newer than the cached version are read.
+fn with_consumer<R>(
+    consumer: &str,
+    f: impl FnOnce(&mut Known) -> Result<R, ConsumerError>,
+) -> Result<R, ConsumerError> {
+    let (created_at, version, late_id, outbox_id) = Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT created_at, version, late_id, outbox_id FROM envelopes.consumers
+              WHERE name = $1",
+            None,
+            &[DatumWithOid::from(consumer)],
+        )?;
+        if rows.is_empty() {
+            return Err(ConsumerError::Unknown(consumer.to_owned()));
+        }
+        let row = rows.first();
+        Ok::<_, ConsumerError>((
+            row.get::<TimestampWithTimeZone>(1)?,
+            row.get::<i64>(2)?.unwrap_or(0),
+            row.get::<i64>(3)?.unwrap_or(0),
+            row.get::<i64>(4)?.unwrap_or(0),
+        ))
+    })?;
+    let known_version = KNOWN.with(|known| {
+        let mut known = known.borrow_mut();
+        let entry = known.entry(consumer.to_owned()).or_default();
+        if entry.created_at != created_at || entry.version > version {
+            *entry = Known {
+                created_at,
+                version: -1,
+                ..Known::default()
+            };
+        }
+        entry.version
+    });
+    if known_version != version {
+        let changed = Spi::connect(|client| {
+            let mut changed = Vec::new();
+            for row in client.select(
+                "SELECT originator_node_id, sequence_id FROM envelopes.consumer_envelope_cursors
+                  WHERE consumer = $1 AND version > $2",
+                None,
+                &[DatumWithOid::from(consumer), DatumWithOid::from(known_version)],
+            )? {
+                if let (Some(node), Some(seq)) = (row.get::<i32>(1)?, row.get::<i64>(2)?) {
+                    changed.push((node, seq));
+                }
+            }
+            Ok::<_, ConsumerError>(changed)
+        })?;
+        KNOWN.with(|known| {
+            if let Some(entry) = known.borrow_mut().get_mut(consumer) {
+                entry.cursor.extend(changed);
+                entry.version = version;
+            }
+        });
+    }
+    KNOWN.with(|known| {
+        let mut known = known.borrow_mut();
+        let entry = known
+            .get_mut(consumer)
+            .ok_or(ConsumerError::Feed("consumer cache"))?;
+        entry.late_id = late_id;
+        entry.outbox_id = outbox_id;
+        f(entry)
+    })
+}
+
+/// How much a batch may still take: rows, and bytes when a budget was given. The
+/// first row is always taken, however large, so a batch is never empty for lack
+/// of room.
+struct Budget {
+    rows: usize,
+    bytes: Option<usize>,
+    taken: usize,
+}
+
+impl Budget {
+    fn new(rows: i32, bytes: Option<i64>) -> Budget {
+        Budget {
+            rows: rows as usize,
+            bytes: bytes.map(|b| b as usize),
+            taken: 0,
+        }
+    }
+
+    /// Takes a row of `size` bytes if there is room; false if it must wait.
+    fn take(&mut self, size: usize) -> bool {
+        if self.rows == 0 {
+            return false;
+        }
+        if let Some(bytes) = self.bytes {
+            if self.taken > 0 && size > bytes {
+                return false;
+            }
+            self.bytes = Some(bytes.saturating_sub(size));
+        }
+        self.rows -= 1;
+        self.taken += 1;
+        true
+    }
+
+    fn exhausted(&self) -> bool {
+        self.rows == 0 || (self.taken > 0 && self.bytes == Some(0))
+    }
+}
+
+fn check_batch_args(
+    consumer: Option<&str>,
+    batch_size: Option<i32>,
+    batch_bytes: Option<i64>,
+) -> Result<(&str, Budget), ConsumerError> {
+    let consumer = consumer.ok_or(ConsumerError::Null("consumer"))?;
+    let size = match batch_size {
+        None => return Err(ConsumerError::Null("batch_size")),
+        Some(n) if n <= 0 => return Err(ConsumerError::BadBatchSize(n)),
+        Some(n) => n,
+    };
+    if let Some(b) = batch_bytes.filter(|&b| b <= 0) {
+        return Err(ConsumerError::BadBatchBytes(b));
+    }
+    Ok((consumer, Budget::new(size, batch_bytes)))
+}
+
+/// One row of an envelope batch: the envelope, and its late-feed id when it
+/// comes from the late feed (the position to acknowledge).
+type BatchRow = (EnvelopeRow, Option<i64>);
+
+/// Reads a drawn feed's rows with id in `(after, upto]` in order with `snapshot`,
+/// calling `each` with the open scan until it returns false. Returns whether the
+/// range was read to its end.
+fn drawn_rows(
+    table: &'static std::ffi::CStr,
+    after: i64,
+    upto: i64,
+    snapshot: pg_sys::Snapshot,
+    mut each: impl FnMut(&mut Scan) -> Result<bool, ConsumerError>,
+) -> Result<bool, ConsumerError> {
+    if upto <= after {
+        return Ok(true);
+    }
+    // SAFETY: syscache lookups by name, InvalidOid when missing.
+    let relid = unsafe {
+        let schema = pg_sys::get_namespace_oid(c"envelopes".as_ptr(), true);
+        pg_sys::get_relname_relid(table.as_ptr(), schema)
+    };
+    let mut scan = Scan::open(relid, snapshot, Range::Id { after, upto }, false)
+        .ok_or(ConsumerError::Feed("feed table missing"))?;
+    while scan.next() {
+        if !each(&mut scan)? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+fn envelope_batch(
+    consumer: Option<&str>,
+    batch_size: Option<i32>,
+    batch_bytes: Option<i64>,
+) -> Result<Vec<BatchRow>, ConsumerError> {
+    let (consumer, mut budget) = check_batch_args(consumer, batch_size, batch_bytes)?;
+    // SAFETY: plain call into the invalidation machinery: the originator list and
+    // partition cache then reflect every partition attached so far.
+    unsafe { pg_sys::AcceptInvalidationMessages() };
+    let sample = Sample::take()?;
+    let nodes = partition::originators()?;
+    with_consumer(consumer, |known| {
+        let last_late = sample.last_drawn(Drawn::Late);
+        if let Some(clocks) = &sample.clocks {
+            if Known::drawn_is_clean(known.late_clean, last_late, known.late_id)
+                && nodes.iter().all(|&n| known.node_is_clean(n, clocks))
+            {
+                return Ok(Vec::new()); // idle: nothing can have committed since
+            }
+        }
+        let gate = sample.open();
+        let mut out = Vec::new();
+
+        // Late arrivals first, in the order they were recorded.
+        let ceiling = gate.drawn_ceiling(Drawn::Late);
+        let mut delivered_late = known.late_id;
+        let complete = drawn_rows(
+            c"late_envelopes",
+            known.late_id,
+            ceiling,
+            gate.rows(),
+            |scan| {
+                let cols = (
+                    scan.attno("id"),
+                    scan.attno("originator_node_id"),
+                    scan.attno("originator_sequence_id"),
+                );
+                let (Some(id), Some(node), Some(seq)) = (
+                    cols.0.and_then(|c| scan.get::<i64>(c)),
+                    cols.1.and_then(|c| scan.get::<i32>(c)),
+                    cols.2.and_then(|c| scan.get::<i64>(c)),
+                ) else {
+                    return Err(ConsumerError::Feed("late_envelopes"));
+                };
+                // The envelope committed with its entry; it is gone only if pruned.
+                let Some(row) = read::envelope(node, seq, gate.rows())? else {
+                    return Ok(true);
+                };
+                if !budget.take(row.bytes()) {
+                    return Ok(false);
+                }
+                delivered_late = id;
+                out.push((row, Some(id)));
+                Ok(true)
+            },
+        )?;
+        known.late_clean = (complete && ceiling == last_late).then_some((last_late, delivered_late));
+
+        // Then each originator after the vector clock.
+        let before = gate.before();
+        for &node in &nodes {
+            if budget.exhausted() {
+                break;
+            }
+            if let Some(clocks) = &gate.sample.clocks {
+                if known.node_is_clean(node, clocks) {
+                    continue;
+                }
+            }
+            known.clean.remove(&node);
+            let after = known.cursor_of(node);
+            let limit = gate.markers.envelope_limit(node);
+            let upto = limit.unwrap_or(i64::MAX);
+            let mut read = Vec::new();
+            let mut room = Budget {
+                rows: budget.rows,
+                bytes: budget.bytes,
+                taken: budget.taken,
+            };
+            let reached_end = read::originator_rows(node, after, upto, gate.rows(), |row| {
+                if row.late {
+                    read.push(row); // bounds the read like any row, handed out by the late feed
+                    return Flow::Continue;
+                }
+                if !room.take(row.bytes()) {
+                    return Flow::Stop;
+                }
+                read.push(row);
+                Flow::Continue
+            })?;
+            // Hand out rows only up to the last one whose transaction had ended
+            // before the markers were listed (see crate::feed).
+            let settled = read
+                .iter()
+                .rposition(|row| before.saw_end_of(row.inserted_xid))
+                .map_or(0, |i| i + 1);
+            let tail_unsettled = settled < read.len();
+            read.truncate(settled);
+            let mut reached = after;
+            for row in read {
+                if row.late {
+                    continue;
+                }
+                budget.take(row.bytes());
+                reached = reached.max(row.seq);
+                out.push((row, None));
+            }
+            if limit.is_none() && reached_end && !tail_unsettled {
+                if let Some(clocks) = &gate.sample.clocks {
+                    known.clean.insert(
+                        node,
+                        (clocks[clock::bucket(node)], clocks[clock::ALL], reached),
+                    );
+                }
+            }
+        }
+        Ok(out)
+    })
+}
+
+/// The next envelopes `consumer` has not acknowledged: first the late arrivals
+/// recorded after its late-feed position (`late_id` set), then per originator the
+/// envelopes after its vector clock, in order. Every committed envelope comes in
+/// some batch (see the README's delivery contract). At most `batch_size` rows, and
+/// when `batch_bytes` is given at most that many bytes of topics and envelopes
+/// (but always at least one row). Acknowledge with `consumer_envelope_ack`.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+#[allow(clippy::type_complexity)]
+fn consumer_envelope_batch(
+    consumer: Option<&str>,
+    batch_size: default!(Option<i32>, "1000"),
+    batch_bytes: default!(Option<i64>, "NULL"),
+) -> TableIterator<
+    'static,
+    (
+        name!(originator_node_id, i32),
+        name!(originator_sequence_id, i64),
+        name!(gateway_time, TimestampWithTimeZone),
+        name!(topic, Vec<u8>),
+        name!(payer_id, Option<i32>),
+        name!(expiry, Option<i64>),
+        name!(originator_envelope, Vec<u8>),
+        name!(late_id, Option<i64>),
+    ),
+> {
+    let rows = envelope_batch(consumer, batch_size, batch_bytes).or_raise();
+    TableIterator::new(rows.into_iter().map(|(r, late_id)| {
+        (
+            r.node,
+            r.seq,
+            r.gateway_time,
+            r.topic,
+            r.payer_id,
+            r.expiry,
+            r.envelope,
+            late_id,
+        )
+    }))
+}
+
+/// One outbox row as a batch returns it.
+type OutboxRow = (i64, String, Vec<u8>, JsonB, TimestampWithTimeZone);
+
+fn outbox_batch(
+    consumer: Option<&str>,
+    batch_size: Option<i32>,
+    batch_bytes: Option<i64>,
+) -> Result<Vec<OutboxRow>, ConsumerError> {
+    let (consumer, mut budget) = check_batch_args(consumer, batch_size, batch_bytes)?;
+    let sample = Sample::take()?;
+    with_consumer(consumer, |known| {
+        let last = sample.last_drawn(Drawn::Outbox);
+        if Known::drawn_is_clean(known.outbox_clean, last, known.outbox_id) {
+            return Ok(Vec::new());
+        }
+        let gate = sample.open();
+        let ceiling = gate.drawn_ceiling(Drawn::Outbox);
+        let mut out = Vec::new();
+        let mut reached = known.outbox_id;
+        let complete = drawn_rows(c"outbox", known.outbox_id, ceiling, gate.rows(), |scan| {
+            let missing = ConsumerError::Feed("outbox");
+            let col = |name| scan.attno(name).ok_or(ConsumerError::Feed("outbox"));
+            let (id, subject, payload, headers, created_at) = (
+                col("id")?,
+                col("subject")?,
+                col("payload")?,
+                col("headers")?,
+                col("created_at")?,
+            );
+            let payload: Vec<u8> = scan.get(payload).ok_or(missing)?;
+            let subject: String = scan.get(subject).ok_or(ConsumerError::Feed("outbox"))?;
+            if !budget.take(payload.len() + subject.len()) {
+                return Ok(false);
+            }
+            let id: i64 = scan.get(id).ok_or(ConsumerError::Feed("outbox"))?;
+            reached = id;
+            out.push((
+                id,
+                subject,
+                payload,
+                scan.get(headers).ok_or(ConsumerError::Feed("outbox"))?,
+                scan.get(created_at).ok_or(ConsumerError::Feed("outbox"))?,
+            ));
+            Ok(true)
+        })?;
+        known.outbox_clean = (complete && ceiling == last).then_some((last, reached));
+        Ok(out)
+    })
+}
+
+/// The next outbox rows `consumer` has not acknowledged, in id order, never past
+/// an id that a running transaction may still commit. Acknowledge the last one
+/// with `consumer_outbox_ack`.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+#[allow(clippy::type_complexity)]
+fn consumer_outbox_batch(
+    consumer: Option<&str>,
+    batch_size: default!(Option<i32>, "1000"),
+    batch_bytes: default!(Option<i64>, "NULL"),
+) -> TableIterator<
+    'static,
+    (
+        name!(id, i64),
+        name!(subject, String),
+        name!(payload, Vec<u8>),
+        name!(headers, JsonB),
+        name!(created_at, TimestampWithTimeZone),
+    ),
+> {
+    TableIterator::new(outbox_batch(consumer, batch_size, batch_bytes).or_raise())
+}
+
+/// Where a new consumer starts: `(late_id, outbox_id, per-originator cursor)`.
+/// From the start: the beginning of every feed. From the end: the ceilings, so a
+/// row that a running transaction commits later is still ahead.
+#[allow(clippy::type_complexity)]
+fn starting_positions(from_start: bool) -> Result<(i64, i64, Vec<(i32, i64)>), ConsumerError> {
+    if from_start {
+        return Ok((0, 0, Vec::new()));
+    }
+    let gate = Gate::open()?;
+    let mut cursor = Vec::new();
+    for node in partition::originators()? {
+        if let Some(ceiling) = gate.envelope_ceiling(node)? {
+            cursor.push((node, ceiling));
+        }
+    }
+    Ok((
+        gate.drawn_ceiling(Drawn::Late),
+        gate.drawn_ceiling(Drawn::Outbox),
+        cursor,
+    ))
+}
+
+fn register(name: Option<&str>, from_start: Option<bool>) -> Result<(), ConsumerError> {
+    let name = name.ok_or(ConsumerError::Null("name"))?;
+    if name.is_empty() {
+        return Err(ConsumerError::EmptyName);
+    }
+    let from_start = from_start.ok_or(ConsumerError::Null("from_start"))?;
+    let exists = Spi::get_one_with_args::<bool>(
+        "SELECT EXISTS (SELECT FROM envelopes.consumers WHERE name = $1)",
+        &[DatumWithOid::from(name)],
+    )?
+    .unwrap_or(false);
+    if exists {
+        return Ok(());
+    }
+    let (late_id, outbox_id, cursor) = starting_positions(from_start)?;
+    let (nodes, seqs): (Vec<i32>, Vec<i64>) = cursor.into_iter().unzip();
+    Spi::run_with_args(
+        "WITH c AS (
+             INSERT INTO envelopes.consumers (name, late_id, outbox_id) VALUES ($1, $2, $3)
+             ON CONFLICT DO NOTHING RETURNING name)
+         INSERT INTO envelopes.consumer_envelope_cursors (consumer, originator_node_id, sequence_id)
+         SELECT c.name, t.node, t.seq
+           FROM c, ROWS FROM (pg_catalog.unnest($4::int[]), pg_catalog.unnest($5::bigint[])) AS t(node, seq)",
+        &[
+            DatumWithOid::from(name),
+            DatumWithOid::from(late_id),
+            DatumWithOid::from(outbox_id),
+            DatumWithOid::from(nodes),
+            DatumWithOid::from(seqs),
+        ],
+    )?;
+    Ok(())
+}
+
+/// Creates a consumer (idempotent: an existing one keeps its positions). It starts
+/// at the beginning of every feed, or, with `from_start => false`, at their
+/// current end — where rows that transactions still running will commit are ahead
+/// of it, not behind.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn consumer_register(name: Option<&str>, from_start: default!(Option<bool>, "true")) {
+    register(name, from_start).or_raise()
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{int8, sqlstate_of};
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn consumer_functions_check_their_arguments() {
+        let cases = [
+            (
+                "SELECT * FROM envelopes.consumer_outbox_batch('nobody')",
+                "42704",
+            ),
+            (
+                "SELECT * FROM envelopes.consumer_envelope_batch('nobody')",
+                "42704",
+            ),
+            ("SELECT envelopes.consumer_outbox_ack('nobody', 1)", "42704"),
+            (
+                "SELECT envelopes.consumer_envelope_ack('nobody', '{1}', '{1}')",
+                "42704",
+            ),
+            ("SELECT envelopes.consumer_register('')", "22023"),
+            ("SELECT envelopes.consumer_register(NULL)", "22004"),
+            ("SELECT envelopes.consumer_register('x', NULL)", "22004"),
+            (
+                "SELECT * FROM envelopes.consumer_outbox_batch('c', 0)",
+                "22023",
+            ),
+            (
+                "SELECT * FROM envelopes.consumer_envelope_batch('c', 0)",
+                "22023",
+            ),
+            (
+                "SELECT * FROM envelopes.consumer_envelope_batch('c', NULL)",
+                "22004",
+            ),
+            (
+                "SELECT * FROM envelopes.consumer_envelope_batch('c', 10, 0)",
+                "22023",
+            ),
+            (
+                "SELECT * FROM envelopes.consumer_outbox_batch('c', 10, -1)",
+                "22023",
+            ),
+            ("SELECT * FROM envelopes.consumer_envelope_batch(NULL)", "22004"),
+            (
+                "SELECT envelopes.consumer_envelope_ack('c', '{1,2}', '{1}')",
+                "2202E",
+            ),
+            (
+                "SELECT envelopes.consumer_envelope_ack('c', '{1}', '{NULL}')",
+                "22004",
+            ),
+            (
+                "SELECT envelopes.consumer_envelope_ack('c', NULL, '{1}')",
+                "22004",
+            ),
+            ("SELECT envelopes.consumer_outbox_ack('c', NULL)", "22004"),
+            // No batch can have returned an id that was never drawn.
+            (
+                "SELECT envelopes.consumer_outbox_ack('c', 9223372036854775807)",
+                "22023",
+            ),
+            (
+                "SELECT envelopes.consumer_envelope_ack('c', '{}', '{}', 5)",
+                "22023",
+            ),
+        ];
+        Spi::run("SELECT envelopes.consumer_register('c')").unwrap();
+        for (sql, expected) in cases {
+            assert_eq!(sqlstate_of(sql).as_deref(), Some(expected), "{sql}");
+        }
+    }
+
+    #[pg_test]
+    fn envelope_acks_move_forward_only_and_are_logged() {
+        Spi::run("SELECT envelopes.consumer_register('c')").unwrap();
+        Spi::run(
+            "SELECT envelopes.insert_gateway_envelope(1, s, '\\x01', '\\x01') FROM generate_series(1, 5) s",
+        )
+        .unwrap();
+        assert_eq!(
+            int8("SELECT envelopes.consumer_envelope_ack('c', '{1}', '{3}')"),
+            3
+        );
+        assert_eq!(
+            int8("SELECT envelopes.consumer_envelope_ack('c', '{1}', '{2}')"),
+            0
+        );
+        assert_eq!(
+            int8("SELECT envelopes.consumer_envelope_ack('c', '{1, 1}', '{4, 5}')"),
+            2
+        );
+        assert_eq!(
+            int8(
+                "SELECT sequence_id FROM envelopes.consumer_envelope_cursors WHERE consumer = 'c'"
+            ),
+            5
+        );
+        assert_eq!(
+            int8("SELECT sum(rows)::bigint FROM envelopes.delivery_log WHERE consumer = 'c'"),
+            5
+        );
+        // Each ack that moved the clock raised the version its rows carry.
+        assert_eq!(
+            int8("SELECT version FROM envelopes.consumers WHERE name = 'c'"),
+            2
+        );
+        assert_eq!(
+            int8("SELECT version FROM envelopes.consumer_envelope_cursors WHERE consumer = 'c'"),
+            2
+        );
+    }
+
+    #[pg_test]
+    fn dead_letters_are_recorded_once_and_retried_on_request() {
+        Spi::run("SELECT envelopes.consumer_register('c')").unwrap();
+        Spi::run("SELECT envelopes.insert_gateway_envelope(3, 7, '\\x01', '\\x0102')").unwrap();
+        let record = "SELECT envelopes.consumer_dead_letter('c', 'envelope', 3, 7, NULL,
+                          'message too large', 'MAX_PAYLOAD', 5)";
+        let first = int8(record);
+        assert_eq!(int8(record), first, "the same row is one dead letter");
+        assert_eq!(
+            int8("SELECT attempts::bigint FROM envelopes.dead_letters"),
+            10
+        );
+        assert_eq!(
+            int8("SELECT count(*) FROM envelopes.consumer_dead_letter_retries('c')"),
+            0
+        );
+        assert_eq!(int8("SELECT envelopes.retry_dead_letters('c')"), 1);
+        assert_eq!(
+            int8(
+                "SELECT count(*) FROM envelopes.consumer_dead_letter_retries('c')
+                  WHERE originator_envelope = '\\x0102' AND kind = 'envelope'"
+            ),
+            1
+        );
+        assert_eq!(
+            int8(&format!(
+                "SELECT envelopes.consumer_dead_letter_resolved('c', ARRAY[{first}]::bigint[])"
+            )),
+            1
+        );
+        let cases = [
+            (
+                "SELECT envelopes.consumer_dead_letter('c', 'other', 1, 1, NULL, 'r', NULL, 1)",
+                "22023",
+            ),
+            (
+                "SELECT envelopes.consumer_dead_letter('c', 'envelope', 1, 1, NULL, 'r', NULL, 0)",
+                "22023",
+            ),
+            (
+                "SELECT envelopes.consumer_dead_letter('c', 'envelope', NULL, 1, NULL, 'r', NULL, 1)",
+                "23514",
+            ),
+            (
+                "SELECT envelopes.consumer_dead_letter('nobody', 'outbox', NULL, NULL, 1, 'r', NULL, 1)",
+                "42704",
+            ),
+        ];
+        for (sql, expected) in cases {
+            assert_eq!(sqlstate_of(sql).as_deref(), Some(expected), "{sql}");
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! Change clocks: counters in shared memory that writers bump when they start
+//! writing to an originator, so that an idle consumer can tell in constant time
+//! that nothing it has not seen can have committed since its last read.
+//!
+//! There are [`BUCKETS`] counters, originator `n` using bucket `n % BUCKETS`, and
+//! one more for transactions that mark every originator at once. A writer bumps
+//! its bucket *after* taking its in-flight marker; a reader samples the counters
+//! *before* reading the markers. So if a bucket has not moved since a read that
+//! found an originator with no marker and nothing left to read, no transaction
+//! has started writing to that originator since, and its next read would return
+//! nothing: the consumer skips it without touching a table (see `consumer.rs`).
+//!
+//! The counters live in the main shared memory segment, allocated at first use
+//! with `ShmemInitStruct` from the segment's spare space, so the extension needs
+//! no `shared_preload_libraries` (pg_prewarm allocates its state the same way).
+//! Fresh shared memory is zero, which is a valid state: no initialisation step
+//! can race with a reader. If the segment has no room, the clocks are simply
+//! absent and consumers read every originator each time (correct, only slower).
+//! They start again at zero after a server restart, as do the backends whose
+//! caches remember them.
+
+use pgrx::pg_sys;
+use pgrx::PgTryBuilder;
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Number of originator buckets.
+pub const BUCKETS: usize = 1024;
+
+/// Index of the counter bumped by a transaction that marks every originator.
+pub const ALL: usize = BUCKETS;
+
+#[repr(C)]
+struct Clocks {
+    counters: [AtomicU64; BUCKETS + 1],
+}
+
+/// Name of the shared memory structure; the version suffix changes if its layout
+/// ever does.
+const SHMEM_NAME: &std::ffi::CStr = c"pg_envelopes change clocks v1";
+
+/// Where this backend found the clocks.
+#[derive(Clone, Copy)]
+enum Attached {
+    NotYet,
+    Unavailable,
+    At(*const Clocks),
+}
+
+thread_local! {
+    static CLOCKS: Cell<Attached> = const { Cell::new(Attached::NotYet) };
+}
+
+fn shared() -> Option<&'static Clocks> {
+    let mut attached = CLOCKS.with(Cell::get);
+    if let Attached::NotYet = attached {
+        attached = attach();
+        CLOCKS.with(|c| c.set(attached));
+    }
+    match attached {
+        // SAFETY: ptr points at a Clocks in the main shared memory segment, mapped
+        // for the whole life of the backend; its fields are atomics, safe to share.
+        Attached::At(ptr) => Some(unsafe { &*ptr }),
+        _ => None,
+    }
+}
+
+fn attach() -> Attached {
+    PgTryBuilder::new(|| {
+        let mut found = false;
+        // SAFETY: ShmemInitStruct looks the name up (or allocates it) under
+        // ShmemIndexLock and returns memory of the requested size that stays mapped
+        // for the backend's life; it raises an ERROR if the segment has no room,
+        // which the catch below turns into "unavailable".
+        let ptr = unsafe {
+            pg_sys::ShmemInitStruct(
+                SHMEM_NAME.as_ptr(),
+                std::mem::size_of::<Clocks>(),
+                &mut found,
+            )
+        };
+        if ptr.is_null() {
+            Attached::Unavailable
+        } else {
+            Attached::At(ptr as *const Clocks)
+        }
+    })
+    .catch_others(|_| {
+        pgrx::log!(
+            "pg_envelopes: no shared memory left for the change clocks; \
+             consumers will read every originator on each poll"
+        );
+        Attached::Unavailable
+    })
+    .execute()
+}
+
+/// Bucket of originator `node`.
+pub fn bucket(node: i32) -> usize {
+    (node as u32 as usize) % BUCKETS
+}
+
+/// Records that a transaction started writing to `node`.
+pub fn bump(node: i32) {
+    if let Some(clocks) = shared() {
+        clocks.counters[bucket(node)].fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Records that a transaction started writing to every originator at once.
+pub fn bump_all() {
+    if let Some(clocks) = shared() {
+        clocks.counters[ALL].fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// All counters as of now, or `None` when the clocks are unavailable.
+pub fn sample() -> Option<Vec<u64>> {
+    let clocks = shared()?;
+    Some(
+        clocks
+            .counters
+            .iter()
+            .map(|c| c.load(Ordering::SeqCst))
+            .collect(),
+    )
+}

@@ -1,0 +1,184 @@
+//! The change feed: how a reader hands out every committed envelope and outbox
+//! row although commit order is not id order, without waiting for anything but
+//! the transactions that write to the same feed.
+//!
+//! # Writers
+//! * An envelope writer takes an **envelope marker** naming the lowest sequence id
+//!   it inserts per originator, before the row exists ([`markers`]), bumps that
+//!   originator's **change clock** ([`clock`]), then checks whether its row
+//!   **arrives late**: whether another transaction has already committed a higher
+//!   sequence id of the same originator ([`late`]). A late row is also recorded in
+//!   the **late-envelope feed** (`envelopes.late_envelopes`), in the same
+//!   transaction, and flagged `late` in meta.
+//! * A writer of a drawn feed (the outbox, the late-envelope feed) takes a
+//!   **drawn-feed marker** naming the feed sequence's last value before it draws
+//!   its first id.
+//!
+//! # Readers (the [`Gate`])
+//! In this order: sample the change clocks; read each drawn feed's last value
+//! `L`; take snapshot `S0`; list the markers; take snapshot `S`. Then:
+//! * **Drawn feeds**: hand out the rows with id in `(cursor, min(L, lowest
+//!   marker value)]` visible in `S`. Every id at or below `L` was drawn before `L`
+//!   was read, so its writer had taken its marker before the markers were listed:
+//!   it is either listed (and its marker value is below its ids) or finished, in
+//!   which case `S` sees its rows or they were rolled back.
+//! * **Envelopes, per originator**: read the rows after the cursor in order with
+//!   `S`, up to the lowest marker of the originator minus one, and hand out those
+//!   up to the highest one whose transaction had finished when `S0` was taken.
+//!   Rows flagged `late` are skipped here: the late feed hands them out.
+//!
+//! Why nothing is skipped: let `d` be handed out and `s < d` a row of the same
+//! originator that commits only after `S`. If `s`'s transaction had its marker
+//! before the listing, it was listed (still running) and caps the read below `s`,
+//! or it had finished, so `S` sees `s` and it is read before `d`. Otherwise it
+//! took its marker after the listing, hence after `S0`, and its lateness check
+//! runs later still: it sees the row that bounds the read — committed before `S0`
+//! with a sequence id `>= d > s` — so `s` is recorded in the late feed. Reading
+//! the rows with the caller's snapshot instead of `S`, or bounding by rows that
+//! committed after the listing instead of before it, breaks this argument: those
+//! are exactly the races `model/` has counterexamples for.
+//!
+//! Nothing here looks at the cluster-wide xmin horizon: a transaction that never
+//! writes to a feed holds nothing back.
+
+pub mod clock;
+pub mod late;
+pub mod markers;
+pub mod snapshot;
+
+use crate::error::SqlError;
+use crate::partition::PartitionError;
+use pgrx::prelude::*;
+use crate::read;
+use markers::{Drawn, MarkerError, Markers};
+use snapshot::Fresh;
+
+/// The first half of a gate: the change clocks and the drawn feeds' last values.
+/// Enough to tell that nothing new can have committed since a clean read; open
+/// the [`Gate`] to read.
+pub struct Sample {
+    /// The change clocks (`None` when unavailable).
+    pub clocks: Option<Vec<u64>>,
+    /// Last value of each drawn feed.
+    last_drawn: [i64; 2],
+}
+
+impl Sample {
+    pub fn take() -> Result<Sample, MarkerError> {
+        Ok(Sample {
+            clocks: clock::sample(),
+            last_drawn: [Drawn::Outbox.last_drawn()?, Drawn::Late.last_drawn()?],
+        })
+    }
+
+    /// The last value of `feed` read by this sample.
+    pub fn last_drawn(&self, feed: Drawn) -> i64 {
+        self.last_drawn[feed as usize]
+    }
+
+    /// Completes the gate: snapshot, markers, snapshot.
+    pub fn open(self) -> Gate {
+        let before = Fresh::take();
+        let markers = Markers::read();
+        let after = Fresh::take();
+        Gate {
+            sample: self,
+            before,
+            markers,
+            after,
+        }
+    }
+}
+
+/// What a reader established at one moment (see the module documentation).
+pub struct Gate {
+    pub sample: Sample,
+    /// Snapshot taken before the markers were listed.
+    before: Fresh,
+    pub markers: Markers,
+    /// Snapshot taken after the markers were listed: read rows with it.
+    after: Fresh,
+}
+
+impl Gate {
+    pub fn open() -> Result<Gate, MarkerError> {
+        Ok(Sample::take()?.open())
+    }
+
+    /// The snapshot to read rows with.
+    pub fn rows(&self) -> pgrx::pg_sys::Snapshot {
+        self.after.as_ptr()
+    }
+
+    /// The snapshot taken before the markers were listed.
+    pub fn before(&self) -> &Fresh {
+        &self.before
+    }
+
+    /// The highest id of `feed` that a reader may hand out now (every id at or
+    /// below it is committed and visible to [`Gate::rows`], or never will be).
+    pub fn drawn_ceiling(&self, feed: Drawn) -> i64 {
+        let last = self.sample.last_drawn(feed);
+        match self.markers.drawn_limit(feed) {
+            Some(marked) => last.min(marked),
+            None => last,
+        }
+    }
+
+    /// The highest sequence id of `node` a reader may advance a cursor to: below
+    /// every marker of the originator, and at most the highest row that had
+    /// committed before the markers were listed. `None` when the originator has
+    /// no such row.
+    pub fn envelope_ceiling(&self, node: i32) -> Result<Option<i64>, PartitionError> {
+        let committed = read::highest_above(node, 0, self.before.as_ptr(), |_| true)?;
+        Ok(match (committed, self.markers.envelope_limit(node)) {
+            (Some(max), Some(limit)) => Some(max.min(limit)),
+            (Some(max), None) => Some(max),
+            (None, _) => None,
+        })
+    }
+}
+
+/// Per originator, the highest sequence id a reader may advance its cursor to
+/// without skipping a row that is still being inserted.
+///
+/// Guarantee: a row inserted through the insert functions at or below its
+/// originator's ceiling is committed by the time this function returns, or it
+/// arrives late (and is recorded in the late-envelope feed, which the consumer
+/// functions read). Rows written into the tables directly, not through the
+/// insert functions, are not covered.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn originator_ceilings(
+) -> TableIterator<'static, (name!(originator_node_id, i32), name!(max_sequence_id, i64))> {
+    use crate::error::OrRaise;
+    let ceilings = || -> Result<Vec<(i32, i64)>, CeilingError> {
+        let gate = Gate::open()?;
+        let mut out = Vec::new();
+        for node in crate::partition::originators()? {
+            if let Some(ceiling) = gate.envelope_ceiling(node)? {
+                out.push((node, ceiling));
+            }
+        }
+        Ok(out)
+    };
+    TableIterator::new(ceilings().or_raise())
+}
+
+/// Errors of [`originator_ceilings`].
+#[derive(Debug, thiserror::Error)]
+enum CeilingError {
+    #[error("{0}")]
+    Marker(#[from] MarkerError),
+    #[error("{0}")]
+    Partition(#[from] PartitionError),
+}
+
+impl SqlError for CeilingError {
+    fn sqlstate(&self) -> crate::error::PgSqlErrorCode {
+        match self {
+            CeilingError::Marker(e) => e.sqlstate(),
+            CeilingError::Partition(e) => e.sqlstate(),
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! Envelope rows read out of the band leaves with an explicit snapshot: the
+//! change feed's reads (consumer batches, ceilings, the insert path's lateness
+//! probe).
+//!
+//! One originator's rows in a sequence range are read band by band, in order; in
+//! each band the meta leaf and the blob leaf are scanned through their primary
+//! keys over the same range and merged by sequence id, so a batch costs two range
+//! scans per band rather than one index lookup per row.
+
+use crate::partition::band::{RangeBound, Table};
+use crate::partition::{self, PartitionError};
+use crate::scan::{Range, Scan};
+use pgrx::datum::TimestampWithTimeZone;
+use pgrx::pg_sys::{self, Oid};
+
+/// One envelope as the feed reads it.
+#[derive(Debug, Clone)]
+pub struct EnvelopeRow {
+    pub node: i32,
+    pub seq: i64,
+    pub gateway_time: TimestampWithTimeZone,
+    pub topic: Vec<u8>,
+    pub payer_id: Option<i32>,
+    pub expiry: Option<i64>,
+    pub envelope: Vec<u8>,
+    /// The inserting top-level transaction (`inserted_xid`).
+    pub inserted_xid: u64,
+    /// Recorded in the late-envelope feed when it was inserted.
+    pub late: bool,
+}
+
+impl EnvelopeRow {
+    /// Bytes the row carries (topic and envelope), for batch byte budgets.
+    pub fn bytes(&self) -> usize {
+        self.topic.len() + self.envelope.len()
+    }
+}
+
+/// What a reader wants next from [`originator_rows`].
+pub enum Flow {
+    Continue,
+    Stop,
+}
+
+/// Column numbers of a meta leaf, looked up by name once per scan.
+struct MetaColumns {
+    seq: i32,
+    gateway_time: i32,
+    topic: i32,
+    payer_id: i32,
+    expiry: i32,
+    inserted_xid: i32,
+    late: Option<i32>,
+}
+
+impl MetaColumns {
+    fn of(scan: &Scan) -> Result<MetaColumns, PartitionError> {
+        let col = |name| {
+            scan.attno(name)
+                .ok_or(PartitionError::Catalog("a meta partition lacks a column"))
+        };
+        Ok(MetaColumns {
+            seq: col("originator_sequence_id")?,
+            gateway_time: col("gateway_time")?,
+            topic: col("topic")?,
+            payer_id: col("payer_id")?,
+            expiry: col("expiry")?,
+            inserted_xid: col("inserted_xid")?,
+            late: scan.attno("late"),
+        })
+    }
+}
+
+const MISSING: PartitionError = PartitionError::Catalog("NULL in a NOT NULL column");
+
+fn xid8(scan: &mut Scan, attno: i32) -> Result<u64, PartitionError> {
+    scan.raw(attno).map(|d| d.value() as u64).ok_or(MISSING)
+}
+
+/// Meta columns of the current row; the envelope is filled in by the caller.
+fn meta_row(scan: &mut Scan, cols: &MetaColumns, node: i32) -> Result<EnvelopeRow, PartitionError> {
+    Ok(EnvelopeRow {
+        node,
+        seq: scan.get::<i64>(cols.seq).ok_or(MISSING)?,
+        gateway_time: scan.get(cols.gateway_time).ok_or(MISSING)?,
+        topic: scan.get(cols.topic).ok_or(MISSING)?,
+        payer_id: scan.get(cols.payer_id),
+        expiry: scan.get(cols.expiry),
+        envelope: Vec::new(),
+        inserted_xid: xid8(scan, cols.inserted_xid)?,
+        late: cols.late.and_then(|c| scan.get::<bool>(c)).unwrap_or(false),
+    })
+}
+
+/// The blob band with exactly these bounds, if any.
+fn aligned(bands: &[(RangeBound, Oid)], bound: &RangeBound) -> Option<Oid> {
+    bands.iter().find(|(b, _)| b == bound).map(|(_, oid)| *oid)
+}
+
+/// The envelope bytes of `(node, seq)` from whichever blob band holds it.
+fn blob_of(
+    blob: &partition::cache::OriginatorParts,
+    node: i32,
+    seq: i64,
+    snapshot: pg_sys::Snapshot,
+) -> Option<Vec<u8>> {
+    let leaf = blob.leaf_for(seq)?;
+    let mut scan = Scan::open(
+        leaf,
+        snapshot,
+        Range::Envelope {
+            node,
+            after: seq - 1,
+            upto: seq,
+        },
+        false,
+    )?;
+    let col = scan.attno("originator_envelope")?;
+    if scan.next() {
+        scan.get(col)
+    } else {
+        None
+    }
+}
+
+/// Calls `each` with the rows of `node` whose sequence id is in `(after, upto]`,
+/// in order, as seen by `snapshot`, until it returns [`Flow::Stop`]. Returns true
+/// when it reached the end of the range. A meta row without its blob twin (only
+/// possible after hand edits) is skipped.
+pub fn originator_rows(
+    node: i32,
+    after: i64,
+    upto: i64,
+    snapshot: pg_sys::Snapshot,
+    mut each: impl FnMut(EnvelopeRow) -> Flow,
+) -> Result<bool, PartitionError> {
+    if upto <= after {
+        return Ok(true);
+    }
+    let Some(meta) = partition::originator_parts(Table::Meta, node)? else {
+        return Ok(true);
+    };
+    let Some(blob) = partition::originator_parts(Table::Blob, node)? else {
+        return Ok(true);
+    };
+    for (bound, leaf) in &meta.bands {
+        if bound.upper.is_some_and(|upper| upper <= after.saturating_add(1)) {
+            continue; // the whole band is at or below `after`
+        }
+        if bound.lower.is_some_and(|lower| lower > upto) {
+            break; // bands are sorted: nothing further is in range
+        }
+        let range = Range::Envelope { node, after, upto };
+        let Some(mut metas) = Scan::open(*leaf, snapshot, range, false) else {
+            continue; // dropped (by prune_expired) after it was listed: it was empty
+        };
+        let cols = MetaColumns::of(&metas)?;
+        let mut blobs = aligned(&blob.bands, bound)
+            .and_then(|b| Scan::open(b, snapshot, range, false))
+            .and_then(|scan| {
+                let envelope = scan.attno("originator_envelope")?;
+                let seq = scan.attno("originator_sequence_id")?;
+                Some((scan, envelope, seq))
+            });
+        let mut blob_seq: Option<i64> = None;
+        while metas.next() {
+            let mut row = meta_row(&mut metas, &cols, node)?;
+            let envelope = match &mut blobs {
+                Some((scan, col, seq_col)) => {
+                    // Advance the blob scan to the first sequence id >= the meta row's.
+                    let mut found = None;
+                    loop {
+                        match blob_seq {
+                            Some(s) if s > row.seq => break,
+                            Some(s) if s == row.seq => {
+                                found = scan.get::<Vec<u8>>(*col);
+                                break;
+                            }
+                            _ => {}
+                        }
+                        if !scan.next() {
+                            blob_seq = Some(i64::MAX);
+                            break;
+                        }
+                        blob_seq = scan.get::<i64>(*seq_col);
+                    }
+                    found
+                }
+                None => blob_of(&blob, node, row.seq, snapshot),
+            };
+            let Some(envelope) = envelope else {
+                continue;
+            };
+            row.envelope = envelope;
+            if let Flow::Stop = each(row) {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// The row `(node, seq)` as seen by `snapshot`, if it exists.
+pub fn envelope(
+    node: i32,
+    seq: i64,
+    snapshot: pg_sys::Snapshot,
+) -> Result<Option<EnvelopeRow>, PartitionError> {
+    let mut found = None;
+    originator_rows(node, seq - 1, seq, snapshot, |row| {
+        found = Some(row);
+        Flow::Stop
+    })?;
+    Ok(found)
+}
+
+/// The highest sequence id of `node` above `above` among the meta rows visible
+/// to `snapshot` for which `counts(inserted_xid)` is true, searching the bands
+/// from the newest down (a backward index scan each; usually only the newest is
+/// read). Blobs are not read.
+pub fn highest_above(
+    node: i32,
+    above: i64,
+    snapshot: pg_sys::Snapshot,
+    counts: impl Fn(u64) -> bool,
+) -> Result<Option<i64>, PartitionError> {
+    let Some(meta) = partition::originator_parts(Table::Meta, node)? else {
+        return Ok(None);
+    };
+    for (bound, leaf) in meta.bands.iter().rev() {
+        if bound.upper.is_some_and(|upper| upper <= above.saturating_add(1)) {
+            break; // this band and every lower one are at or below `above`
+        }
+        let range = Range::Envelope {
+            node,
+            after: above,
+            upto: i64::MAX,
+        };
+        let Some(mut scan) = Scan::open(*leaf, snapshot, range, true) else {
+            continue;
+        };
+        let seq_col = scan.attno("originator_sequence_id").ok_or(MISSING)?;
+        let xid_col = scan.attno("inserted_xid").ok_or(MISSING)?;
+        while scan.next() {
+            if counts(xid8(&mut scan, xid_col)?) {
+                return Ok(scan.get::<i64>(seq_col));
+            }
+        }
+    }
+    Ok(None)
+}

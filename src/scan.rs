@@ -1,0 +1,224 @@
+//! Range scans of one table through its primary key, with a snapshot the caller
+//! chooses.
+//!
+//! The change feed must read rows with a snapshot it took itself at a precise
+//! moment (after reading the in-flight markers), whatever the caller's isolation
+//! level: a REPEATABLE READ caller's transaction snapshot, or the snapshot of the
+//! statement that called the function, would be older than the markers and miss a
+//! commit that landed in between. SPI always uses the active or the transaction
+//! snapshot, so these reads go to the table access method directly: an index scan
+//! of the primary key with explicit scan keys and snapshot, one table at a time.
+//!
+//! Two key shapes are used: `(originator_node_id = n, originator_sequence_id in
+//! (after, upto])` on a band leaf of meta or blob, and `id in (after, upto]` on the
+//! feed tables (outbox, late envelopes). Columns are found by name in the
+//! table's own tuple descriptor, so partitions whose column order differs from the
+//! root's (an upgraded table) read correctly.
+
+use pgrx::pg_sys::{self, Datum, Oid};
+use pgrx::{FromDatum, PgMemoryContexts};
+use std::ffi::CStr;
+
+/// The primary-key range a scan covers (lower bound exclusive, upper inclusive).
+#[derive(Clone, Copy, Debug)]
+pub enum Range {
+    /// An envelope leaf: one originator's sequence ids.
+    Envelope { node: i32, after: i64, upto: i64 },
+    /// A feed table keyed by a single `bigint` id.
+    Id { after: i64, upto: i64 },
+}
+
+/// An open index scan. Rows are fetched with [`Scan::next`]; their columns are
+/// read with the getters until the next call. Datums read from a row are copied
+/// into Rust values inside a scratch memory context that is reset for every row,
+/// so a scan over large envelopes holds one detoasted value at a time.
+pub struct Scan {
+    heap: pg_sys::Relation,
+    index: pg_sys::Relation,
+    desc: pg_sys::IndexScanDesc,
+    slot: *mut pg_sys::TupleTableSlot,
+    direction: pg_sys::ScanDirection::Type,
+    /// Created at the first copied-out read: probes that only look at keys never
+    /// pay for it.
+    scratch: Option<PgMemoryContexts>,
+    /// The scan keys; `index_rescan` copies them, but keep them alive with the scan.
+    _keys: Vec<pg_sys::ScanKeyData>,
+}
+
+impl Scan {
+    /// Opens a scan of `relid`'s primary key over `range`, reading with
+    /// `snapshot`, forwards or backwards. Takes `AccessShareLock` on the table
+    /// (kept until the transaction ends, so it cannot be dropped under the read).
+    /// Returns `None` when the table does not exist any more or has no primary key.
+    ///
+    /// `snapshot` must stay valid (registered) while the scan is open.
+    pub fn open(
+        relid: Oid,
+        snapshot: pg_sys::Snapshot,
+        range: Range,
+        backward: bool,
+    ) -> Option<Scan> {
+        let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+        // SAFETY: try_relation_open accepts any oid and returns NULL for a relation
+        // that does not exist; the lock is released at transaction end.
+        let heap = unsafe { pg_sys::try_relation_open(relid, lock) };
+        if heap.is_null() {
+            return None;
+        }
+        // SAFETY: heap is an open relation; the primary-key lookup reads its relcache
+        // entry (computing the index list if needed).
+        let index_oid = unsafe { pg_sys::RelationGetPrimaryKeyIndex(heap) };
+        if index_oid == pg_sys::InvalidOid {
+            // SAFETY: closes the relation opened above, keeping the lock.
+            unsafe { pg_sys::relation_close(heap, pg_sys::NoLock as pg_sys::LOCKMODE) };
+            return None;
+        }
+        let mut keys = keys_for(range);
+        // SAFETY: the index belongs to the locked table, so it exists; index_open
+        // raises an ERROR otherwise. index_beginscan/index_rescan get a valid heap,
+        // index, a snapshot the caller keeps registered, and `keys.len()` scan keys
+        // initialised by ScanKeyInit; table_slot_create makes a slot of the heap's
+        // own type, as index_getnext_slot requires.
+        unsafe {
+            let index = pg_sys::index_open(index_oid, lock);
+            let desc = pg_sys::index_beginscan(heap, index, snapshot, keys.len() as i32, 0);
+            pg_sys::index_rescan(
+                desc,
+                keys.as_mut_ptr(),
+                keys.len() as i32,
+                std::ptr::null_mut(),
+                0,
+            );
+            let slot = pg_sys::table_slot_create(heap, std::ptr::null_mut());
+            Some(Scan {
+                heap,
+                index,
+                desc,
+                slot,
+                direction: if backward {
+                    pg_sys::ScanDirection::BackwardScanDirection
+                } else {
+                    pg_sys::ScanDirection::ForwardScanDirection
+                },
+                scratch: None,
+                _keys: keys,
+            })
+        }
+    }
+
+    /// Moves to the next row visible to the snapshot; false at the end.
+    pub fn next(&mut self) -> bool {
+        // SAFETY: resetting the scratch context frees only the copies made for the
+        // previous row, which were already turned into Rust values. The scan and
+        // slot are open (self exists).
+        unsafe {
+            if let Some(scratch) = &mut self.scratch {
+                scratch.reset();
+            }
+            pg_sys::index_getnext_slot(self.desc, self.direction, self.slot)
+        }
+    }
+
+    /// Attribute number of column `name` in this table, if it has one.
+    pub fn attno(&self, name: &str) -> Option<i32> {
+        // SAFETY: heap is open; rd_att is its tuple descriptor with natts entries.
+        unsafe {
+            let desc = (*self.heap).rd_att;
+            let attrs = (*desc).attrs.as_slice((*desc).natts as usize);
+            attrs.iter().position(|a| {
+                !a.attisdropped && CStr::from_ptr(a.attname.data.as_ptr()).to_bytes() == name.as_bytes()
+            })
+        }
+        .map(|i| i as i32 + 1)
+    }
+
+    /// The raw datum of column `attno` of the current row, `None` for NULL. Only
+    /// meaningful for pass-by-value types (`xid8`, integers).
+    pub fn raw(&self, attno: i32) -> Option<Datum> {
+        let mut isnull = false;
+        // SAFETY: the slot holds the row returned by the last successful next();
+        // attno came from attno() and is within the descriptor.
+        let datum = unsafe { pg_sys::slot_getattr(self.slot, attno, &mut isnull) };
+        (!isnull).then_some(datum)
+    }
+
+    /// Reads column `attno` of the current row as `T` (copied out of Postgres
+    /// memory), `None` for NULL.
+    pub fn get<T: FromDatum + CopiedOut>(&mut self, attno: i32) -> Option<T> {
+        let datum = self.raw(attno)?;
+        // SAFETY: the datum is a valid value of the column's type, which the caller
+        // names as T; detoasting happens in the scratch context, which is reset
+        // only at the next row, after T (an owned copy) has been built.
+        let scratch = self
+            .scratch
+            .get_or_insert_with(|| PgMemoryContexts::new("pg_envelopes scan row"));
+        unsafe { scratch.switch_to(|_| T::from_polymorphic_datum(datum, false, pg_sys::InvalidOid)) }
+    }
+}
+
+/// Rust types whose `FromDatum` conversion copies the value (so it outlives the
+/// scratch context), as opposed to borrowed types like `&[u8]`.
+pub trait CopiedOut {}
+impl CopiedOut for i32 {}
+impl CopiedOut for i64 {}
+impl CopiedOut for bool {}
+impl CopiedOut for Vec<u8> {}
+impl CopiedOut for String {}
+impl CopiedOut for pgrx::datum::TimestampWithTimeZone {}
+impl CopiedOut for pgrx::datum::JsonB {}
+
+impl Drop for Scan {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // An ERROR is unwinding: the transaction is about to abort, and its
+            // resource owner releases the scan's buffers and relation references.
+            return;
+        }
+        // SAFETY: all four were opened in Scan::open and are released once, here.
+        // Locks are kept until the end of the transaction (NoLock).
+        unsafe {
+            pg_sys::ExecDropSingleTupleTableSlot(self.slot);
+            pg_sys::index_endscan(self.desc);
+            pg_sys::index_close(self.index, pg_sys::NoLock as pg_sys::LOCKMODE);
+            pg_sys::relation_close(self.heap, pg_sys::NoLock as pg_sys::LOCKMODE);
+        }
+    }
+}
+
+fn key(attno: i16, strategy: u32, procedure: u32, argument: Datum) -> pg_sys::ScanKeyData {
+    let mut key = pg_sys::ScanKeyData::default();
+    // SAFETY: ScanKeyInit fills the struct it is given; the procedure is a built-in
+    // btree comparison function of the argument's type.
+    unsafe {
+        pg_sys::ScanKeyInit(
+            &mut key,
+            attno,
+            strategy as pg_sys::StrategyNumber,
+            pg_sys::Oid::from(procedure),
+            argument,
+        );
+    }
+    key
+}
+
+/// Scan keys on the index columns: (node, seq) for envelope leaves, (id) for feeds.
+fn keys_for(range: Range) -> Vec<pg_sys::ScanKeyData> {
+    let gt = pg_sys::BTGreaterStrategyNumber;
+    let le = pg_sys::BTLessEqualStrategyNumber;
+    match range {
+        Range::Envelope { node, after, upto } => vec![
+            key(
+                1,
+                pg_sys::BTEqualStrategyNumber,
+                pg_sys::F_INT4EQ,
+                Datum::from(node),
+            ),
+            key(2, gt, pg_sys::F_INT8GT, Datum::from(after)),
+            key(2, le, pg_sys::F_INT8LE, Datum::from(upto)),
+        ],
+        Range::Id { after, upto } => vec![
+            key(1, gt, pg_sys::F_INT8GT, Datum::from(after)),
+            key(1, le, pg_sys::F_INT8LE, Datum::from(upto)),
+        ],
+    }
+}
