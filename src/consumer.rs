@@ -103,11 +103,13 @@ impl Known {
 
     /// Whether a clean read showed that `node` has nothing to read at these clocks.
     fn node_is_clean(&self, node: i32, clocks: &[u64]) -> bool {
-        self.clean.get(&node).is_some_and(|&(bucket, all, reached)| {
-            clocks[clock::bucket(node)] == bucket
-                && clocks[clock::ALL] == all
-                && self.cursor_of(node) >= reached
-        })
+        self.clean
+            .get(&node)
+            .is_some_and(|&(bucket, all, reached)| {
+                clocks[clock::bucket(node)] == bucket
+                    && clocks[clock::ALL] == all
+                    && self.cursor_of(node) >= reached
+            })
     }
 
     fn drawn_is_clean(clean: Option<(i64, i64)>, last: i64, position: i64) -> bool {
@@ -156,9 +158,10 @@ fn with_consumer<R>(
         entry.version
     });
     if known_version != version {
-        let changed = Spi::connect(|client| {
-            let mut changed = Vec::new();
-            for row in client.select(
+        let changed =
+            Spi::connect(|client| {
+                let mut changed = Vec::new();
+                for row in client.select(
                 "SELECT originator_node_id, sequence_id FROM envelopes.consumer_envelope_cursors
                   WHERE consumer = $1 AND version > $2",
                 None,
@@ -168,8 +171,8 @@ fn with_consumer<R>(
                     changed.push((node, seq));
                 }
             }
-            Ok::<_, ConsumerError>(changed)
-        })?;
+                Ok::<_, ConsumerError>(changed)
+            })?;
         KNOWN.with(|known| {
             if let Some(entry) = known.borrow_mut().get_mut(consumer) {
                 entry.cursor.extend(changed);
@@ -332,7 +335,8 @@ fn envelope_batch(
                 Ok(true)
             },
         )?;
-        known.late_clean = (complete && ceiling == last_late).then_some((last_late, delivered_late));
+        known.late_clean =
+            (complete && ceiling == last_late).then_some((last_late, delivered_late));
 
         // Then each originator after the vector clock.
         let before = gate.before();
@@ -621,7 +625,10 @@ mod tests {
                 "SELECT * FROM envelopes.consumer_outbox_batch('c', 10, -1)",
                 "22023",
             ),
-            ("SELECT * FROM envelopes.consumer_envelope_batch(NULL)", "22004"),
+            (
+                "SELECT * FROM envelopes.consumer_envelope_batch(NULL)",
+                "22004",
+            ),
             (
                 "SELECT envelopes.consumer_envelope_ack('c', '{1,2}', '{1}')",
                 "2202E",

@@ -79,6 +79,11 @@ static PARTITION_LOCK_ATTEMPTS: GucSetting<i32> = GucSetting::<i32>::new(5);
 /// How long an insert waits for the partition worker, in milliseconds.
 static PARTITION_WORKER_TIMEOUT: GucSetting<i32> = GucSetting::<i32>::new(30_000);
 
+/// A pause, in milliseconds, that the change feed's readers take between listing
+/// the in-flight markers and taking the snapshot they read rows with. Only for
+/// tests, which use it to make a commit land inside that window on purpose.
+static GATE_PAUSE: GucSetting<i32> = GucSetting::<i32>::new(0);
+
 /// Registers every setting. Called once per backend from `_PG_init`.
 pub fn init() {
     GucRegistry::define_int_guc(
@@ -183,6 +188,16 @@ pub fn init() {
         GucContext::Userset,
         GucFlags::UNIT_MS,
     );
+    GucRegistry::define_int_guc(
+        c"envelopes.test_gate_pause",
+        c"Testing aid: pause of the change feed's readers between marker listing and snapshot.",
+        c"Lets a test make a commit land inside that window. Leave at 0.",
+        &GATE_PAUSE,
+        0,
+        60_000,
+        GucContext::Suset,
+        GucFlags::UNIT_MS | GucFlags::NO_SHOW_ALL,
+    );
     // SAFETY: the check hook is a #[pg_guard] function with the signature Postgres
     // expects, and only reads the proposed value it is given.
     unsafe {
@@ -249,6 +264,11 @@ pub fn partition_worker_timeout() -> std::time::Duration {
 /// `envelopes.notify_interval`.
 pub fn notify_interval() -> std::time::Duration {
     std::time::Duration::from_millis(u64::try_from(NOTIFY_INTERVAL.get()).unwrap_or(0))
+}
+
+/// `envelopes.test_gate_pause`.
+pub fn gate_pause() -> std::time::Duration {
+    std::time::Duration::from_millis(u64::try_from(GATE_PAUSE.get()).unwrap_or(0))
 }
 
 /// `envelopes.notify_channel`.

@@ -17,8 +17,8 @@
 //! pair, which also records it in the late-envelope feed.
 
 use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
-use crate::feed::late;
 use crate::feed::markers::{self, Drawn, MarkerError};
+use crate::feed::{self, late};
 use crate::gucs;
 use crate::partition::{self, PartitionError};
 use pgrx::datum::{DatumWithOid, TimestampWithTimeZone};
@@ -272,7 +272,7 @@ fn execute(plan: Plan, args: &[DatumWithOid<'_>]) -> Result<i64, InsertError> {
                 prepared
             }
         };
-        let inserted = client.update(&*prepared, None, args)?.len();
+        let inserted = feed::through_functions(|| client.update(&*prepared, None, args))?.len();
         Ok(i64::try_from(inserted).unwrap_or(i64::MAX))
     })
 }
@@ -609,8 +609,14 @@ mod tests {
             ("1, -1, '\\x01', '\\x02'", "22003"),
             // Sequence ids start at 1: "no cursor entry" means "before 1".
             ("1, 0, '\\x01', '\\x02'", "22003"),
-            ("1, 1, '\\x01', '\\x02', gateway_time => 'infinity'", "22008"),
-            ("1, 1, '\\x01', '\\x02', gateway_time => '-infinity'", "22008"),
+            (
+                "1, 1, '\\x01', '\\x02', gateway_time => 'infinity'",
+                "22008",
+            ),
+            (
+                "1, 1, '\\x01', '\\x02', gateway_time => '-infinity'",
+                "22008",
+            ),
             ("1, 1, '\\x0102030405', '\\x02'", "22001"),
             ("1, 1, '\\x01', '\\x010203040506070809'", "22001"),
         ];

@@ -271,15 +271,13 @@ fn send_pending() {
 }
 
 /// Statement-level trigger on the envelope and outbox tables: notes the change for
-/// the transaction's single notification. Does nothing when
-/// `envelopes.notify = off` (bulk loads).
+/// the transaction's single notification (nothing when `envelopes.notify = off`,
+/// for bulk loads), and tells the change feed about envelopes written around the
+/// insert functions (see `crate::feed`).
 #[pg_trigger]
 fn notify_on_insert<'a>(
     trigger: &'a pgrx::PgTrigger<'a>,
 ) -> Result<Option<PgHeapTuple<'a, pgrx::AllocatedByPostgres>>, OutboxError> {
-    if !gucs::notify() {
-        return Ok(None);
-    }
     let kind = match trigger
         .extra_args()
         .map_err(|_| OutboxError::BadTrigger)?
@@ -290,7 +288,12 @@ fn notify_on_insert<'a>(
         Some("outbox") => "outbox",
         _ => return Err(OutboxError::BadTrigger),
     };
-    ring(kind);
+    if kind == "envelopes" {
+        crate::feed::meta_written();
+    }
+    if gucs::notify() {
+        ring(kind);
+    }
     Ok(None)
 }
 

@@ -144,7 +144,10 @@ pub fn originator_rows(
         return Ok(true);
     };
     for (bound, leaf) in &meta.bands {
-        if bound.upper.is_some_and(|upper| upper <= after.saturating_add(1)) {
+        if bound
+            .upper
+            .is_some_and(|upper| upper <= after.saturating_add(1))
+        {
             continue; // the whole band is at or below `after`
         }
         if bound.lower.is_some_and(|lower| lower > upto) {
@@ -228,7 +231,10 @@ pub fn highest_above(
         return Ok(None);
     };
     for (bound, leaf) in meta.bands.iter().rev() {
-        if bound.upper.is_some_and(|upper| upper <= above.saturating_add(1)) {
+        if bound
+            .upper
+            .is_some_and(|upper| upper <= above.saturating_add(1))
+        {
             break; // this band and every lower one are at or below `above`
         }
         let range = Range::Envelope {

@@ -126,7 +126,8 @@ impl Scan {
             let desc = (*self.heap).rd_att;
             let attrs = (*desc).attrs.as_slice((*desc).natts as usize);
             attrs.iter().position(|a| {
-                !a.attisdropped && CStr::from_ptr(a.attname.data.as_ptr()).to_bytes() == name.as_bytes()
+                !a.attisdropped
+                    && CStr::from_ptr(a.attname.data.as_ptr()).to_bytes() == name.as_bytes()
             })
         }
         .map(|i| i as i32 + 1)
@@ -152,7 +153,9 @@ impl Scan {
         let scratch = self
             .scratch
             .get_or_insert_with(|| PgMemoryContexts::new("pg_envelopes scan row"));
-        unsafe { scratch.switch_to(|_| T::from_polymorphic_datum(datum, false, pg_sys::InvalidOid)) }
+        unsafe {
+            scratch.switch_to(|_| T::from_polymorphic_datum(datum, false, pg_sys::InvalidOid))
+        }
     }
 }
 

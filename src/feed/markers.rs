@@ -42,7 +42,9 @@ pub const MAX_KEYED: usize = 256;
 /// Errors of the markers.
 #[derive(Debug, thiserror::Error)]
 pub enum MarkerError {
-    #[error("the sequence {0} of the extension is missing; is pg_envelopes installed in this database?")]
+    #[error(
+        "the sequence {0} of the extension is missing; is pg_envelopes installed in this database?"
+    )]
     MissingSequence(&'static str),
 }
 
@@ -271,8 +273,8 @@ impl Markers {
                 {
                     continue;
                 }
-                let value = ((u64::from(tag.locktag_field2) << 32)
-                    | u64::from(tag.locktag_field3)) as i64;
+                let value =
+                    ((u64::from(tag.locktag_field2) << 32) | u64::from(tag.locktag_field3)) as i64;
                 match tag.locktag_field4 {
                     ENVELOPE_SUBID => {
                         if lock.pid != 0 {

@@ -40,6 +40,14 @@
 //!
 //! Nothing here looks at the cluster-wide xmin horizon: a transaction that never
 //! writes to a feed holds nothing back.
+//!
+//! # Rows written around the functions
+//! An `INSERT` or `COPY` into meta that does not come from the insert functions
+//! takes no marker and is never checked for lateness, so a reader may skip such a
+//! row if it lands below a cursor or commits after a higher one. What it does get:
+//! the statement trigger on meta notices it and, once its transaction has
+//! committed, moves the all-originators change clock, so readers that cached an
+//! idle state look again and hand out such rows that are above their cursors.
 
 pub mod clock;
 pub mod late;
@@ -48,10 +56,45 @@ pub mod snapshot;
 
 use crate::error::SqlError;
 use crate::partition::PartitionError;
-use pgrx::prelude::*;
 use crate::read;
 use markers::{Drawn, MarkerError, Markers};
+use pgrx::prelude::*;
 use snapshot::Fresh;
+
+thread_local! {
+    /// Set while an insert function executes its statement.
+    static THROUGH_FUNCTIONS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Local transaction id for which a commit callback is already registered.
+    static FOREIGN_WRITE_NOTED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs `f` (an insert function's statement) so that the statement trigger knows
+/// the rows come through the functions.
+pub fn through_functions<R>(f: impl FnOnce() -> R) -> R {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            THROUGH_FUNCTIONS.with(|t| t.set(self.0));
+        }
+    }
+    let _reset = Reset(THROUGH_FUNCTIONS.with(|t| t.replace(true)));
+    f()
+}
+
+/// Called by the statement trigger on meta: rows written around the functions
+/// move the all-originators clock once their transaction has committed.
+pub fn meta_written() {
+    if THROUGH_FUNCTIONS.with(std::cell::Cell::get) {
+        return;
+    }
+    // SAFETY: MyProc is this backend's PGPROC, valid for the backend's life.
+    let lxid = unsafe { (*pg_sys::MyProc).lxid };
+    if FOREIGN_WRITE_NOTED.with(|n| n.replace(lxid)) != lxid {
+        // After the commit is visible to new snapshots, so a reader that samples the
+        // clock after the bump also sees the rows.
+        pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Commit, clock::bump_all);
+    }
+}
 
 /// The first half of a gate: the change clocks and the drawn feeds' last values.
 /// Enough to tell that nothing new can have committed since a clean read; open
@@ -80,6 +123,10 @@ impl Sample {
     pub fn open(self) -> Gate {
         let before = Fresh::take();
         let markers = Markers::read();
+        let pause = crate::gucs::gate_pause();
+        if !pause.is_zero() {
+            std::thread::sleep(pause);
+        }
         let after = Fresh::take();
         Gate {
             sample: self,

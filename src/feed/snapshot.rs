@@ -125,7 +125,10 @@ mod tests {
         assert_eq!(widen(next, 99), (5 << 32) | 99);
         assert_eq!(widen(next, 100), (5 << 32) | 100);
         // An xid just before the wrap belongs to the previous epoch.
-        assert_eq!(widen(next, u32::MAX - 3), (4 << 32) | u64::from(u32::MAX - 3));
+        assert_eq!(
+            widen(next, u32::MAX - 3),
+            (4 << 32) | u64::from(u32::MAX - 3)
+        );
         assert_eq!(widen(100, 99), 99);
     }
 }

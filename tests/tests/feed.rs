@@ -2,9 +2,7 @@
 //! handed out to a consumer, whatever the commit order, the sequence ids, the
 //! caller's isolation level, or what else runs.
 
-use pg_envelopes_tests::{
-    drain_envelopes, envelope_ack, envelope_batch, sqlstate, Handed, TestDb,
-};
+use pg_envelopes_tests::{drain_envelopes, envelope_ack, envelope_batch, sqlstate, Handed, TestDb};
 use postgres::{Client, IsolationLevel};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,7 +35,10 @@ fn keys(handed: &[Handed]) -> BTreeSet<(i32, i64)> {
 /// REPEATABLE READ transaction that took its snapshot before the commit.
 #[test]
 fn a_commit_landing_while_a_batch_starts_is_not_skipped() {
-    for isolation in [IsolationLevel::ReadCommitted, IsolationLevel::RepeatableRead] {
+    for isolation in [
+        IsolationLevel::ReadCommitted,
+        IsolationLevel::RepeatableRead,
+    ] {
         let db = TestDb::new("commit_during_read");
         let mut setup = db.connect();
         setup
@@ -165,8 +166,15 @@ fn a_batch_is_late_only_below_what_others_committed() {
         2
     );
     let next = drain_envelopes(&mut c, "f");
-    assert_eq!(keys(&next), BTreeSet::from([(3, 8), (3, 9), (3, 11), (3, 12)]));
-    let late: BTreeSet<i64> = next.iter().filter(|h| h.late_id.is_some()).map(|h| h.seq).collect();
+    assert_eq!(
+        keys(&next),
+        BTreeSet::from([(3, 8), (3, 9), (3, 11), (3, 12)])
+    );
+    let late: BTreeSet<i64> = next
+        .iter()
+        .filter(|h| h.late_id.is_some())
+        .map(|h| h.seq)
+        .collect();
     assert_eq!(late, BTreeSet::from([8, 9]));
 }
 
@@ -276,15 +284,24 @@ fn writers_on_shared_originators_with_ids_up_and_down_lose_nothing() {
         *counts.entry((h.node, h.seq)).or_default() += 1;
     }
     let duplicated: Vec<_> = counts.iter().filter(|(_, &n)| n > 1).collect();
-    assert!(committed.len() > 200, "too little traffic: {}", committed.len());
     assert!(
-        lost.is_empty(),
-        "{} of {} committed envelopes never handed out: {lost:?}",
-        lost.len(),
+        committed.len() > 200,
+        "too little traffic: {}",
         committed.len()
     );
+    assert!(
+        lost.is_empty(),
+        "{} of {} committed envelopes never handed out, e.g. {:?}",
+        lost.len(),
+        committed.len(),
+        &lost[..lost.len().min(20)]
+    );
     assert!(duplicated.is_empty(), "handed out twice: {duplicated:?}");
-    assert_eq!(got.len(), committed.len(), "handed out rows that never committed");
+    assert_eq!(
+        got.len(),
+        committed.len(),
+        "handed out rows that never committed"
+    );
     assert!(
         db.int8("SELECT count(*) FROM envelopes.late_envelopes") > 0,
         "the test never produced a late arrival"
@@ -300,7 +317,8 @@ fn only_writers_of_the_same_feed_hold_delivery_back() {
     let other_db = TestDb::new("unrelated_other");
     let mut c = db.connect();
     register(&mut c, "f");
-    c.batch_execute("CREATE TABLE public.elsewhere (x int)").unwrap();
+    c.batch_execute("CREATE TABLE public.elsewhere (x int)")
+        .unwrap();
 
     let mut foreign = other_db.connect();
     let mut foreign_tx = foreign.transaction().unwrap();
@@ -319,7 +337,10 @@ fn only_writers_of_the_same_feed_hold_delivery_back() {
         .unwrap()
         .get(0);
     // At once, not after the open transactions end.
-    assert_eq!(keys(&drain_envelopes(&mut c, "f")), BTreeSet::from([(1, 1)]));
+    assert_eq!(
+        keys(&drain_envelopes(&mut c, "f")),
+        BTreeSet::from([(1, 1)])
+    );
     let outbox: Vec<i64> = c
         .query("SELECT id FROM envelopes.consumer_outbox_batch('f')", &[])
         .unwrap()
@@ -402,7 +423,8 @@ fn registering_at_the_end_keeps_running_transactions_ahead() {
     let db = TestDb::new("register_end");
     let mut c = db.connect();
     insert(&mut c, 5, 1);
-    c.execute("SELECT envelopes.publish('s', '\\x00')", &[]).unwrap();
+    c.execute("SELECT envelopes.publish('s', '\\x00')", &[])
+        .unwrap();
     let mut w = db.connect();
     let mut tx = w.transaction().unwrap();
     insert(&mut tx, 5, 2);
@@ -415,9 +437,15 @@ fn registering_at_the_end_keeps_running_transactions_ahead() {
     // Committed before registration and not in flight: behind the consumer.
     assert!(drain_envelopes(&mut c, "late").is_empty());
     tx.commit().unwrap();
-    assert_eq!(keys(&drain_envelopes(&mut c, "late")), BTreeSet::from([(5, 2)]));
+    assert_eq!(
+        keys(&drain_envelopes(&mut c, "late")),
+        BTreeSet::from([(5, 2)])
+    );
     let ids: Vec<i64> = c
-        .query("SELECT id FROM envelopes.consumer_outbox_batch('late')", &[])
+        .query(
+            "SELECT id FROM envelopes.consumer_outbox_batch('late')",
+            &[],
+        )
         .unwrap()
         .iter()
         .map(|r| r.get(0))
@@ -449,7 +477,10 @@ fn batches_are_bounded_by_bytes() {
     assert_eq!(count(&mut c, 1), 1); // the first row always fits
     assert_eq!(count(&mut c, 1_000_000), 10);
     let err = c
-        .query("SELECT * FROM envelopes.consumer_envelope_batch('f', 100, 0)", &[])
+        .query(
+            "SELECT * FROM envelopes.consumer_envelope_batch('f', 100, 0)",
+            &[],
+        )
         .unwrap_err();
     assert_eq!(sqlstate(&err), "22023");
 }
@@ -468,11 +499,17 @@ fn cached_positions_follow_other_sessions_and_new_commits() {
     assert_eq!(drain_envelopes(&mut a, "f").len(), 2);
     assert!(envelope_batch(&mut a, "f", 10).unwrap().is_empty()); // idle, cached
     insert(&mut b, 1, 2);
-    assert_eq!(keys(&envelope_batch(&mut a, "f", 10).unwrap()), BTreeSet::from([(1, 2)]));
+    assert_eq!(
+        keys(&envelope_batch(&mut a, "f", 10).unwrap()),
+        BTreeSet::from([(1, 2)])
+    );
     // b reads and acknowledges it; a must not hand it out again, nor miss (2, 2).
     assert_eq!(drain_envelopes(&mut b, "f").len(), 1);
     insert(&mut b, 2, 2);
-    assert_eq!(keys(&drain_envelopes(&mut a, "f")), BTreeSet::from([(2, 2)]));
+    assert_eq!(
+        keys(&drain_envelopes(&mut a, "f")),
+        BTreeSet::from([(2, 2)])
+    );
     assert!(envelope_batch(&mut b, "f", 10).unwrap().is_empty());
     // A consumer dropped and registered again starts over, in every session.
     a.batch_execute("DELETE FROM envelopes.consumers WHERE name = 'f'")
@@ -503,5 +540,54 @@ fn rows_written_around_the_functions_are_not_tracked() {
         }
         tx.commit().unwrap();
     }
-    assert_eq!(keys(&drain_envelopes(&mut c, "f")), BTreeSet::from([(1, 7)]));
+    assert_eq!(
+        keys(&drain_envelopes(&mut c, "f")),
+        BTreeSet::from([(1, 7)])
+    );
+}
+
+/// The window between the reader's marker listing and its row snapshot, held open
+/// on purpose (`envelopes.test_gate_pause`): writer A starts inserting seq 5 and
+/// writer B inserts and commits seq 10, both after the listing and before the
+/// snapshot. The snapshot sees 10 but not 5, and A's lateness check ran before 10
+/// committed. Handing out 10 here would lose 5 for good; the reader bounds what
+/// it hands out by what had committed before the listing.
+#[test]
+fn commits_between_the_marker_listing_and_the_row_snapshot_are_held_back() {
+    let db = TestDb::new("gate_window");
+    let mut c = db.connect();
+    register(&mut c, "f");
+    c.execute("SELECT envelopes.ensure_gateway_parts(4, 1)", &[])
+        .unwrap();
+    insert(&mut c, 4, 1);
+    assert_eq!(drain_envelopes(&mut c, "f").len(), 1);
+
+    let url = db.url();
+    let reader = thread::spawn(move || {
+        let mut c = Client::connect(&url, postgres::NoTls).unwrap();
+        c.batch_execute("SET envelopes.test_gate_pause = '1500ms'")
+            .unwrap();
+        let batch = envelope_batch(&mut c, "f", 100).unwrap();
+        envelope_ack(&mut c, "f", &batch).unwrap();
+        batch
+    });
+    thread::sleep(Duration::from_millis(500)); // the reader is inside the window
+    let mut a = db.connect();
+    let mut a_tx = a.transaction().unwrap();
+    insert(&mut a_tx, 4, 5);
+    insert(&mut db.connect(), 4, 10);
+    let first = reader.join().unwrap();
+    a_tx.commit().unwrap();
+
+    let mut all = first.clone();
+    all.extend(drain_envelopes(&mut c, "f"));
+    assert_eq!(
+        keys(&all),
+        BTreeSet::from([(4, 5), (4, 10)]),
+        "first batch {first:?}, all {all:?}"
+    );
+    assert!(
+        !first.iter().any(|h| h.seq == 10),
+        "10 was handed out from inside the window: {first:?}"
+    );
 }
