@@ -45,6 +45,12 @@ SELECT envelopes.insert_gateway_envelope(-5, 1, '\x01', '\x02');
 \echo :LAST_ERROR_SQLSTATE
 SELECT envelopes.insert_gateway_envelope(5, -1, '\x01', '\x02');
 \echo :LAST_ERROR_SQLSTATE
+-- Sequence ids start at 1 (a cursor with no entry for an originator is at 0).
+SELECT envelopes.insert_gateway_envelope(5, 0, '\x01', '\x02');
+\echo :LAST_ERROR_SQLSTATE
+-- A gateway_time no reader could turn into a point in time.
+SELECT envelopes.insert_gateway_envelope(5, 1, '\x01', '\x02', gateway_time => 'infinity');
+\echo :LAST_ERROR_SQLSTATE
 SELECT envelopes.insert_gateway_envelope(5, 1, NULL, '\x02');
 \echo :LAST_ERROR_SQLSTATE
 SELECT envelopes.insert_gateway_envelope(5, 1, '\x01', NULL);
@@ -90,9 +96,9 @@ SELECT count(*) AS node_8_rows FROM envelopes.gateway_envelopes_view WHERE origi
 
 -- 200 hot inserts in one transaction consume exactly one transaction id: no
 -- subtransaction per row. (Measured from outside: the next transaction's id.)
-SELECT envelopes.insert_gateway_envelope(9, 0, '\x01', '\x02');
+SELECT envelopes.insert_gateway_envelope(9, 1, '\x01', '\x02');
 SELECT pg_current_xact_id() AS xid_before \gset
-SELECT sum(envelopes.insert_gateway_envelope(9, s, '\x01', '\x02')) FROM generate_series(1, 200) s;
+SELECT sum(envelopes.insert_gateway_envelope(9, s, '\x01', '\x02')) FROM generate_series(2, 201) s;
 SELECT pg_current_xact_id()::text::bigint - :'xid_before'::text::bigint AS xids_used_by_the_200_inserts_and_this_query;
 
 -- The last band of the sequence space ends at MAXVALUE, without overflow.

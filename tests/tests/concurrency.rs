@@ -55,7 +55,7 @@ fn crossing(mode: &'static str, rounds: usize) {
                     let mut errors = Vec::new();
                     barrier.wait();
                     for i in 0..per_writer {
-                        let seq = i * WRITERS + w; // writers interleave within each band
+                        let seq = i * WRITERS + w + 1; // writers interleave within each band
                         let new_origin = 100 + (i % 40) as i32; // appear concurrently too
                         let result = match i % 3 {
                             0 => client
@@ -118,7 +118,7 @@ fn crossing(mode: &'static str, rounds: usize) {
             0
         );
         // Every band of nodes 1-3 exists once per table, with the configured width.
-        let bands = (total + BAND - 1) / BAND;
+        let bands = total / BAND + 1; // sequence ids 1..=total
         for node in 1..=3 {
             for table in ["meta", "blob"] {
                 let n = db.int8(&format!(

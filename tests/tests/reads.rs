@@ -106,7 +106,7 @@ fn prune_is_safe_while_inserts_go_on() {
                     let (seq, expiry) = if i % 5 == 4 && i >= 50 {
                         (2 * ((i - 50) * 4 + w) + 1, None)
                     } else {
-                        (2 * (i * 4 + w), Some(1i64))
+                        (2 * (i * 4 + w) + 2, Some(1i64))
                     };
                     match c.query_one(
                         "SELECT envelopes.insert_gateway_envelope(1, $1, '\\x01', '\\x02', expiry => $2)",

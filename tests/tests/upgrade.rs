@@ -51,40 +51,65 @@ fn extversion(c: &mut Client) -> String {
     .get(0)
 }
 
-#[test]
-fn upgrading_from_0_1_0_keeps_the_data_and_matches_a_fresh_install() {
+/// Installs `from`, writes data with it (envelopes in several bands, outbox rows
+/// delivered and pending, a consumer part way through, a role made with
+/// grant_consumer), upgrades, and checks the data, the schema and the consumer.
+fn upgrade_keeps_the_data_and_matches_a_fresh_install(from: &str) {
     let fresh = TestDb::new("fresh");
     let old = TestDb::new("old");
     let mut c = connect_to(&old.name);
-    c.batch_execute("DROP EXTENSION pg_envelopes; CREATE EXTENSION pg_envelopes VERSION '0.1.0'")
-        .unwrap();
-    assert_eq!(extversion(&mut c), "0.1.0");
-    // Data written with 0.1.0: envelopes in several bands, an outbox row, a consumer.
-    c.batch_execute(
+    c.batch_execute(&format!(
+        "DROP EXTENSION pg_envelopes; CREATE EXTENSION pg_envelopes VERSION '{from}'"
+    ))
+    .unwrap();
+    assert_eq!(extversion(&mut c), from);
+    let role = format!("{}_consumer", old.name);
+    c.batch_execute(&format!(
         "SET envelopes.band_width = 10;
          SELECT envelopes.insert_gateway_envelope(n, s, '\\x01', pg_catalog.int8send(s))
            FROM generate_series(1, 3) n, generate_series(1, 25) s;
-         SELECT envelopes.publish('orders.created', '\\x7b7d');
+         SELECT envelopes.publish('orders.created', '\\x7b7d') FROM generate_series(1, 3);
          SELECT envelopes.consumer_register('bridge');
-         SELECT envelopes.consumer_envelope_ack('bridge', '{1}', '{7}');",
-    )
+         SELECT envelopes.consumer_envelope_ack('bridge', '{{1}}', '{{7}}');
+         CREATE ROLE {role} LOGIN;"
+    ))
     .unwrap();
+    if from != "0.1.0" {
+        c.execute("SELECT envelopes.grant_consumer($1)", &[&role])
+            .unwrap();
+    }
+    // The bridge delivered the first outbox row (in the version's own terms).
+    let acked = if from == "0.1.0" || from == "0.2.0" {
+        "SELECT envelopes.consumer_outbox_ack('bridge', inserted_xid, id)
+           FROM envelopes.outbox ORDER BY id LIMIT 1"
+    } else {
+        "SELECT envelopes.consumer_outbox_ack('bridge', min(id)) FROM envelopes.outbox"
+    };
+    c.batch_execute(acked).unwrap();
 
     c.batch_execute("ALTER EXTENSION pg_envelopes UPDATE")
         .unwrap();
     let version = extversion(&mut c);
     let current = extversion(&mut connect_to(&fresh.name));
     assert_eq!(version, current);
-    assert_ne!(version, "0.1.0");
+    assert_ne!(version, from);
 
-    // The schema is the same as a fresh install of the current version.
+    // The schema is the same as a fresh install of the current version (roles the
+    // test created aside).
+    connect_to(&fresh.name)
+        .execute("SELECT envelopes.grant_consumer($1)", &[&role])
+        .unwrap();
+    if from == "0.1.0" {
+        c.execute("SELECT envelopes.grant_consumer($1)", &[&role])
+            .unwrap();
+    }
     let upgraded = catalog(&mut c);
     let expected = catalog(&mut connect_to(&fresh.name));
     let missing: Vec<_> = expected.iter().filter(|x| !upgraded.contains(x)).collect();
     let extra: Vec<_> = upgraded.iter().filter(|x| !expected.contains(x)).collect();
     assert!(
         missing.is_empty() && extra.is_empty(),
-        "upgrade differs from a fresh install:\nmissing {missing:#?}\nextra {extra:#?}"
+        "upgrade from {from} differs from a fresh install:\nmissing {missing:#?}\nextra {extra:#?}"
     );
 
     // The data is intact and the current version works on it.
@@ -109,4 +134,38 @@ fn upgrading_from_0_1_0_keeps_the_data_and_matches_a_fresh_install() {
         old.int8("SELECT count(*) FROM envelopes.consumer_envelope_batch('bridge', 1000)"),
         76 - 7
     );
+    // The consumer's outbox position: the two rows it had not acknowledged, never
+    // the one it had.
+    assert_eq!(
+        old.int8("SELECT count(*) FROM envelopes.consumer_outbox_batch('bridge')"),
+        2
+    );
+    // The role made with grant_consumer before the upgrade can use the new functions.
+    let mut as_role = postgres::Client::connect(
+        &format!("{} dbname={} user={role}", old.server, old.name),
+        postgres::NoTls,
+    )
+    .unwrap();
+    as_role
+        .query(
+            "SELECT * FROM envelopes.consumer_envelope_batch('bridge', 10, 100000)",
+            &[],
+        )
+        .unwrap();
+    drop(as_role);
+    connect_to(&fresh.name)
+        .batch_execute(&format!("DROP OWNED BY {role}"))
+        .unwrap();
+    c.batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}"))
+        .unwrap();
+}
+
+#[test]
+fn upgrading_from_0_1_0_keeps_the_data_and_matches_a_fresh_install() {
+    upgrade_keeps_the_data_and_matches_a_fresh_install("0.1.0");
+}
+
+#[test]
+fn upgrading_from_0_2_0_keeps_the_data_and_matches_a_fresh_install() {
+    upgrade_keeps_the_data_and_matches_a_fresh_install("0.2.0");
 }
