@@ -16,10 +16,21 @@ pub struct Db {
 pub enum DbError {
     #[error("invalid database URL: {0}")]
     Url(String),
-    #[error("connect: {0}")]
-    Connect(String),
+    #[error("connect: {}", chain(.0))]
+    Connect(tokio_postgres::Error),
     #[error("TLS: {0}")]
     Tls(String),
+}
+
+impl DbError {
+    /// The server's error, when it answered with one (a wrong password, an
+    /// unknown database), for its SQLSTATE.
+    pub fn postgres(&self) -> Option<&tokio_postgres::Error> {
+        match self {
+            DbError::Connect(e) => Some(e),
+            _ => None,
+        }
+    }
 }
 
 /// Connects to `url` (a libpq URL or key=value string).
@@ -30,17 +41,11 @@ pub async fn connect(url: &str, application_name: &str) -> Result<Db, DbError> {
     config.application_name(application_name);
     let (client, notifications) = match crate::tls::connector(&config).map_err(DbError::Tls)? {
         Some(tls) => {
-            let (client, connection) = config
-                .connect(tls)
-                .await
-                .map_err(|e| DbError::Connect(chain(&e)))?;
+            let (client, connection) = config.connect(tls).await.map_err(DbError::Connect)?;
             (client, spawn_driver(connection))
         }
         None => {
-            let (client, connection) = config
-                .connect(NoTls)
-                .await
-                .map_err(|e| DbError::Connect(chain(&e)))?;
+            let (client, connection) = config.connect(NoTls).await.map_err(DbError::Connect)?;
             (client, spawn_driver(connection))
         }
     };

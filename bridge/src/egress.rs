@@ -1,24 +1,38 @@
-//! Egress: committed rows -> the bus, at least once, never skipping one.
+//! Egress: committed rows -> the bus, at least once, never skipping one, and
+//! never letting one row stop the others.
 //!
 //! The loop: LISTEN on the doorbell channel; on a notification or when the poll
-//! interval passes, read the next committed batch after the consumer's durable
-//! cursor (`consumer_outbox_batch`, `consumer_envelope_batch`: commit-safe, so a
-//! row that commits late is still ahead of the cursor), publish it, wait for the
-//! bus to acknowledge every message, and only then move the cursor
-//! (`consumer_*_ack`). A crash anywhere loses nothing: before the ack the rows
-//! are read again and republished under the same dedup ids, which the bus (or the
-//! consumer) drops. Reads repeat until a batch comes back empty, so one doorbell
-//! drains a whole backlog. Database and bus failures are retried with bounded
-//! backoff; a rejected message is logged with its id and retried, never skipped.
+//! interval passes, read the next batch after the consumer's durable positions
+//! (`consumer_outbox_batch`, `consumer_envelope_batch`: every committed row comes
+//! in some batch, late arrivals included, see the extension's `feed` module),
+//! publish it, wait for the bus to acknowledge every message, and only then move
+//! the positions (`consumer_*_ack`). A crash anywhere loses nothing: before the
+//! ack the rows are read again and republished under the same dedup ids, which
+//! the bus (or the consumer) drops. Reads repeat until a batch comes back empty,
+//! so one doorbell drains a whole backlog. Batches are bounded by rows and bytes.
+//!
+//! Failures, by kind:
+//! * the bus is unavailable: the batch is published again with backoff, for as
+//!   long as it takes (an outage never sets a row aside);
+//! * the bus refuses one message for good (too large, a subject it does not
+//!   take): after `--dead-letter-after` attempts the row is recorded in
+//!   `envelopes.dead_letters` with the reason, counted, and the rest flows; an
+//!   operator can ask for it again with `retry_dead_letters()`;
+//! * a transient database error (connection, serialization, resources): reconnect
+//!   with backoff;
+//! * a permanent database error (data, privileges, e.g. 42501 after a revoke):
+//!   logged as an error with its SQLSTATE, counted, retried at the longest backoff
+//!   until someone fixes it. Nothing is skipped.
 
+use crate::crash;
 use crate::db::{self, Db};
 use crate::message::{Envelope, Message, OutboxMessage};
 use crate::metrics::Metrics;
-use crate::sink::{Sink, SinkOptions, SinkSpec};
-use crate::Backoff;
-use std::collections::BTreeMap;
+use crate::retry::{Backoff, Class, DbFailure};
+use crate::sink::{Sink, SinkError, SinkOptions, SinkSpec};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::watch;
 
 pub struct EgressConfig {
@@ -27,61 +41,24 @@ pub struct EgressConfig {
     pub sink: SinkSpec,
     pub sink_options: SinkOptions,
     pub batch_size: i32,
+    /// Bytes of topics, envelopes and payloads per batch (at least one row).
+    pub batch_bytes: i64,
     pub poll_interval: Duration,
     pub channel: String,
-}
-
-/// Test hook: `ENVELOPES_BRIDGE_CRASH=<point>:<n>` aborts the process (no cleanup,
-/// like kill -9) at the n-th batch reaching `point` (before_publish,
-/// after_publish, after_ack). Used by the crash tests; unset in production.
-struct CrashPoint {
-    point: String,
-    at: u64,
-    seen: u64,
-}
-
-impl CrashPoint {
-    fn from_env() -> Option<CrashPoint> {
-        let spec = std::env::var("ENVELOPES_BRIDGE_CRASH").ok()?;
-        let (point, at) = spec.split_once(':')?;
-        Some(CrashPoint {
-            point: point.to_owned(),
-            at: at.parse().ok()?,
-            seen: 0,
-        })
-    }
-
-    fn reached(crash: &mut Option<CrashPoint>, point: &str) {
-        if let Some(c) = crash {
-            if c.point == point {
-                c.seen += 1;
-                if c.seen >= c.at {
-                    eprintln!(
-                        "envelopes-bridge: crash hook {point}:{} reached, aborting",
-                        c.at
-                    );
-                    std::process::abort();
-                }
-            }
-        }
-    }
+    /// Attempts a message the bus refuses gets before it is set aside.
+    pub dead_letter_after: u32,
 }
 
 /// Runs until `shutdown` turns true.
 pub async fn run(config: EgressConfig, metrics: Arc<Metrics>, mut shutdown: watch::Receiver<bool>) {
-    let mut crash = CrashPoint::from_env();
-    let mut db_backoff = Backoff::new();
-    let mut sink: Option<Sink> = None;
+    let mut backoff = Backoff::new();
+    let mut state = State::default();
     let mut progress = Progress::new();
     'connect: while !*shutdown.borrow() {
         let mut db = match connect(&config).await {
-            Ok(db) => {
-                db_backoff.reset();
-                db
-            }
+            Ok(db) => db,
             Err(e) => {
-                tracing::warn!(error = %e, "database unavailable, retrying");
-                if db_backoff.wait(&mut shutdown).await {
+                if failed(&metrics, &mut backoff, &mut shutdown, &e, "connecting").await {
                     break;
                 }
                 continue;
@@ -93,25 +70,19 @@ pub async fn run(config: EgressConfig, metrics: Arc<Metrics>, mut shutdown: watc
             if *shutdown.borrow() {
                 break 'connect;
             }
-            // Drain: read and publish until both streams come back empty.
-            match drain_once(
-                &config,
-                &mut db,
-                &mut sink,
-                &metrics,
-                &mut crash,
-                &mut shutdown,
-            )
-            .await
-            {
-                Ok(rows) if rows > 0 => {
-                    progress.add(rows, rows as i32 >= config.batch_size);
-                    continue;
+            // Drain: read and publish until both feeds come back empty.
+            match drain_once(&config, &mut db, &mut state, &metrics, &mut shutdown).await {
+                Ok(rows) => {
+                    // A whole round worked: the next failure starts backing off anew.
+                    backoff.reset();
+                    if rows > 0 {
+                        progress.add(rows, rows as i32 >= config.batch_size);
+                        continue;
+                    }
+                    progress.idle();
                 }
-                Ok(_) => progress.idle(),
-                Err(Failure::Database(e)) => {
-                    tracing::warn!(error = %e, "database error, reconnecting");
-                    if db_backoff.wait(&mut shutdown).await {
+                Err(Failure::Database(e, during)) => {
+                    if failed(&metrics, &mut backoff, &mut shutdown, &e, &during).await {
                         break 'connect;
                     }
                     continue 'connect;
@@ -140,18 +111,41 @@ pub async fn run(config: EgressConfig, metrics: Arc<Metrics>, mut shutdown: watc
     tracing::info!("egress stopped");
 }
 
-async fn connect(config: &EgressConfig) -> Result<Db, String> {
-    let db = db::connect(&config.database_url, "envelopes-bridge egress")
-        .await
-        .map_err(|e| e.to_string())?;
+/// Logs and counts a database failure and waits before the next attempt: with
+/// backoff when it is transient, at the longest backoff when it is permanent.
+/// Returns true if shutdown was requested meanwhile.
+async fn failed(
+    metrics: &Metrics,
+    backoff: &mut Backoff,
+    shutdown: &mut watch::Receiver<bool>,
+    error: &DbFailure,
+    during: &str,
+) -> bool {
+    metrics.error(error.class);
+    match error.class {
+        Class::Transient => {
+            tracing::warn!(sqlstate = error.code(), error = %error.message, during,
+                           retry_in_ms = backoff.peek().as_millis() as u64,
+                           "database error, reconnecting");
+            backoff.wait(shutdown).await
+        }
+        Class::Permanent => {
+            tracing::error!(sqlstate = error.code(), error = %error.message, during,
+                            "database refuses the bridge's statement; retrying at the longest \
+                             backoff until it is fixed (nothing is skipped)");
+            backoff.wait_longest(shutdown).await
+        }
+    }
+}
+
+async fn connect(config: &EgressConfig) -> Result<Db, DbFailure> {
+    let db = db::connect(&config.database_url, "envelopes-bridge egress").await?;
     db.client
         .batch_execute(&format!("LISTEN {}", quote_ident(&config.channel)))
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     db.client
         .execute("SELECT envelopes.consumer_register($1)", &[&config.name])
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     Ok(db)
 }
 
@@ -161,139 +155,214 @@ fn quote_ident(name: &str) -> String {
 }
 
 enum Failure {
-    Database(String),
+    /// The failure, and what the bridge was doing (with the rows' ids when known).
+    Database(DbFailure, String),
     Shutdown,
 }
 
-/// One read of each stream, published and acknowledged. Returns the rows moved.
+/// What the bridge keeps between batches: the sink connection and how often each
+/// refused message has been tried.
+#[derive(Default)]
+struct State {
+    sink: Option<Sink>,
+    /// dedup id -> (attempts, first attempt).
+    refusals: HashMap<String, (u32, SystemTime)>,
+}
+
+/// A row as read, with the position to acknowledge once it is delivered.
+enum Position {
+    Outbox(i64),
+    /// In-order envelope: advances the originator's cursor.
+    InOrder(i32, i64),
+    /// From the late feed: advances the late-feed position.
+    Late(i64),
+}
+
+/// One read of each feed, published and acknowledged. Returns the rows moved.
 async fn drain_once(
     config: &EgressConfig,
     db: &mut Db,
-    sink: &mut Option<Sink>,
+    state: &mut State,
     metrics: &Metrics,
-    crash: &mut Option<CrashPoint>,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<usize, Failure> {
-    let mut moved = 0;
+    let mut moved = retry_dead_letters(config, db, state, metrics, shutdown).await?;
 
-    let (outbox, last) = read_outbox(db, config).await.map_err(Failure::Database)?;
-    if let Some((xid, id)) = last {
-        deliver(config, sink, &outbox, metrics, crash, shutdown).await?;
+    let (outbox, positions) = read_outbox(db, config)
+        .await
+        .map_err(|e| Failure::Database(e, "reading the outbox".into()))?;
+    if let Some(Position::Outbox(last)) = positions.last() {
+        deliver(config, db, state, &outbox, metrics, shutdown).await?;
         db.client
             .execute(
-                "SELECT envelopes.consumer_outbox_ack($1, $2::text::xid8, $3)",
-                &[&config.name, &xid, &id],
+                "SELECT envelopes.consumer_outbox_ack($1, $2)",
+                &[&config.name, last],
             )
             .await
-            .map_err(|e| Failure::Database(e.to_string()))?;
-        CrashPoint::reached(crash, "after_ack");
+            .map_err(|e| Failure::Database(e.into(), during("acknowledging", &outbox)))?;
+        crash::reached("after_ack");
         moved += outbox.len();
     }
 
-    let envelopes = read_envelopes(db, config)
+    let (envelopes, positions) = read_envelopes(db, config)
         .await
-        .map_err(Failure::Database)?;
+        .map_err(|e| Failure::Database(e, "reading envelopes".into()))?;
     if !envelopes.is_empty() {
-        deliver(config, sink, &envelopes, metrics, crash, shutdown).await?;
+        deliver(config, db, state, &envelopes, metrics, shutdown).await?;
         let mut tops: BTreeMap<i32, i64> = BTreeMap::new();
-        for m in &envelopes {
-            if let Message::Envelope(e) = m {
-                let top = tops
-                    .entry(e.originator_node_id)
-                    .or_insert(e.originator_sequence_id);
-                *top = (*top).max(e.originator_sequence_id);
+        let mut late: Option<i64> = None;
+        for p in &positions {
+            match *p {
+                Position::InOrder(node, seq) => {
+                    let top = tops.entry(node).or_insert(seq);
+                    *top = (*top).max(seq);
+                }
+                Position::Late(id) => late = Some(late.map_or(id, |l: i64| l.max(id))),
+                Position::Outbox(_) => {}
             }
         }
         let nodes: Vec<i32> = tops.keys().copied().collect();
         let seqs: Vec<i64> = tops.values().copied().collect();
         db.client
             .execute(
-                "SELECT envelopes.consumer_envelope_ack($1, $2, $3)",
-                &[&config.name, &nodes, &seqs],
+                "SELECT envelopes.consumer_envelope_ack($1, $2, $3, $4)",
+                &[&config.name, &nodes, &seqs, &late],
             )
             .await
-            .map_err(|e| Failure::Database(e.to_string()))?;
-        CrashPoint::reached(crash, "after_ack");
+            .map_err(|e| Failure::Database(e.into(), during("acknowledging", &envelopes)))?;
+        crash::reached("after_ack");
         moved += envelopes.len();
     }
     Ok(moved)
 }
 
+/// "`what` first..last", for log lines about a batch.
+fn during(what: &str, batch: &[Message]) -> String {
+    let first = batch.first().map(Message::dedup_id).unwrap_or_default();
+    let last = batch.last().map(Message::dedup_id).unwrap_or_default();
+    format!("{what} rows {first}..{last}")
+}
+
+/// Microseconds since the Unix epoch of a `timestamptz`, read in binary so that
+/// no value can make the read fail (±infinity saturate).
+struct UnixMicros(i64);
+
+impl<'a> tokio_postgres::types::FromSql<'a> for UnixMicros {
+    fn from_sql(
+        _: &tokio_postgres::types::Type,
+        raw: &'a [u8],
+    ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        let bytes: [u8; 8] = raw.try_into()?;
+        // Postgres counts from 2000-01-01.
+        const POSTGRES_EPOCH_US: i64 = 946_684_800_000_000;
+        Ok(UnixMicros(
+            i64::from_be_bytes(bytes).saturating_add(POSTGRES_EPOCH_US),
+        ))
+    }
+
+    fn accepts(ty: &tokio_postgres::types::Type) -> bool {
+        *ty == tokio_postgres::types::Type::TIMESTAMPTZ
+    }
+}
+
 async fn read_outbox(
     db: &Db,
     config: &EgressConfig,
-) -> Result<(Vec<Message>, Option<(String, i64)>), String> {
+) -> Result<(Vec<Message>, Vec<Position>), DbFailure> {
     let rows = db
         .client
         .query(
-            "SELECT id, inserted_xid::text, subject, payload, headers::text,
-                    (extract(epoch FROM created_at) * 1000000)::bigint
-               FROM envelopes.consumer_outbox_batch($1, $2)",
-            &[&config.name, &config.batch_size],
+            "SELECT id, subject, payload, headers::text, created_at
+               FROM envelopes.consumer_outbox_batch($1, $2, $3)",
+            &[&config.name, &config.batch_size, &config.batch_bytes],
         )
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut last = None;
+        .await?;
     let mut out = Vec::with_capacity(rows.len());
+    let mut positions = Vec::with_capacity(rows.len());
     for row in rows {
         let id: i64 = row.get(0);
-        last = Some((row.get::<_, String>(1), id));
-        let headers: String = row.get(4);
-        out.push(Message::Outbox(OutboxMessage {
+        positions.push(Position::Outbox(id));
+        out.push(outbox_message(
             id,
-            subject: row.get(2),
-            payload: row.get(3),
-            headers: serde_json::from_str(&headers).unwrap_or(serde_json::Value::Null),
-            created_at_us: row.get(5),
-        }));
+            row.get(1),
+            row.get(2),
+            row.get(3),
+            row.get::<_, UnixMicros>(4).0,
+        ));
     }
-    Ok((out, last))
+    Ok((out, positions))
 }
 
-async fn read_envelopes(db: &Db, config: &EgressConfig) -> Result<Vec<Message>, String> {
+fn outbox_message(
+    id: i64,
+    subject: String,
+    payload: Vec<u8>,
+    headers: String,
+    created_at_us: i64,
+) -> Message {
+    Message::Outbox(OutboxMessage {
+        id,
+        subject,
+        payload,
+        headers: serde_json::from_str(&headers).unwrap_or(serde_json::Value::Null),
+        created_at_us,
+    })
+}
+
+async fn read_envelopes(
+    db: &Db,
+    config: &EgressConfig,
+) -> Result<(Vec<Message>, Vec<Position>), DbFailure> {
     let rows = db
         .client
         .query(
-            "SELECT originator_node_id, originator_sequence_id,
-                    (extract(epoch FROM gateway_time) * 1000000)::bigint,
-                    topic, payer_id, expiry, originator_envelope
-               FROM envelopes.consumer_envelope_batch($1, $2)",
-            &[&config.name, &config.batch_size],
+            "SELECT originator_node_id, originator_sequence_id, gateway_time,
+                    topic, payer_id, expiry, originator_envelope, late_id
+               FROM envelopes.consumer_envelope_batch($1, $2, $3)",
+            &[&config.name, &config.batch_size, &config.batch_bytes],
         )
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(rows
-        .into_iter()
-        .map(|row| {
-            Message::Envelope(Envelope {
-                originator_node_id: row.get(0),
-                originator_sequence_id: row.get(1),
-                gateway_time_us: row.get(2),
-                topic: row.get(3),
-                payer_id: row.get(4),
-                expiry: row.get(5),
-                originator_envelope: row.get(6),
-            })
-        })
-        .collect())
+        .await?;
+    let mut out = Vec::with_capacity(rows.len());
+    let mut positions = Vec::with_capacity(rows.len());
+    for row in rows {
+        let (node, seq): (i32, i64) = (row.get(0), row.get(1));
+        positions.push(match row.get::<_, Option<i64>>(7) {
+            Some(late) => Position::Late(late),
+            None => Position::InOrder(node, seq),
+        });
+        out.push(Message::Envelope(Envelope {
+            originator_node_id: node,
+            originator_sequence_id: seq,
+            gateway_time_us: row.get::<_, UnixMicros>(2).0,
+            topic: row.get(3),
+            payer_id: row.get(4),
+            expiry: row.get(5),
+            originator_envelope: row.get(6),
+        }));
+    }
+    Ok((out, positions))
 }
 
-/// Publishes until the bus acknowledges the whole batch; reconnects the sink and
-/// retries with backoff on failure. Only shutdown ends it early.
+/// Publishes until the bus has acknowledged every message of the batch or set
+/// the ones it refuses aside as dead letters (see the module documentation).
+/// Returns the indices of the rows set aside. Only shutdown and database errors
+/// (while recording a dead letter) end it early.
 async fn deliver(
     config: &EgressConfig,
-    sink: &mut Option<Sink>,
+    db: &Db,
+    state: &mut State,
     batch: &[Message],
     metrics: &Metrics,
-    crash: &mut Option<CrashPoint>,
     shutdown: &mut watch::Receiver<bool>,
-) -> Result<(), Failure> {
+) -> Result<Vec<usize>, Failure> {
     let mut backoff = Backoff::new();
-    CrashPoint::reached(crash, "before_publish");
-    loop {
-        if sink.is_none() {
+    let mut start = 0;
+    let mut dead = Vec::new();
+    crash::reached("before_publish");
+    while start < batch.len() {
+        if state.sink.is_none() {
             match Sink::connect(&config.sink, &config.sink_options).await {
-                Ok(s) => *sink = Some(s),
+                Ok(s) => state.sink = Some(s),
                 Err(e) => {
                     tracing::warn!(error = %e, sink = %config.sink, "bus unavailable, retrying");
                     if backoff.wait(shutdown).await {
@@ -303,30 +372,192 @@ async fn deliver(
                 }
             }
         }
-        let Some(s) = sink.as_mut() else { continue };
+        let Some(sink) = state.sink.as_mut() else {
+            continue;
+        };
+        let rest = &batch[start..];
         let started = Instant::now();
-        match s.publish(batch).await {
+        match sink.publish(rest).await {
             Ok(()) => {
-                metrics.published(batch);
+                metrics.published(rest);
                 metrics
                     .batch_latency
                     .observe(started.elapsed().as_secs_f64());
-                CrashPoint::reached(crash, "after_publish");
-                return Ok(());
+                for m in rest {
+                    state.refusals.remove(&m.dedup_id());
+                }
+                crash::reached("after_publish");
+                return Ok(dead);
             }
-            Err(e) => {
+            Err(e @ SinkError::Unavailable { .. }) => {
                 metrics.retried.inc();
-                let first = batch.first().map(Message::dedup_id).unwrap_or_default();
-                let last = batch.last().map(Message::dedup_id).unwrap_or_default();
-                tracing::warn!(error = %e, first_id = %first, last_id = %last, rows = batch.len(),
+                tracing::warn!(error = %e, first_id = %rest[0].dedup_id(),
+                               last_id = %rest[rest.len() - 1].dedup_id(), rows = rest.len(),
                                "publish failed, retrying the batch");
-                *sink = None;
+                state.sink = None;
                 if backoff.wait(shutdown).await {
                     return Err(Failure::Shutdown);
                 }
             }
+            Err(SinkError::Refused {
+                index,
+                code,
+                reason,
+                ..
+            }) => {
+                let index = start + index.min(rest.len() - 1);
+                metrics.published(&batch[start..index]);
+                start = index;
+                let message = &batch[index];
+                let id = message.dedup_id();
+                let (attempts, first) = {
+                    let entry = state
+                        .refusals
+                        .entry(id.clone())
+                        .or_insert((0, SystemTime::now()));
+                    entry.0 += 1;
+                    *entry
+                };
+                if attempts < config.dead_letter_after {
+                    metrics.retried.inc();
+                    tracing::warn!(id = %id, code = %code, reason = %reason, attempts,
+                                   limit = config.dead_letter_after,
+                                   "the bus refuses a message, retrying");
+                    if backoff.wait(shutdown).await {
+                        return Err(Failure::Shutdown);
+                    }
+                    continue;
+                }
+                record_dead_letter(db, &config.name, message, &code, &reason, attempts, first)
+                    .await
+                    .map_err(|e| Failure::Database(e, format!("recording dead letter {id}")))?;
+                state.refusals.remove(&id);
+                metrics.dead_lettered(message.kind());
+                tracing::error!(id = %id, code = %code, reason = %reason, attempts,
+                                "the bus refuses a message for good: set aside in \
+                                 envelopes.dead_letters, the rows after it go on");
+                dead.push(index);
+                start = index + 1;
+            }
         }
     }
+    crash::reached("after_publish");
+    Ok(dead)
+}
+
+async fn record_dead_letter(
+    db: &Db,
+    consumer: &str,
+    message: &Message,
+    code: &str,
+    reason: &str,
+    attempts: u32,
+    first: SystemTime,
+) -> Result<(), DbFailure> {
+    let (kind, node, seq, outbox): (&str, Option<i32>, Option<i64>, Option<i64>) = match message {
+        Message::Envelope(e) => (
+            "envelope",
+            Some(e.originator_node_id),
+            Some(e.originator_sequence_id),
+            None,
+        ),
+        Message::Outbox(o) => ("outbox", None, None, Some(o.id)),
+    };
+    let attempts = i32::try_from(attempts).unwrap_or(i32::MAX);
+    db.client
+        .execute(
+            "SELECT envelopes.consumer_dead_letter($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            &[
+                &consumer, &kind, &node, &seq, &outbox, &reason, &code, &attempts, &first,
+            ],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Publishes the dead letters an operator asked to retry; those the bus now takes
+/// are resolved, those it still refuses are recorded again (with the attempts
+/// added). Rows that no longer exist are resolved.
+async fn retry_dead_letters(
+    config: &EgressConfig,
+    db: &Db,
+    state: &mut State,
+    metrics: &Metrics,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<usize, Failure> {
+    let rows = db
+        .client
+        .query(
+            "SELECT dead_letter_id, kind, originator_node_id, originator_sequence_id, gateway_time,
+                    topic, payer_id, expiry, originator_envelope, outbox_id, subject, payload,
+                    headers::text, created_at
+               FROM envelopes.consumer_dead_letter_retries($1, 100)",
+            &[&config.name],
+        )
+        .await
+        .map_err(|e| Failure::Database(e.into(), "reading dead letters to retry".into()))?;
+    if rows.is_empty() {
+        return Ok(0);
+    }
+    let mut ids = Vec::new();
+    let mut gone = Vec::new();
+    let mut batch = Vec::new();
+    for row in rows {
+        let id: i64 = row.get(0);
+        let kind: String = row.get(1);
+        let message = match kind.as_str() {
+            "envelope" => row.get::<_, Option<Vec<u8>>>(8).map(|blob| {
+                Message::Envelope(Envelope {
+                    originator_node_id: row.get(2),
+                    originator_sequence_id: row.get(3),
+                    gateway_time_us: row.get::<_, Option<UnixMicros>>(4).map_or(0, |t| t.0),
+                    topic: row.get::<_, Option<Vec<u8>>>(5).unwrap_or_default(),
+                    payer_id: row.get(6),
+                    expiry: row.get(7),
+                    originator_envelope: blob,
+                })
+            }),
+            _ => row.get::<_, Option<String>>(10).map(|subject| {
+                outbox_message(
+                    row.get::<_, Option<i64>>(9).unwrap_or_default(),
+                    subject,
+                    row.get::<_, Option<Vec<u8>>>(11).unwrap_or_default(),
+                    row.get::<_, Option<String>>(12).unwrap_or_default(),
+                    row.get::<_, Option<UnixMicros>>(13).map_or(0, |t| t.0),
+                )
+            }),
+        };
+        match message {
+            Some(m) => {
+                ids.push(id);
+                batch.push(m);
+            }
+            None => gone.push(id),
+        }
+    }
+    let dead = if batch.is_empty() {
+        Vec::new()
+    } else {
+        deliver(config, db, state, &batch, metrics, shutdown).await?
+    };
+    let resolved: Vec<i64> = ids
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !dead.contains(i))
+        .map(|(_, id)| *id)
+        .chain(gone)
+        .collect();
+    db.client
+        .execute(
+            "SELECT envelopes.consumer_dead_letter_resolved($1, $2)",
+            &[&config.name, &resolved],
+        )
+        .await
+        .map_err(|e| Failure::Database(e.into(), "resolving dead letters".into()))?;
+    if !resolved.is_empty() {
+        tracing::info!(rows = resolved.len(), "dead letters delivered on retry");
+    }
+    Ok(batch.len() - dead.len())
 }
 
 async fn update_lag(db: &Db, name: &str, metrics: &Metrics) {
@@ -346,7 +577,7 @@ async fn update_lag(db: &Db, name: &str, metrics: &Metrics) {
             metrics.lag_seconds.set(row.get::<_, f64>(1));
         }
         Ok(None) => {}
-        Err(e) => tracing::debug!(error = %e, "could not read consumer status"),
+        Err(e) => tracing::debug!(error = %DbFailure::new(&e), "could not read consumer status"),
     }
 }
 

@@ -10,12 +10,20 @@
 //! it makes the bus redeliver rows that are already stored, which the idempotent
 //! insert ignores. On start the consumer resumes from the stored position — the
 //! database, not the bus, is the record of what was stored.
+//!
+//! A batch the database refuses for good (a data or privilege error, e.g. a topic
+//! over the receiver's `max_topic_bytes`) is bisected in transactions that roll
+//! back, to find the messages it refuses; those go to the dead-letter subject
+//! with the SQLSTATE and the server's message in headers, and the rest of the
+//! batch is stored with the position as usual. Transient errors reconnect with
+//! backoff; the backoff starts over only after a batch went through.
 
+use crate::crash;
 use crate::db;
 use crate::message::Envelope;
 use crate::metrics::Metrics;
-use crate::sink::{nats::connect_client, NatsAuth};
-use crate::Backoff;
+use crate::nats::NatsAuth;
+use crate::retry::{Backoff, Class, DbFailure};
 use async_nats::jetstream::{self, consumer::pull, consumer::AckPolicy, consumer::DeliverPolicy};
 use futures_util::StreamExt;
 use std::sync::Arc;
@@ -35,7 +43,11 @@ pub struct IngressConfig {
 }
 
 enum Failure {
+    /// Anything from the bus, and transient database errors: reconnect.
     Retry(String),
+    /// A permanent database error outside the envelopes themselves (e.g. the
+    /// position function after a revoke): retry at the longest backoff.
+    Permanent(DbFailure),
 }
 
 pub async fn run(
@@ -48,8 +60,18 @@ pub async fn run(
         match session(&config, &metrics, &mut shutdown, &mut backoff).await {
             Ok(()) => break,
             Err(Failure::Retry(why)) => {
-                tracing::warn!(error = %why, "ingress interrupted, reconnecting");
+                metrics.error(Class::Transient);
+                tracing::warn!(error = %why, retry_in_ms = backoff.peek().as_millis() as u64,
+                               "ingress interrupted, reconnecting");
                 if backoff.wait(&mut shutdown).await {
+                    break;
+                }
+            }
+            Err(Failure::Permanent(e)) => {
+                metrics.error(Class::Permanent);
+                tracing::error!(sqlstate = e.code(), error = %e.message,
+                                "database refuses the ingress; retrying at the longest backoff");
+                if backoff.wait_longest(&mut shutdown).await {
                     break;
                 }
             }
@@ -68,8 +90,8 @@ async fn session(
     let retry = |e: &dyn std::fmt::Display| Failure::Retry(e.to_string());
     let mut db = db::connect(&config.database_url, "envelopes-bridge ingress")
         .await
-        .map_err(|e| retry(&e))?;
-    let client = connect_client(&config.source, &config.nats_auth)
+        .map_err(|e| database(e.into()))?;
+    let client = crate::nats::connect(&config.source, &config.nats_auth)
         .await
         .map_err(|e| retry(&e))?;
     let js = jetstream::new(client.clone());
@@ -83,7 +105,7 @@ async fn session(
             &[&config.name, &config.stream],
         )
         .await
-        .map_err(|e| retry(&e))?
+        .map_err(|e| database(e.into()))?
         .get(0);
     let durable = format!("envelopes-ingress-{}", config.name);
     let _ = stream.delete_consumer(&durable).await; // the database position wins
@@ -101,7 +123,6 @@ async fn session(
         .await
         .map_err(|e| retry(&e))?;
     tracing::info!(consumer = %config.name, stream = %config.stream, position, "ingress connected");
-    backoff.reset();
 
     loop {
         if *shutdown.borrow() {
@@ -119,15 +140,20 @@ async fn session(
             messages.push(message.map_err(|e| retry(&e))?);
         }
         if messages.is_empty() {
+            backoff.reset(); // a whole round worked
             continue;
         }
         let mut good = Vec::with_capacity(messages.len());
+        let mut good_sources = Vec::with_capacity(messages.len());
         let mut last_sequence = 0u64;
         for m in &messages {
             let sequence = m.info().map(|i| i.stream_sequence).map_err(|e| retry(&e))?;
             last_sequence = last_sequence.max(sequence);
             match Envelope::from_bus(&m.payload) {
-                Ok(envelope) => good.push(envelope),
+                Ok(envelope) => {
+                    good.push(envelope);
+                    good_sources.push((m, sequence));
+                }
                 Err(reason) => {
                     dead_letter(
                         &client,
@@ -135,24 +161,64 @@ async fn session(
                         m,
                         sequence,
                         &reason.to_string(),
+                        None,
                     )
                     .await
                     .map_err(|e| retry(&e))?;
-                    metrics.dead_lettered.inc();
+                    metrics.dead_lettered("envelope");
                     tracing::warn!(sequence, %reason, "malformed message dead-lettered");
                 }
             }
         }
-        let stored = store(&mut db, config, &good, last_sequence as i64)
-            .await
-            .map_err(|e| retry(&e))?;
+        let stored = match store(&mut db, config, &good, last_sequence as i64).await {
+            Ok(stored) => stored,
+            Err(e) if e.class == Class::Permanent && !good.is_empty() => {
+                // Which messages does the database refuse? Set them aside, store the rest.
+                let refused = refused_by_database(&mut db, &good)
+                    .await
+                    .map_err(database)?;
+                for (index, why) in &refused {
+                    let (m, sequence) = &good_sources[*index];
+                    dead_letter(
+                        &client,
+                        &config.dead_letter_subject,
+                        m,
+                        *sequence,
+                        &why.message,
+                        why.sqlstate.as_deref(),
+                    )
+                    .await
+                    .map_err(|e| retry(&e))?;
+                    metrics.dead_lettered("envelope");
+                    tracing::warn!(sequence, sqlstate = why.code(), error = %why.message,
+                                   "message refused by the database dead-lettered");
+                }
+                let kept: Vec<Envelope> = good
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| !refused.iter().any(|(r, _)| r == i))
+                    .map(|(_, e)| e.clone())
+                    .collect();
+                store(&mut db, config, &kept, last_sequence as i64)
+                    .await
+                    .map_err(database)?
+            }
+            Err(e) => return Err(database(e)),
+        };
         metrics.ingested.inc_by(stored as u64);
-        crash_hook("after_commit");
+        crash::reached("after_commit");
         // The position is committed: now the bus may forget the batch.
         if let Some(last) = messages.last() {
             last.ack().await.map_err(|e| retry(&e))?;
         }
         tracing::debug!(rows = good.len(), stored, last_sequence, "batch stored");
+    }
+}
+
+fn database(e: DbFailure) -> Failure {
+    match e.class {
+        Class::Transient => Failure::Retry(e.to_string()),
+        Class::Permanent => Failure::Permanent(e),
     }
 }
 
@@ -162,8 +228,55 @@ async fn store(
     config: &IngressConfig,
     envelopes: &[Envelope],
     position: i64,
-) -> Result<i64, tokio_postgres::Error> {
+) -> Result<i64, DbFailure> {
     let tx = db.client.transaction().await?;
+    let stored = insert(&tx, envelopes).await?;
+    crash::reached("before_commit");
+    tx.execute(
+        "SELECT envelopes.ingress_store_position($1, $2, $3)",
+        &[&config.name, &config.stream, &position],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(stored)
+}
+
+/// Finds the envelopes the database refuses, by bisection: each half is inserted
+/// in a transaction that is rolled back, and a half that fails for good is split
+/// again. A transient error ends the search (the batch is retried as a whole).
+async fn refused_by_database(
+    db: &mut db::Db,
+    envelopes: &[Envelope],
+) -> Result<Vec<(usize, DbFailure)>, DbFailure> {
+    let mut refused = Vec::new();
+    let mut ranges = vec![(0, envelopes.len())];
+    while let Some((from, to)) = ranges.pop() {
+        let tx = db.client.transaction().await?;
+        let result = insert(&tx, &envelopes[from..to]).await;
+        tx.rollback().await?;
+        match result {
+            Ok(_) => {}
+            Err(e) if e.class == Class::Permanent => {
+                if to - from == 1 {
+                    refused.push((from, e));
+                } else {
+                    let mid = from + (to - from) / 2;
+                    ranges.push((mid, to));
+                    ranges.push((from, mid));
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    refused.sort_by_key(|(i, _)| *i);
+    Ok(refused)
+}
+
+/// Inserts envelopes with the extension's batch function; returns the new ones.
+async fn insert(
+    tx: &tokio_postgres::Transaction<'_>,
+    envelopes: &[Envelope],
+) -> Result<i64, DbFailure> {
     let mut stored = 0;
     if !envelopes.is_empty() {
         let nodes: Vec<i32> = envelopes.iter().map(|e| e.originator_node_id).collect();
@@ -187,27 +300,25 @@ async fn store(
             .await?
             .get(0);
     }
-    crash_hook("before_commit");
-    tx.execute(
-        "SELECT envelopes.ingress_store_position($1, $2, $3)",
-        &[&config.name, &config.stream, &position],
-    )
-    .await?;
-    tx.commit().await?;
     Ok(stored)
 }
 
-/// Publishes a malformed message to the dead-letter subject, with why and where it
-/// came from, and waits until the server has it.
+/// Publishes a message that cannot be stored to the dead-letter subject, with why
+/// (and the SQLSTATE when the database refused it) and where it came from, and
+/// waits until the server has it.
 async fn dead_letter(
     client: &async_nats::Client,
     subject: &str,
     message: &jetstream::Message,
     sequence: u64,
     reason: &str,
+    sqlstate: Option<&str>,
 ) -> Result<(), async_nats::Error> {
     let mut headers = async_nats::HeaderMap::new();
     headers.insert("Envelopes-Error", reason);
+    if let Some(code) = sqlstate {
+        headers.insert("Envelopes-Sqlstate", code);
+    }
     headers.insert("Envelopes-Source-Subject", message.subject.as_str());
     headers.insert("Envelopes-Source-Sequence", sequence.to_string().as_str());
     client
@@ -215,21 +326,4 @@ async fn dead_letter(
         .await?;
     client.flush().await?;
     Ok(())
-}
-
-/// Test hook, as in egress: `ENVELOPES_BRIDGE_CRASH=<point>:<n>` aborts at the n-th
-/// batch reaching before_commit or after_commit.
-fn crash_hook(point: &str) {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static SEEN: AtomicU64 = AtomicU64::new(0);
-    let Ok(spec) = std::env::var("ENVELOPES_BRIDGE_CRASH") else {
-        return;
-    };
-    let Some((p, n)) = spec.split_once(':') else {
-        return;
-    };
-    if p == point && SEEN.fetch_add(1, Ordering::SeqCst) + 1 >= n.parse().unwrap_or(u64::MAX) {
-        eprintln!("envelopes-bridge: crash hook {spec} reached, aborting");
-        std::process::abort();
-    }
 }

@@ -1,12 +1,15 @@
 //! envelopes-bridge: moves committed pg_envelopes rows to message buses (egress)
 //! and envelopes from a bus into the store (ingress), without losing any.
 
+mod crash;
 mod db;
 mod egress;
 mod ingress;
 mod message;
 mod metrics;
+mod nats;
 mod redact;
+mod retry;
 mod sink;
 mod tls;
 
@@ -85,6 +88,16 @@ struct EgressArgs {
     #[arg(long, env = "ENVELOPES_BATCH_SIZE", default_value_t = 1000,
           value_parser = clap::value_parser!(i32).range(1..=100_000))]
     batch_size: i32,
+    /// Bytes (topics, envelopes, payloads) per read and per publish; a batch always
+    /// holds at least one row. Bounds the bridge's memory.
+    #[arg(long, env = "ENVELOPES_BATCH_BYTES", default_value_t = 16 * 1024 * 1024,
+          value_parser = clap::value_parser!(i64).range(1..))]
+    batch_bytes: i64,
+    /// Attempts a message the bus refuses (too large, a subject it does not take)
+    /// gets before it is set aside in envelopes.dead_letters and the rest flows.
+    #[arg(long, env = "ENVELOPES_DEAD_LETTER_AFTER", default_value_t = 5,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    dead_letter_after: u32,
     /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9187).
     #[arg(long, env = "ENVELOPES_METRICS_ADDR")]
     metrics_addr: Option<SocketAddr>,
@@ -188,33 +201,14 @@ struct IngressArgs {
 struct StatusArgs {
     #[command(flatten)]
     database: DatabaseArgs,
-}
-
-/// Exponential backoff between retries: 100 ms doubling up to 5 s.
-#[derive(Default)]
-pub struct Backoff {
-    next: Duration,
-}
-
-impl Backoff {
-    pub fn new() -> Backoff {
-        Backoff::default()
-    }
-
-    pub fn reset(&mut self) {
-        self.next = Duration::ZERO;
-    }
-
-    /// Sleeps for the next delay; returns true if shutdown was requested meanwhile.
-    pub async fn wait(&mut self, shutdown: &mut watch::Receiver<bool>) -> bool {
-        let delay = self.next.max(Duration::from_millis(100));
-        self.next = (delay * 2).min(Duration::from_secs(5));
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = shutdown.changed() => {}
-        }
-        *shutdown.borrow()
-    }
+    /// Also show the error and dead-letter counters of running bridges, read from
+    /// their --metrics-addr (repeatable, e.g. 127.0.0.1:9187).
+    #[arg(
+        long = "bridge-metrics",
+        env = "ENVELOPES_BRIDGE_METRICS",
+        value_delimiter = ','
+    )]
+    bridge_metrics: Vec<SocketAddr>,
 }
 
 fn init_logging(json: bool) {
@@ -256,43 +250,101 @@ async fn status(args: StatusArgs) -> Result<(), String> {
     args.database.apply();
     let db = db::connect(&args.database.database_url, "envelopes-bridge status")
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| retry::DbFailure::from(e).to_string())?;
+    let failure = |e: tokio_postgres::Error| retry::DbFailure::new(&e).to_string();
     let rows = db
         .client
         .query(
-            "SELECT consumer, outbox_xid::text, outbox_id, outbox_pending,
+            "SELECT consumer, outbox_id, late_id, outbox_pending,
                     COALESCE(extract(epoch FROM outbox_oldest_pending_age), 0)::float8,
                     envelopes_pending,
                     COALESCE(extract(epoch FROM envelopes_oldest_pending_age), 0)::float8,
-                    COALESCE(last_acknowledged_at::text, '-'), notification_queue_usage
+                    dead_letters, COALESCE(last_acknowledged_at::text, '-'), notification_queue_usage
                FROM envelopes.consumer_status ORDER BY consumer",
             &[],
         )
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(failure)?;
     println!(
-        "{:<24} {:>22} {:>10} {:>12} {:>10} {:>12}  {:<32} {:>8}",
+        "{:<24} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6}  {:<32} {:>8}",
         "consumer",
-        "outbox cursor",
+        "outbox id",
+        "late id",
         "outbox lag",
         "oldest (s)",
         "env. lag",
         "oldest (s)",
+        "dead",
         "last ack",
         "notify q"
     );
     for r in rows {
         println!(
-            "{:<24} {:>22} {:>10} {:>12.1} {:>10} {:>12.1}  {:<32} {:>8.4}",
+            "{:<24} {:>10} {:>10} {:>10} {:>10.1} {:>10} {:>10.1} {:>6}  {:<32} {:>8.4}",
             r.get::<_, String>(0),
-            format!("{}/{}", r.get::<_, String>(1), r.get::<_, i64>(2)),
+            r.get::<_, i64>(1),
+            r.get::<_, i64>(2),
             r.get::<_, i64>(3),
             r.get::<_, f64>(4),
             r.get::<_, i64>(5),
             r.get::<_, f64>(6),
-            r.get::<_, String>(7),
-            r.get::<_, f64>(8),
+            r.get::<_, i64>(7),
+            r.get::<_, String>(8),
+            r.get::<_, f64>(9),
         );
+    }
+    let dead = db
+        .client
+        .query(
+            "SELECT id, consumer, CASE kind WHEN 'envelope'
+                        THEN originator_node_id || ':' || originator_sequence_id
+                        ELSE 'outbox:' || outbox_id END,
+                    attempts, COALESCE(error, '-'), reason, last_attempt_at::text,
+                    retry_requested_at IS NOT NULL
+               FROM envelopes.dead_letters ORDER BY id",
+            &[],
+        )
+        .await
+        .map_err(failure)?;
+    if !dead.is_empty() {
+        println!("\ndead letters (envelopes.retry_dead_letters() asks for them again):");
+        for r in dead {
+            println!(
+                "  #{:<6} {:<20} {:<24} attempts {:<3} {:<12} {}  (last {}{})",
+                r.get::<_, i64>(0),
+                r.get::<_, String>(1),
+                r.get::<_, String>(2),
+                r.get::<_, i32>(3),
+                r.get::<_, String>(4),
+                r.get::<_, String>(5),
+                r.get::<_, String>(6),
+                if r.get::<_, bool>(7) {
+                    ", retry asked"
+                } else {
+                    ""
+                },
+            );
+        }
+    }
+    for addr in &args.bridge_metrics {
+        match metrics::scrape(*addr).await {
+            Ok(text) => {
+                println!("\nbridge at {addr}:");
+                for line in text.lines().filter(|l| {
+                    [
+                        "_errors_total",
+                        "_dead_lettered_total",
+                        "_retried_total",
+                        "_published_total",
+                    ]
+                    .iter()
+                    .any(|m| l.starts_with("envelopes_bridge") && l.contains(m))
+                }) {
+                    println!("  {line}");
+                }
+            }
+            Err(e) => println!("\nbridge at {addr}: not reachable ({e})"),
+        }
     }
     Ok(())
 }
@@ -319,8 +371,10 @@ async fn main() -> std::process::ExitCode {
                 name: args.name.clone(),
                 sink: args.sink.clone(),
                 batch_size: args.batch_size,
+                batch_bytes: args.batch_bytes,
                 poll_interval: Duration::from_millis(args.poll_interval_ms.max(1)),
                 channel: args.channel,
+                dead_letter_after: args.dead_letter_after,
             };
             egress::run(config, metrics, shutdown_signal()).await;
             std::process::ExitCode::SUCCESS

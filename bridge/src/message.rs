@@ -39,6 +39,10 @@ pub enum Message {
     Outbox(OutboxMessage),
 }
 
+/// The lowest sequence id the extension stores (its `FIRST_SEQUENCE_ID`): a
+/// cursor with no entry for an originator stands just below it.
+pub const FIRST_SEQUENCE_ID: i64 = 1;
+
 /// Why bytes from a bus are not a message we accept.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DecodeError {
@@ -46,13 +50,21 @@ pub enum DecodeError {
     Cbor(String),
     #[error("originator_node_id must not be negative (got {0})")]
     NegativeNode(i32),
-    #[error("originator_sequence_id must not be negative (got {0})")]
-    NegativeSequence(i64),
+    #[error("originator_sequence_id must be at least {FIRST_SEQUENCE_ID} (got {0})")]
+    SequenceBelowFirst(i64),
     #[error("expected an envelope, got an outbox message")]
     NotAnEnvelope,
 }
 
 impl Message {
+    /// `"envelope"` or `"outbox"`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Message::Envelope(_) => "envelope",
+            Message::Outbox(_) => "outbox",
+        }
+    }
+
     /// The id a bus or consumer uses to drop replays: `"{node}:{seq}"` for an
     /// envelope, `"outbox:{id}"` for an outbox row.
     pub fn dedup_id(&self) -> String {
@@ -113,8 +125,8 @@ impl Envelope {
             Message::Envelope(e) if e.originator_node_id < 0 => {
                 Err(DecodeError::NegativeNode(e.originator_node_id))
             }
-            Message::Envelope(e) if e.originator_sequence_id < 0 => {
-                Err(DecodeError::NegativeSequence(e.originator_sequence_id))
+            Message::Envelope(e) if e.originator_sequence_id < FIRST_SEQUENCE_ID => {
+                Err(DecodeError::SequenceBelowFirst(e.originator_sequence_id))
             }
             Message::Envelope(e) => Ok(e),
             Message::Outbox(_) => Err(DecodeError::NotAnEnvelope),
@@ -184,7 +196,14 @@ mod tests {
         }
         assert_eq!(
             Envelope::from_bus(&neg.to_cbor()),
-            Err(DecodeError::NegativeSequence(-1))
+            Err(DecodeError::SequenceBelowFirst(-1))
+        );
+        if let Message::Envelope(e) = &mut neg {
+            e.originator_sequence_id = 0;
+        }
+        assert_eq!(
+            Envelope::from_bus(&neg.to_cbor()),
+            Err(DecodeError::SequenceBelowFirst(0))
         );
     }
 }
@@ -240,7 +259,7 @@ mod fuzz {
             let len = cut.index(bytes.len() + 1);
             let decoded = Envelope::from_bus(&bytes[..len]);
             if let Ok(e) = decoded {
-                prop_assert!(e.originator_node_id >= 0 && e.originator_sequence_id >= 0);
+                prop_assert!(e.originator_node_id >= 0 && e.originator_sequence_id >= FIRST_SEQUENCE_ID);
             }
         }
 
@@ -251,7 +270,7 @@ mod fuzz {
             match Envelope::from_bus(&Message::Envelope(e.clone()).to_cbor()) {
                 Ok(back) => prop_assert_eq!(back, e),
                 Err(DecodeError::NegativeNode(_)) => prop_assert!(e.originator_node_id < 0),
-                Err(DecodeError::NegativeSequence(_)) => prop_assert!(e.originator_sequence_id < 0),
+                Err(DecodeError::SequenceBelowFirst(_)) => prop_assert!(e.originator_sequence_id < FIRST_SEQUENCE_ID),
                 Err(other) => prop_assert!(false, "unexpected {other}"),
             }
         }

@@ -25,7 +25,8 @@ pub struct Metrics {
     pub lag_seconds: Gauge<f64, AtomicU64>,
     pub batch_latency: Histogram,
     pub ingested: Counter,
-    pub dead_lettered: Counter,
+    dead_lettered: Family<KindLabel, Counter>,
+    errors: Family<KindLabel, Counter>,
 }
 
 impl Metrics {
@@ -37,7 +38,8 @@ impl Metrics {
         let lag_seconds = Gauge::<f64, AtomicU64>::default();
         let batch_latency = Histogram::new(exponential_buckets(0.001, 2.0, 16));
         let ingested = Counter::default();
-        let dead_lettered = Counter::default();
+        let dead_lettered = Family::<KindLabel, Counter>::default();
+        let errors = Family::<KindLabel, Counter>::default();
         registry.register(
             "published",
             "Messages acknowledged by the bus",
@@ -66,8 +68,16 @@ impl Metrics {
         registry.register("ingested", "Envelopes stored by ingress", ingested.clone());
         registry.register(
             "dead_lettered",
-            "Malformed messages sent to the dead-letter subject",
+            "Rows set aside: egress rows the bus refuses for good (envelopes.dead_letters), \
+             ingress messages that are malformed or that the database refuses (the \
+             dead-letter subject)",
             dead_lettered.clone(),
+        );
+        registry.register(
+            "errors",
+            "Database errors, by kind: transient (retried with backoff) or permanent \
+             (data or privileges; retried at the longest backoff)",
+            errors.clone(),
         );
         Metrics {
             registry,
@@ -78,16 +88,29 @@ impl Metrics {
             batch_latency,
             ingested,
             dead_lettered,
+            errors,
         }
+    }
+
+    /// Counts a row (`"envelope"` or `"outbox"`) set aside.
+    pub fn dead_lettered(&self, kind: &'static str) {
+        self.dead_lettered.get_or_create(&KindLabel { kind }).inc();
+    }
+
+    /// Counts a database error of this class.
+    pub fn error(&self, class: crate::retry::Class) {
+        self.errors
+            .get_or_create(&KindLabel {
+                kind: class.label(),
+            })
+            .inc();
     }
 
     pub fn published(&self, batch: &[Message]) {
         for m in batch {
-            let kind = match m {
-                Message::Envelope(_) => "envelope",
-                Message::Outbox(_) => "outbox",
-            };
-            self.published.get_or_create(&KindLabel { kind }).inc();
+            self.published
+                .get_or_create(&KindLabel { kind: m.kind() })
+                .inc();
         }
     }
 
@@ -122,4 +145,27 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<(
         }
     });
     Ok(())
+}
+
+/// Reads the metrics another bridge serves (for `envelopes-bridge status`).
+pub async fn scrape(addr: SocketAddr) -> std::io::Result<String> {
+    let connect = tokio::net::TcpStream::connect(addr);
+    let mut stream = tokio::time::timeout(std::time::Duration::from_secs(3), connect)
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: bridge\r\nConnection: close\r\n\r\n")
+        .await?;
+    let mut response = Vec::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(3),
+        stream.read_to_end(&mut response),
+    )
+    .await
+    .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "read timed out"))??;
+    let text = String::from_utf8_lossy(&response);
+    Ok(text
+        .split_once("\r\n\r\n")
+        .map_or(text.as_ref(), |(_, body)| body)
+        .to_owned())
 }

@@ -248,13 +248,13 @@ fn kill_9_at_any_point_loses_nothing_and_duplicates_nothing() {
             while !stop.load(Ordering::Relaxed) {
                 let mut now = BTreeMap::new();
                 let o = c
-                    .query_one("SELECT outbox_xid::text, outbox_id FROM envelopes.consumers WHERE name = 'kill9'", &[])
+                    .query_one(
+                        "SELECT outbox_id, late_id FROM envelopes.consumers WHERE name = 'kill9'",
+                        &[],
+                    )
                     .unwrap();
-                let xid: i128 = o.get::<_, String>(0).parse().unwrap();
-                now.insert(
-                    "outbox".to_owned(),
-                    xid * 1_000_000_000 + i128::from(o.get::<_, i64>(1)),
-                );
+                now.insert("outbox".to_owned(), i128::from(o.get::<_, i64>(0)));
+                now.insert("late".to_owned(), i128::from(o.get::<_, i64>(1)));
                 for r in c
                     .query(
                         "SELECT originator_node_id, sequence_id FROM envelopes.consumer_envelope_cursors

@@ -1,12 +1,16 @@
 //! Where egress publishes: stdout, a JSONL file, NATS JetStream, Redis Streams or
 //! MQTT. `publish` returns only once the bus has acknowledged every message of the
-//! batch, so the caller may then move its cursor; on error nothing of the batch
-//! counts as delivered and the caller publishes it again (dedup ids make the
-//! replays harmless).
+//! batch, so the caller may then move its cursor. It fails in one of two ways:
+//! the bus is unavailable (nothing of the batch counts; publish it again, dedup
+//! ids make the replays harmless), or the bus refuses one message of the batch
+//! for a reason of its own that retrying will not change — larger than the
+//! server's maximum, a subject it does not take — in which case the messages
+//! before it were acknowledged and the caller decides what to do with it (after
+//! bounded attempts, set it aside as a dead letter: see `egress.rs`).
 
 mod file;
 mod mqtt;
-pub mod nats;
+mod nats;
 mod redis;
 
 use crate::message::Message;
@@ -117,23 +121,48 @@ pub struct SinkOptions {
     pub nats_stream: String,
     pub subject_prefix: String,
     pub redis_stream: String,
-    pub nats_auth: nats::NatsAuth,
+    pub nats_auth: crate::nats::NatsAuth,
     pub mqtt_client_id: String,
 }
 
-/// A failed publish. The batch is retried as a whole.
+/// A failed publish.
 #[derive(Debug, thiserror::Error)]
-#[error("{sink}: {message}")]
-pub struct SinkError {
-    pub sink: &'static str,
-    pub message: String,
+pub enum SinkError {
+    /// The bus could not be reached or did not acknowledge in time: publish the
+    /// whole batch again.
+    #[error("{sink}: {message}")]
+    Unavailable { sink: &'static str, message: String },
+    /// The bus refuses message `index` of the batch, and would again: the
+    /// messages before it were acknowledged.
+    #[error("{sink} refuses message {index} of the batch ({code}): {reason}")]
+    Refused {
+        sink: &'static str,
+        index: usize,
+        /// A short code for the refusal (the bus's own where it has one).
+        code: String,
+        reason: String,
+    },
 }
 
 impl SinkError {
     pub fn new(sink: &'static str, message: impl ToString) -> SinkError {
-        SinkError {
+        SinkError::Unavailable {
             sink,
             message: message.to_string(),
+        }
+    }
+
+    pub fn refused(
+        sink: &'static str,
+        index: usize,
+        code: impl ToString,
+        reason: impl ToString,
+    ) -> SinkError {
+        SinkError::Refused {
+            sink,
+            index,
+            code: code.to_string(),
+            reason: reason.to_string(),
         }
     }
 }
@@ -186,7 +215,36 @@ pub fn subject(prefix: &str, sep: char, message: &Message) -> String {
     }
 }
 
-pub use nats::NatsAuth;
+pub use crate::nats::NatsAuth;
+
+/// Why a NATS server would refuse this subject in a publish: an empty token, a
+/// wildcard, whitespace (the extension refuses such outbox subjects since 0.3.0;
+/// older rows may still have them).
+pub fn nats_subject_problem(subject: &str) -> Option<&'static str> {
+    for token in subject.split('.') {
+        if token.is_empty() {
+            return Some("empty token");
+        }
+        if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Some("whitespace or control character");
+        }
+        if token == "*" || token == ">" || token.contains(['*', '>']) {
+            return Some("wildcard");
+        }
+    }
+    None
+}
+
+/// Why an MQTT broker would refuse this topic in a publish: a wildcard or NUL.
+pub fn mqtt_topic_problem(topic: &str) -> Option<&'static str> {
+    if topic.contains(['+', '#']) {
+        return Some("wildcard");
+    }
+    if topic.contains('\0') {
+        return Some("NUL character");
+    }
+    None
+}
 
 #[cfg(test)]
 mod tests {
@@ -216,6 +274,28 @@ mod tests {
                 password: Some("p".into())
             })
         );
+    }
+
+    #[test]
+    fn subjects_the_buses_refuse_are_named() {
+        assert_eq!(
+            nats_subject_problem("envelopes.outbox.orders.created"),
+            None
+        );
+        assert_eq!(
+            nats_subject_problem("envelopes.outbox.a..b"),
+            Some("empty token")
+        );
+        assert_eq!(
+            nats_subject_problem("envelopes.outbox.a.*"),
+            Some("wildcard")
+        );
+        assert_eq!(
+            nats_subject_problem("envelopes.outbox.a b"),
+            Some("whitespace or control character")
+        );
+        assert_eq!(mqtt_topic_problem("envelopes/outbox/a.b"), None);
+        assert_eq!(mqtt_topic_problem("envelopes/outbox/a/+"), Some("wildcard"));
     }
 
     #[test]

@@ -3,8 +3,11 @@
 //! client's event loop runs in its own task and counts PUBACKs. After a failed
 //! batch the connection is rebuilt from scratch, so late PUBACKs of an abandoned
 //! attempt cannot be mistaken for the next one's.
+//!
+//! Refused for good: a topic with a wildcard, and a message larger than the
+//! maximum packet size the broker announced in its CONNACK (if it did).
 
-use super::{subject, SinkError, SinkOptions};
+use super::{mqtt_topic_problem, subject, SinkError, SinkOptions};
 use crate::message::Message;
 use rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
 use rumqttc::v5::mqttbytes::QoS;
@@ -24,6 +27,8 @@ pub struct Mqtt {
 
 struct Session {
     client: AsyncClient,
+    /// The broker's maximum packet size, from its CONNACK (0: none announced).
+    max_packet: watch::Receiver<u32>,
     acks: watch::Receiver<u64>,
     errors: watch::Receiver<Option<String>>,
     sent: u64,
@@ -67,11 +72,14 @@ impl Mqtt {
         let (ack_tx, acks) = watch::channel(0u64);
         let (err_tx, errors) = watch::channel(None);
         let (connected_tx, mut connected) = watch::channel(false);
+        let (max_tx, max_packet) = watch::channel(0u32);
         let task = tokio::spawn(async move {
             let mut count = 0u64;
             loop {
                 match eventloop.poll().await {
-                    Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                    Ok(Event::Incoming(Packet::ConnAck(ack))) => {
+                        let max = ack.properties.and_then(|p| p.max_packet_size).unwrap_or(0);
+                        let _ = max_tx.send(max);
                         let _ = connected_tx.send(true);
                     }
                     Ok(Event::Incoming(Packet::PubAck(_))) => {
@@ -88,6 +96,7 @@ impl Mqtt {
         });
         let mut session = Session {
             client,
+            max_packet,
             acks,
             errors,
             sent: 0,
@@ -113,7 +122,7 @@ impl Mqtt {
             self.session = Some(self.open().await?);
         }
         let result = self.publish_on_session(batch).await;
-        if result.is_err() {
+        if let Err(SinkError::Unavailable { .. }) = result {
             self.session = None; // start clean on the next attempt
         }
         result
@@ -125,22 +134,43 @@ impl Mqtt {
             .session
             .as_mut()
             .ok_or_else(|| SinkError::new("mqtt", "not connected"))?;
-        for message in batch {
+        let max_packet = *session.max_packet.borrow();
+        let mut refused = None;
+        for (index, message) in batch.iter().enumerate() {
+            let topic = subject(&prefix, '/', message);
+            let payload = message.to_cbor();
+            let id = message.dedup_id();
+            if let Some(problem) = mqtt_topic_problem(&topic) {
+                refused = Some(SinkError::refused(
+                    "mqtt",
+                    index,
+                    "TOPIC",
+                    format!("{id}: topic {topic:?}: {problem}"),
+                ));
+                break;
+            }
+            // Fixed header, topic, packet id, properties: well under 64 KiB more.
+            let size = payload.len() + topic.len() + id.len() + 64;
+            if max_packet > 0 && size > max_packet as usize {
+                refused = Some(SinkError::refused(
+                    "mqtt",
+                    index,
+                    "MAX_PACKET_SIZE",
+                    format!(
+                        "{id}: {size} bytes, over the broker's maximum packet size of {max_packet}"
+                    ),
+                ));
+                break;
+            }
             let properties = PublishProperties {
-                user_properties: vec![("id".into(), message.dedup_id())],
+                user_properties: vec![("id".into(), id.clone())],
                 ..Default::default()
             };
             session
                 .client
-                .publish_with_properties(
-                    subject(&prefix, '/', message),
-                    QoS::AtLeastOnce,
-                    false,
-                    message.to_cbor(),
-                    properties,
-                )
+                .publish_with_properties(topic, QoS::AtLeastOnce, false, payload, properties)
                 .await
-                .map_err(|e| SinkError::new("mqtt", format!("{}: {e}", message.dedup_id())))?;
+                .map_err(|e| SinkError::new("mqtt", format!("{id}: {e}")))?;
             session.sent += 1;
         }
         let target = session.sent;
@@ -150,7 +180,7 @@ impl Mqtt {
         )
         .await;
         match acked {
-            Ok(Ok(_)) => Ok(()),
+            Ok(Ok(_)) => refused.map_or(Ok(()), Err),
             _ => {
                 let why = session
                     .errors

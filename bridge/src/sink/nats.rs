@@ -2,65 +2,30 @@
 //! and the batch counts as delivered when JetStream has acknowledged every one
 //! (a duplicate within the stream's duplicate window is acknowledged as such and
 //! stored once). The stream is created if missing, capturing `{prefix}.>`.
+//!
+//! Refused for good: a message larger than the server's `max_payload` (learned
+//! from the server when connecting), one the stream refuses as too large
+//! (JetStream error 10054), a subject NATS does not take.
 
-use super::{subject, SinkError, SinkOptions};
+use super::{nats_subject_problem, subject, SinkError, SinkOptions};
 use crate::message::Message;
 use async_nats::jetstream::{self, message::PublishMessage};
-use std::time::Duration;
-
-/// How the bridge authenticates to NATS.
-#[derive(Clone, Default)]
-pub enum NatsAuth {
-    #[default]
-    None,
-    UserPassword(String, String),
-    Token(String),
-    CredsFile(std::path::PathBuf),
-}
-
-impl std::fmt::Debug for NatsAuth {
-    /// Names the method, never the secret.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            NatsAuth::None => write!(f, "none"),
-            NatsAuth::UserPassword(user, _) => write!(f, "user {user}"),
-            NatsAuth::Token(_) => write!(f, "token"),
-            NatsAuth::CredsFile(path) => write!(f, "creds file {}", path.display()),
-        }
-    }
-}
 
 pub struct Nats {
+    client: async_nats::Client,
     jetstream: jetstream::Context,
     prefix: String,
 }
 
-/// Connects with the given authentication, shared by egress and ingress.
-pub async fn connect_client(url: &str, auth: &NatsAuth) -> Result<async_nats::Client, SinkError> {
-    let mut options = async_nats::ConnectOptions::new()
-        .connection_timeout(Duration::from_secs(5))
-        .request_timeout(Some(Duration::from_secs(10)));
-    options = match auth {
-        NatsAuth::None => options,
-        NatsAuth::UserPassword(user, password) => {
-            options.user_and_password(user.clone(), password.clone())
-        }
-        NatsAuth::Token(token) => options.token(token.clone()),
-        NatsAuth::CredsFile(path) => options
-            .credentials_file(path)
-            .await
-            .map_err(|e| SinkError::new("nats", e))?,
-    };
-    options
-        .connect(url)
-        .await
-        .map_err(|e| SinkError::new("nats", e))
-}
+/// JetStream's error code for a message over the stream's maximum size.
+const STREAM_MESSAGE_EXCEEDS_MAXIMUM: u64 = 10054;
 
 impl Nats {
     pub async fn connect(url: &str, options: &SinkOptions) -> Result<Nats, SinkError> {
-        let client = connect_client(url, &options.nats_auth).await?;
-        let jetstream = jetstream::new(client);
+        let client = crate::nats::connect(url, &options.nats_auth)
+            .await
+            .map_err(|e| SinkError::new("nats", e))?;
+        let jetstream = jetstream::new(client.clone());
         jetstream
             .get_or_create_stream(jetstream::stream::Config {
                 name: options.nats_stream.clone(),
@@ -70,31 +35,79 @@ impl Nats {
             .await
             .map_err(|e| SinkError::new("nats", format!("stream {}: {e}", options.nats_stream)))?;
         Ok(Nats {
+            client,
             jetstream,
             prefix: options.subject_prefix.clone(),
         })
     }
 
+    /// Why the server would refuse `message` whatever the retries.
+    fn refusal(&self, subject: &str, payload: &[u8], id: &str) -> Option<(String, String)> {
+        if let Some(problem) = nats_subject_problem(subject) {
+            return Some(("SUBJECT".into(), format!("subject {subject:?}: {problem}")));
+        }
+        // What the server counts against max_payload: payload and headers.
+        let size = payload.len() + id.len() + 64;
+        let max = self.client.server_info().max_payload;
+        (max > 0 && size > max).then(|| {
+            (
+                "MAX_PAYLOAD".into(),
+                format!("{size} bytes with headers, over the server's max_payload of {max}"),
+            )
+        })
+    }
+
     pub async fn publish(&mut self, batch: &[Message]) -> Result<(), SinkError> {
-        // Send the whole batch, then wait for every acknowledgement.
+        // Send the batch up to the first message the server would refuse, then
+        // wait for every acknowledgement; report the refusal after them.
         let mut pending = Vec::with_capacity(batch.len());
-        for message in batch {
+        let mut refused = None;
+        for (index, message) in batch.iter().enumerate() {
+            let subject = subject(&self.prefix, '.', message);
+            let payload = message.to_cbor();
+            let id = message.dedup_id();
+            if let Some((code, reason)) = self.refusal(&subject, &payload, &id) {
+                refused = Some(SinkError::refused(
+                    "nats",
+                    index,
+                    code,
+                    format!("{id}: {reason}"),
+                ));
+                break;
+            }
             let ack = self
                 .jetstream
                 .send_publish(
-                    subject(&self.prefix, '.', message),
+                    subject,
                     PublishMessage::build()
-                        .payload(message.to_cbor().into())
-                        .message_id(message.dedup_id()),
+                        .payload(payload.into())
+                        .message_id(id.as_str()),
                 )
                 .await
-                .map_err(|e| SinkError::new("nats", format!("{}: {e}", message.dedup_id())))?;
-            pending.push((message.dedup_id(), ack));
+                .map_err(|e| match e.kind() {
+                    jetstream::context::PublishErrorKind::MaxPayloadExceeded => {
+                        SinkError::refused("nats", index, "MAX_PAYLOAD", format!("{id}: {e}"))
+                    }
+                    _ => SinkError::new("nats", format!("{id}: {e}")),
+                })?;
+            pending.push((index, id, ack));
         }
-        for (id, ack) in pending {
-            ack.await
-                .map_err(|e| SinkError::new("nats", format!("{id}: {e}")))?;
+        for (index, id, ack) in pending {
+            ack.await.map_err(|e| {
+                let code = std::error::Error::source(&e)
+                    .and_then(|s| s.downcast_ref::<jetstream::Error>())
+                    .map(|je| je.error_code().0);
+                match code {
+                    Some(STREAM_MESSAGE_EXCEEDS_MAXIMUM) => SinkError::refused(
+                        "nats",
+                        index,
+                        "JS_10054",
+                        format!("{id}: the stream refuses the message as too large: {e}"),
+                    ),
+                    _ => SinkError::new("nats", format!("{id}: {e}")),
+                }
+            })?;
         }
-        Ok(())
+        refused.map_or(Ok(()), Err)
     }
 }

@@ -26,10 +26,7 @@ impl Redis {
     pub async fn publish(&mut self, batch: &[Message]) -> Result<(), SinkError> {
         let mut pipe = redis::pipe();
         for message in batch {
-            let kind = match message {
-                Message::Envelope(_) => "envelope",
-                Message::Outbox(_) => "outbox",
-            };
+            let kind = message.kind();
             pipe.cmd("XADD")
                 .arg(&self.stream)
                 .arg("*")

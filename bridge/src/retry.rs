@@ -1,0 +1,189 @@
+//! When and how to try again: the backoff between attempts, and which errors are
+//! worth retrying at all.
+//!
+//! Database errors are sorted by their SQLSTATE class. Connection, transaction,
+//! resource and operator classes (08, 40, 53, 55, 57) and anything without a
+//! SQLSTATE (a dropped socket, a timeout) are *transient*: retried with backoff.
+//! Data and privilege classes (22, 23, 42) are *permanent*: the same statement
+//! will fail the same way until someone changes the data, the schema or the
+//! grants. Egress retries those too, at the longest backoff, because skipping a
+//! row is never an option; ingress sets the offending message aside instead
+//! (see `ingress.rs`). Other classes are treated as transient.
+
+use std::fmt;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// The first delay.
+pub const FIRST_DELAY: Duration = Duration::from_millis(100);
+/// The longest delay, also the pace at which permanent errors are retried.
+pub const LONGEST_DELAY: Duration = Duration::from_secs(5);
+
+/// Exponential backoff between retries: 100 ms doubling up to 5 s. It goes back
+/// to the first delay only when the caller says an attempt *succeeded*
+/// ([`Backoff::reset`]), not when a connection merely opened: a bridge whose
+/// every session fails right after connecting keeps backing off.
+#[derive(Default)]
+pub struct Backoff {
+    next: Duration,
+}
+
+impl Backoff {
+    pub fn new() -> Backoff {
+        Backoff::default()
+    }
+
+    pub fn reset(&mut self) {
+        self.next = Duration::ZERO;
+    }
+
+    /// The delay the next [`Backoff::wait`] will sleep.
+    pub fn peek(&self) -> Duration {
+        self.next.max(FIRST_DELAY)
+    }
+
+    /// Sleeps for the next delay; returns true if shutdown was requested meanwhile.
+    pub async fn wait(&mut self, shutdown: &mut watch::Receiver<bool>) -> bool {
+        let delay = self.peek();
+        self.next = (delay * 2).min(LONGEST_DELAY);
+        sleep_or_shutdown(delay, shutdown).await
+    }
+
+    /// Sleeps the longest delay (and stays there); for permanent errors.
+    pub async fn wait_longest(&mut self, shutdown: &mut watch::Receiver<bool>) -> bool {
+        self.next = LONGEST_DELAY;
+        sleep_or_shutdown(LONGEST_DELAY, shutdown).await
+    }
+}
+
+async fn sleep_or_shutdown(delay: Duration, shutdown: &mut watch::Receiver<bool>) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => {}
+        _ = shutdown.changed() => {}
+    }
+    *shutdown.borrow()
+}
+
+/// Whether an error is worth retrying as it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Class {
+    Transient,
+    Permanent,
+}
+
+impl Class {
+    /// The class of a SQLSTATE (five characters; `None` when there is none).
+    pub fn of_sqlstate(code: Option<&str>) -> Class {
+        match code.map(|c| c.get(..2).unwrap_or(c)) {
+            Some("22") | Some("23") | Some("42") => Class::Permanent,
+            _ => Class::Transient,
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Class::Transient => "transient",
+            Class::Permanent => "permanent",
+        }
+    }
+}
+
+/// A database failure with what a log line needs: the SQLSTATE and the server's
+/// own message and detail, never just "db error".
+#[derive(Clone, Debug)]
+pub struct DbFailure {
+    pub sqlstate: Option<String>,
+    pub message: String,
+    pub class: Class,
+}
+
+impl DbFailure {
+    pub fn new(error: &tokio_postgres::Error) -> DbFailure {
+        match error.as_db_error() {
+            Some(db) => {
+                let mut message = db.message().to_owned();
+                if let Some(detail) = db.detail().filter(|d| !d.is_empty()) {
+                    message.push_str(" (");
+                    message.push_str(detail);
+                    message.push(')');
+                }
+                let code = db.code().code().to_owned();
+                DbFailure {
+                    class: Class::of_sqlstate(Some(&code)),
+                    sqlstate: Some(code),
+                    message,
+                }
+            }
+            None => DbFailure {
+                sqlstate: None,
+                message: crate::db::chain(error),
+                class: Class::Transient,
+            },
+        }
+    }
+
+    /// The SQLSTATE, or "-----" when the error came from the connection itself.
+    pub fn code(&self) -> &str {
+        self.sqlstate.as_deref().unwrap_or("-----")
+    }
+}
+
+impl fmt::Display for DbFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.sqlstate {
+            Some(code) => write!(f, "SQLSTATE {code}: {}", self.message),
+            None => write!(f, "{}", self.message),
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for DbFailure {
+    fn from(error: tokio_postgres::Error) -> DbFailure {
+        DbFailure::new(&error)
+    }
+}
+
+impl From<crate::db::DbError> for DbFailure {
+    fn from(error: crate::db::DbError) -> DbFailure {
+        match error.postgres() {
+            Some(e) => DbFailure::new(e),
+            None => DbFailure {
+                sqlstate: None,
+                message: error.to_string(),
+                class: Class::Transient,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlstate_classes_sort_errors() {
+        for code in [
+            "08006", "40001", "40P01", "53300", "55P03", "57P01", "XX000",
+        ] {
+            assert_eq!(Class::of_sqlstate(Some(code)), Class::Transient, "{code}");
+        }
+        for code in ["22001", "22003", "23505", "42501", "42P01", "42704"] {
+            assert_eq!(Class::of_sqlstate(Some(code)), Class::Permanent, "{code}");
+        }
+        assert_eq!(Class::of_sqlstate(None), Class::Transient);
+    }
+
+    #[tokio::test]
+    async fn backoff_grows_and_only_a_success_resets_it() {
+        let (_tx, mut rx) = watch::channel(false);
+        let mut b = Backoff::new();
+        assert_eq!(b.peek(), FIRST_DELAY);
+        b.wait(&mut rx).await;
+        b.wait(&mut rx).await;
+        assert_eq!(b.peek(), FIRST_DELAY * 4);
+        b.reset();
+        assert_eq!(b.peek(), FIRST_DELAY);
+        b.next = LONGEST_DELAY;
+        assert_eq!(b.peek(), LONGEST_DELAY);
+    }
+}
