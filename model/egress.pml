@@ -77,7 +77,7 @@
 /* database: the rows */
 bool committed[N+1];	/* committed[k]: a transaction writing row k committed */
 bool late[N+1];		/* late[k]: row k (its current attempt) is flagged late */
-bool marker[N+1];	/* marker[k]: row k's writer holds its marker (names k) */
+bool marker[N+1];	/* marker[k]: a running writer holds a marker naming k */
 bool finished[N+1];	/* finished[k]: row k's writer committed or gave up */
 /* database: the late feed, entries 1..late_len in feed order */
 byte late_row[N+1];	/* late_row[i]: the row of late entry i */
@@ -105,7 +105,8 @@ byte rollbacks;
 /* the lowest marker held right now, NONE if there is none */
 #define LOWEST_MARKER  (marker[1] -> 1 : (marker[2] -> 2 : (marker[3] -> 3 : NONE)))
 /* the lateness check of row s: has another transaction committed a higher
-   row? (a writer writes one row, so every other committed row is another's) */
+   row? (the checking transaction's own rows are not committed yet, so every
+   committed row is another's) */
 #define COMMITTED_ABOVE(s) ((s < 2 && committed[2]) || (s < 3 && committed[3]))
 /* the cursor is at the highest committed row (0 if none); spelled without
    "a -> b : c", which an ltl formula would read as an implication */

@@ -29,13 +29,17 @@ enum Wire {
 }
 
 fn cbor(node: i32, seq: i64) -> Vec<u8> {
+    cbor_with_topic(node, seq, vec![1])
+}
+
+fn cbor_with_topic(node: i32, seq: i64, topic: Vec<u8>) -> Vec<u8> {
     let mut out = Vec::new();
     ciborium::into_writer(
         &Wire::Envelope {
             originator_node_id: node,
             originator_sequence_id: seq,
             gateway_time_us: 1_800_000_000_000_000,
-            topic: vec![1],
+            topic,
             payer_id: None,
             expiry: None,
             originator_envelope: seq.to_be_bytes().to_vec(),
@@ -130,6 +134,23 @@ impl Setup {
             child: cmd.spawn().unwrap(),
             log,
         }
+    }
+
+    /// Headers of every dead letter: (Envelopes-Error, Envelopes-Sqlstate).
+    fn dead_letter_headers(&self) -> Vec<(String, Option<String>)> {
+        let name = format!("{}DLQ", self.stream);
+        let url = nats_url();
+        self.runtime.block_on(async {
+            let all = read_stream_headers(&url, &name).await;
+            all.into_iter()
+                .map(|h| {
+                    (
+                        h.get("Envelopes-Error").cloned().unwrap_or_default(),
+                        h.get("Envelopes-Sqlstate").cloned(),
+                    )
+                })
+                .collect()
+        })
     }
 
     fn dead_lettered(&self) -> usize {
@@ -321,5 +342,60 @@ fn kill_9_while_messages_flow_stores_each_exactly_once() {
     assert_eq!(
         db.int8("SELECT count(*) FROM envelopes.gateway_envelopes_meta"),
         before
+    );
+}
+
+/// One message in a batch of 100 has a topic longer than the receiving database
+/// accepts (SQLSTATE 22001 there), another has sequence id 0 (below the first
+/// id the extension stores): 98 are stored, both are dead-lettered with the
+/// reason (and the SQLSTATE for the database's refusal), the position moves past
+/// them, and the ingress does not go round in circles.
+#[test]
+fn messages_that_cannot_be_stored_are_set_aside() {
+    let setup = Setup::new();
+    let db = TestDb::new("ingress_poison");
+    db.client()
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{}\" SET envelopes.max_topic_bytes = 16",
+            db.name
+        ))
+        .unwrap();
+    let mut last = 0;
+    for seq in 1..=100i64 {
+        let payload = match seq {
+            40 => cbor_with_topic(1, seq, vec![7; 64]),
+            70 => cbor(1, 0),
+            _ => cbor(1, seq),
+        };
+        last = setup.publish(1, payload, &format!("1:{seq}"));
+    }
+    let mut bridge = setup.start(&db, "poison", &[]);
+    wait_until("the batch to be stored", Duration::from_secs(60), || {
+        position(&db, "poison") >= last as i64
+    });
+    thread::sleep(Duration::from_secs(1));
+    bridge.terminate();
+    let stored = stored(&db);
+    assert_eq!(stored.len(), 98, "{stored:?}");
+    assert!(!stored.contains(&(1, 40)) && !stored.contains(&(1, 70)));
+    let mut headers = setup.dead_letter_headers();
+    headers.sort();
+    assert_eq!(headers.len(), 2, "{headers:?}");
+    assert!(
+        headers
+            .iter()
+            .any(|(why, code)| code.as_deref() == Some("22001") && why.contains("topic")),
+        "{headers:?}"
+    );
+    assert!(
+        headers
+            .iter()
+            .any(|(why, code)| code.is_none() && why.contains("at least 1")),
+        "{headers:?}"
+    );
+    let log = bridge.log_text();
+    assert!(
+        !log.contains("reconnecting"),
+        "the ingress retried in a loop: {log}"
     );
 }

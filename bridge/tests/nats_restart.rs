@@ -5,22 +5,7 @@ mod common;
 
 use common::*;
 use std::collections::BTreeSet;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-
-fn start_nats(port: u16, store: &std::path::Path) -> Child {
-    let binary = std::env::var("ENVELOPES_TEST_NATS_SERVER")
-        .unwrap_or_else(|_| "/usr/sbin/nats-server".into());
-    let child = Command::new(binary)
-        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-        .arg(store)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start nats-server");
-    wait_for_port(port);
-    child
-}
 
 #[test]
 fn a_nats_outage_loses_nothing() {
@@ -34,7 +19,7 @@ fn a_nats_outage_loses_nothing() {
     let port = free_port();
     let store = std::env::temp_dir().join(unique("natsstore"));
     let url = format!("nats://127.0.0.1:{port}");
-    let mut nats = start_nats(port, &store);
+    let mut nats = start_nats(port, &store, &[]);
     let mut bridge = Bridge::egress(
         &db,
         "natsdown",
@@ -73,7 +58,7 @@ fn a_nats_outage_loses_nothing() {
     );
 
     // Back: the backlog drains.
-    let mut nats = start_nats(port, &store);
+    let mut nats = start_nats(port, &store, &[]);
     wait_until("the backlog to drain", Duration::from_secs(60), || {
         lag(&db, "natsdown") == 0
     });

@@ -224,6 +224,43 @@ pub fn wait_for_port(port: u16) {
     });
 }
 
+/// A private nats-server with JetStream on `port`, storing under `store`, with
+/// extra arguments (e.g. a config file); it is killed when the returned child is.
+pub fn start_nats(port: u16, store: &std::path::Path, extra: &[&str]) -> Child {
+    let binary = std::env::var("ENVELOPES_TEST_NATS_SERVER")
+        .unwrap_or_else(|_| "/usr/sbin/nats-server".into());
+    let child = Command::new(binary)
+        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+        .arg(store)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start nats-server");
+    wait_for_port(port);
+    child
+}
+
+/// The bridge's metrics text from its --metrics-addr.
+pub fn scrape(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("metrics endpoint");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    text
+}
+
+/// The value of one sample line (`name{labels} value`) in metrics text, 0 if absent.
+pub fn metric(text: &str, sample: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(sample) && l[sample.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
 /// Dedup ids of every committed row: "node:seq" and "outbox:id".
 pub fn committed_ids(db: &TestDb) -> BTreeSet<String> {
     let mut c = db.client();
@@ -286,6 +323,53 @@ pub async fn read_stream(url: &str, stream: &str) -> Vec<(String, Vec<u8>)> {
                 .map(|v| v.to_string())
                 .unwrap_or_default();
             out.push((id, m.payload.to_vec()));
+        }
+        if got == 0 {
+            break;
+        }
+    }
+    out
+}
+
+/// The headers of every message in a JetStream stream, as name -> value.
+pub async fn read_stream_headers(
+    url: &str,
+    stream: &str,
+) -> Vec<std::collections::BTreeMap<String, String>> {
+    use futures_util::StreamExt;
+    let client = async_nats::connect(url).await.expect("connect to NATS");
+    let js = async_nats::jetstream::new(client);
+    let mut s = js.get_stream(stream).await.expect("stream exists");
+    let total = s.info().await.expect("stream info").state.messages;
+    let consumer = s
+        .create_consumer(async_nats::jetstream::consumer::pull::Config {
+            deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::All,
+            ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
+            ..Default::default()
+        })
+        .await
+        .expect("consumer");
+    let mut out = Vec::new();
+    while (out.len() as u64) < total {
+        let mut batch = consumer
+            .fetch()
+            .max_messages(1000)
+            .expires(Duration::from_secs(2))
+            .messages()
+            .await
+            .expect("fetch");
+        let mut got = 0;
+        while let Some(Ok(m)) = batch.next().await {
+            got += 1;
+            let mut headers = std::collections::BTreeMap::new();
+            if let Some(h) = &m.headers {
+                for (name, values) in h.iter() {
+                    if let Some(v) = values.first() {
+                        headers.insert(name.to_string(), v.to_string());
+                    }
+                }
+            }
+            out.push(headers);
         }
         if got == 0 {
             break;

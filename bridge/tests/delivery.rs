@@ -1,0 +1,632 @@
+//! The bridge's delivery promise end to end: every committed row reaches the bus
+//! (late arrivals, rows committed while a batch is read, across kill -9), one row
+//! the bus refuses never stops the others, transactions that never touch the feed
+//! hold nothing back, and a permanent database error is reported, not skipped.
+
+mod common;
+
+use common::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+fn insert(c: &mut impl postgres::GenericClient, node: i32, seq: i64) -> i64 {
+    c.query_one(
+        "SELECT envelopes.insert_gateway_envelope($1, $2, '\\x01', '\\x0203')",
+        &[&node, &seq],
+    )
+    .expect("insert")
+    .get(0)
+}
+
+fn jsonl_ids(path: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["id"].as_str().map(str::to_owned))
+        .collect()
+}
+
+fn missing<'a>(committed: &'a BTreeSet<String>, delivered: &BTreeSet<String>) -> Vec<&'a String> {
+    committed
+        .iter()
+        .filter(|id| !delivered.contains(*id))
+        .collect()
+}
+
+/// A sink the test can read back: JSONL (a file) or JetStream (a stream).
+#[derive(Clone, Copy, Debug)]
+enum Bus {
+    Jsonl,
+    JetStream,
+}
+
+struct Target {
+    bus: Bus,
+    sink: String,
+    args: Vec<String>,
+    path: std::path::PathBuf,
+    stream: String,
+}
+
+impl Target {
+    fn new(bus: Bus) -> Target {
+        let path = std::env::temp_dir().join(format!("{}.jsonl", unique("late")));
+        let stream = unique("LATE");
+        let (sink, args) = match bus {
+            Bus::Jsonl => (format!("jsonl:{}", path.display()), vec![]),
+            Bus::JetStream => (
+                nats_url(),
+                vec![
+                    "--nats-stream".into(),
+                    stream.clone(),
+                    "--subject-prefix".into(),
+                    unique("late"),
+                ],
+            ),
+        };
+        Target {
+            bus,
+            sink,
+            args,
+            path,
+            stream,
+        }
+    }
+
+    fn args(&self) -> Vec<&str> {
+        let mut a: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        a.extend(["--batch-size", "20"]);
+        a
+    }
+
+    /// Dedup ids delivered so far, with repeats.
+    fn delivered(&self) -> Vec<String> {
+        match self.bus {
+            Bus::Jsonl => jsonl_ids(&self.path),
+            Bus::JetStream => {
+                let rt = tokio::runtime::Runtime::new().unwrap();
+                rt.block_on(read_stream(&nats_url(), &self.stream))
+                    .into_iter()
+                    .map(|(id, _)| id)
+                    .collect()
+            }
+        }
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+        if let Bus::JetStream = self.bus {
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            rt.block_on(delete_stream(&nats_url(), &self.stream));
+        }
+    }
+}
+
+/// The retried-insert shape, over and over, while the bridge is killed with
+/// SIGKILL at random moments: seq k fails and rolls back, k+1..k+9 commit (and
+/// are forwarded), then the retried k commits. Every committed envelope reaches
+/// the bus; JetStream stores each once.
+fn late_arrivals_survive_kill_9(bus: Bus) {
+    let db = TestDb::new("late_kill");
+    let target = Target::new(bus);
+    db.client()
+        .execute("SELECT envelopes.consumer_register('late')", &[])
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let conninfo = db.conninfo();
+        let stop = stop.clone();
+        thread::spawn(move || {
+            let mut c = postgres::Client::connect(&conninfo, postgres::NoTls).unwrap();
+            let mut base = 1i64;
+            while !stop.load(Ordering::Relaxed) || base < 200 {
+                {
+                    let mut tx = c.transaction().unwrap();
+                    insert(&mut tx, 7, base);
+                    tx.rollback().unwrap();
+                }
+                for seq in base + 1..base + 10 {
+                    insert(&mut c, 7, seq);
+                    thread::sleep(Duration::from_millis(3));
+                }
+                thread::sleep(Duration::from_millis(30)); // let the bridge forward them
+                assert_eq!(insert(&mut c, 7, base), 1); // the retry lands late
+                base += 10;
+            }
+        })
+    };
+    let mut rng = fastrand::Rng::with_seed(7);
+    for _ in 0..8 {
+        let mut bridge = Bridge::egress(&db, "late", &target.sink, &target.args(), &[]);
+        thread::sleep(Duration::from_millis(rng.u64(150..700)));
+        bridge.kill9();
+    }
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    let mut bridge = Bridge::egress(&db, "late", &target.sink, &target.args(), &[]);
+    wait_until("the backlog to drain", Duration::from_secs(60), || {
+        lag(&db, "late") == 0
+    });
+    bridge.terminate();
+
+    let committed = committed_ids(&db);
+    let delivered = target.delivered();
+    let delivered_set: BTreeSet<String> = delivered.iter().cloned().collect();
+    let lost = missing(&committed, &delivered_set);
+    assert!(
+        lost.is_empty(),
+        "{bus:?}: {} of {} lost: {lost:?}",
+        lost.len(),
+        committed.len()
+    );
+    assert!(
+        db.int8("SELECT count(*) FROM envelopes.late_envelopes") >= 19,
+        "the retries did not arrive late"
+    );
+    if let Bus::JetStream = bus {
+        assert_eq!(
+            delivered.len(),
+            delivered_set.len(),
+            "JetStream kept duplicates"
+        );
+    }
+}
+
+#[test]
+fn late_arrivals_survive_kill_9_on_jsonl() {
+    late_arrivals_survive_kill_9(Bus::Jsonl);
+}
+
+#[test]
+fn late_arrivals_survive_kill_9_on_jetstream() {
+    late_arrivals_survive_kill_9(Bus::JetStream);
+}
+
+/// Bounded by default (about a minute); `ENVELOPES_STRESS_SECS` makes it longer
+/// (scripts/stress.sh). Writers on shared originators, ids rising with some sent
+/// again lower, rollbacks, outbox rows in the same transactions; the bridge is
+/// killed with SIGKILL at random moments or crashes at its hooks. Every committed
+/// row reaches JetStream once; no position ever moves backwards.
+#[test]
+fn randomized_writers_and_kills_lose_nothing() {
+    let seconds: u64 = std::env::var("ENVELOPES_STRESS_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(50);
+    let db = TestDb::new("stress");
+    let target = Target::new(Bus::JetStream);
+    let mut setup = db.client();
+    setup
+        .execute("SELECT envelopes.consumer_register('stress')", &[])
+        .unwrap();
+    for node in 1..=3 {
+        setup
+            .execute("SELECT envelopes.ensure_gateway_parts($1, 1)", &[&node])
+            .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let next = Arc::new(Mutex::new([0i64; 4]));
+    let writers: Vec<_> = (0..4u64)
+        .map(|w| {
+            let conninfo = db.conninfo();
+            let next = next.clone();
+            thread::spawn(move || {
+                let mut c = postgres::Client::connect(&conninfo, postgres::NoTls).unwrap();
+                let mut rng = fastrand::Rng::with_seed(100 + w);
+                while Instant::now() < deadline {
+                    let mut tx = c.transaction().unwrap();
+                    for _ in 0..rng.usize(1..=3) {
+                        let node = rng.i32(1..=3);
+                        let seq = {
+                            let mut ids = next.lock().unwrap();
+                            if ids[node as usize] > 10 && rng.u8(..) < 25 {
+                                rng.i64(1..ids[node as usize])
+                            } else {
+                                ids[node as usize] += 1;
+                                ids[node as usize]
+                            }
+                        };
+                        insert(&mut tx, node, seq);
+                    }
+                    if rng.u8(..) < 60 {
+                        tx.execute("SELECT envelopes.publish('stress.events', '\\x01')", &[])
+                            .unwrap();
+                    }
+                    if rng.u8(..) < 30 {
+                        tx.rollback().unwrap();
+                    } else {
+                        tx.commit().unwrap();
+                    }
+                    thread::sleep(Duration::from_millis(rng.u64(0..8)));
+                }
+            })
+        })
+        .collect();
+
+    // Positions must never move backwards.
+    let stop = Arc::new(AtomicBool::new(false));
+    let went_back: Arc<Mutex<Vec<String>>> = Arc::default();
+    let sampler = {
+        let conninfo = db.conninfo();
+        let (stop, went_back) = (stop.clone(), went_back.clone());
+        thread::spawn(move || {
+            let mut c = postgres::Client::connect(&conninfo, postgres::NoTls).unwrap();
+            let mut last: BTreeMap<String, i64> = BTreeMap::new();
+            while !stop.load(Ordering::Relaxed) {
+                let mut now = BTreeMap::new();
+                let r = c
+                    .query_one(
+                        "SELECT outbox_id, late_id FROM envelopes.consumers WHERE name = 'stress'",
+                        &[],
+                    )
+                    .unwrap();
+                now.insert("outbox".to_owned(), r.get::<_, i64>(0));
+                now.insert("late".to_owned(), r.get::<_, i64>(1));
+                for r in c
+                    .query("SELECT originator_node_id, sequence_id FROM envelopes.consumer_envelope_cursors WHERE consumer = 'stress'", &[])
+                    .unwrap()
+                {
+                    now.insert(format!("node{}", r.get::<_, i32>(0)), r.get::<_, i64>(1));
+                }
+                for (k, v) in &now {
+                    if last.get(k).is_some_and(|prev| v < prev) {
+                        went_back
+                            .lock()
+                            .unwrap()
+                            .push(format!("{k}: {} -> {v}", last[k]));
+                    }
+                }
+                last = now;
+                thread::sleep(Duration::from_millis(25));
+            }
+        })
+    };
+
+    let hooks = ["before_publish:3", "after_publish:2", "after_ack:4"];
+    let mut rng = fastrand::Rng::with_seed(42);
+    let mut kills = 0;
+    while Instant::now() < deadline {
+        let env: Vec<(&str, &str)> = if rng.u8(..) < 80 {
+            vec![("ENVELOPES_BRIDGE_CRASH", hooks[rng.usize(..hooks.len())])]
+        } else {
+            vec![]
+        };
+        let mut bridge = Bridge::egress(&db, "stress", &target.sink, &target.args(), &env);
+        let lifetime = Duration::from_millis(rng.u64(100..1500));
+        let started = Instant::now();
+        while started.elapsed() < lifetime {
+            if let Ok(Some(_)) = bridge.child.try_wait() {
+                break; // the crash hook fired
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        bridge.kill9();
+        kills += 1;
+    }
+    for w in writers {
+        w.join().unwrap();
+    }
+    let mut bridge = Bridge::egress(&db, "stress", &target.sink, &target.args(), &[]);
+    wait_until("the backlog to drain", Duration::from_secs(120), || {
+        lag(&db, "stress") == 0
+    });
+    bridge.terminate();
+    stop.store(true, Ordering::Relaxed);
+    sampler.join().unwrap();
+
+    let committed = committed_ids(&db);
+    let delivered = target.delivered();
+    let delivered_set: BTreeSet<String> = delivered.iter().cloned().collect();
+    let lost = missing(&committed, &delivered_set);
+    assert!(
+        committed.len() > 500,
+        "too little traffic: {}",
+        committed.len()
+    );
+    assert!(
+        lost.is_empty(),
+        "{} of {} committed rows lost after {kills} kills, e.g. {:?}",
+        lost.len(),
+        committed.len(),
+        &lost[..lost.len().min(20)]
+    );
+    assert_eq!(
+        delivered.len(),
+        delivered_set.len(),
+        "JetStream kept duplicates"
+    );
+    let back = went_back.lock().unwrap().clone();
+    assert!(back.is_empty(), "positions moved backwards: {back:?}");
+    assert!(db.int8("SELECT count(*) FROM envelopes.late_envelopes") > 0);
+}
+
+/// A NATS server whose max_payload is 8 KiB: an envelope and an outbox payload of
+/// 16 KiB cannot go; the 50 rows after them do, the two are set aside, counted and
+/// shown by `status`, and delivered once asked again on a server that takes them.
+#[test]
+fn a_row_the_bus_refuses_is_set_aside_and_the_rest_flows() {
+    let db = TestDb::new("poison");
+    let dir = std::env::temp_dir().join(unique("poison"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("small.conf");
+    std::fs::write(&conf, "max_payload: 8192\n").unwrap();
+    let port = free_port();
+    let mut small = start_nats(port, &dir.join("store"), &["-c", conf.to_str().unwrap()]);
+    let url = format!("nats://127.0.0.1:{port}");
+    let mut c = db.client();
+    c.execute(
+        "SELECT envelopes.insert_gateway_envelope(1, 1, '\\x01', pg_catalog.decode(pg_catalog.repeat('ab', 16384), 'hex'))",
+        &[],
+    )
+    .unwrap();
+    let big_outbox: i64 = c
+        .query_one(
+            "SELECT envelopes.publish('poison.big', pg_catalog.decode(pg_catalog.repeat('cd', 16384), 'hex'))",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    for seq in 2..=51 {
+        insert(&mut c, 1, seq);
+    }
+    for _ in 0..5 {
+        c.execute("SELECT envelopes.publish('poison.small', '\\x01')", &[])
+            .unwrap();
+    }
+    let metrics_port = free_port();
+    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+    let args = [
+        "--nats-stream",
+        "POISON",
+        "--dead-letter-after",
+        "2",
+        "--metrics-addr",
+        &metrics_addr,
+    ];
+    let mut bridge = Bridge::egress(&db, "p", &url, &args, &[]);
+    wait_until(
+        "everything but the poison to flow",
+        Duration::from_secs(60),
+        || lag(&db, "p") == 0,
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let ids: BTreeSet<String> = rt
+        .block_on(read_stream(&url, "POISON"))
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(ids.len(), 55, "{ids:?}");
+    assert!(!ids.contains("1:1") && !ids.contains(&format!("outbox:{big_outbox}")));
+    let reasons: Vec<(String, String, i32)> = c
+        .query(
+            "SELECT kind, reason, attempts FROM envelopes.dead_letters WHERE consumer = 'p' ORDER BY kind",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    assert!(
+        reasons
+            .iter()
+            .all(|(_, why, attempts)| why.contains("max_payload") && *attempts >= 2),
+        "{reasons:?}"
+    );
+    assert_eq!(
+        db.int8("SELECT dead_letters FROM envelopes.consumer_status WHERE consumer = 'p'"),
+        2
+    );
+    let text = scrape(metrics_port);
+    assert_eq!(
+        metric(
+            &text,
+            "envelopes_bridge_dead_lettered_total{kind=\"envelope\"}"
+        ),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "envelopes_bridge_dead_lettered_total{kind=\"outbox\"}"
+        ),
+        1.0
+    );
+    let status = bridge_command(&[
+        "status",
+        "--database-url",
+        &db.url(),
+        "--bridge-metrics",
+        &metrics_addr,
+    ])
+    .output()
+    .unwrap();
+    let shown = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        shown.contains("dead letters") && shown.contains("1:1"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("envelopes_bridge_dead_lettered_total"),
+        "{shown}"
+    );
+    bridge.terminate();
+    let _ = small.kill();
+    let _ = small.wait();
+
+    // On a server with the default max_payload, asked again: delivered, resolved.
+    let port = free_port();
+    let mut big = start_nats(port, &dir.join("store2"), &[]);
+    let url = format!("nats://127.0.0.1:{port}");
+    assert_eq!(db.int8("SELECT envelopes.retry_dead_letters('p')"), 2);
+    let mut bridge = Bridge::egress(&db, "p", &url, &["--nats-stream", "POISON"], &[]);
+    wait_until(
+        "the dead letters to be delivered",
+        Duration::from_secs(60),
+        || db.int8("SELECT count(*) FROM envelopes.dead_letters") == 0,
+    );
+    let ids: BTreeSet<String> = rt
+        .block_on(read_stream(&url, "POISON"))
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert!(
+        ids.contains("1:1") && ids.contains(&format!("outbox:{big_outbox}")),
+        "{ids:?}"
+    );
+    bridge.terminate();
+    let _ = big.kill();
+    let _ = big.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Transactions that never write to a feed — one in another database that created
+/// a table, one in this database writing elsewhere — stay open while rows
+/// commit: the rows are forwarded at once, not when those transactions end.
+#[test]
+fn transactions_elsewhere_do_not_delay_delivery() {
+    let db = TestDb::new("elsewhere");
+    let other = TestDb::new("elsewhere_other");
+    let path = std::env::temp_dir().join(format!("{}.jsonl", unique("elsewhere")));
+    let mut c = db.client();
+    c.batch_execute("CREATE TABLE public.side (x int)").unwrap();
+    let mut foreign = other.client();
+    let mut foreign_tx = foreign.transaction().unwrap();
+    foreign_tx
+        .batch_execute("CREATE TABLE public.t (); INSERT INTO public.t DEFAULT VALUES")
+        .unwrap();
+    let mut local = db.client();
+    let mut local_tx = local.transaction().unwrap();
+    local_tx
+        .batch_execute("INSERT INTO public.side VALUES (1)")
+        .unwrap();
+
+    let sink = format!("jsonl:{}", path.display());
+    let _bridge = Bridge::egress(&db, "e", &sink, &[], &[]);
+    wait_until("the bridge to register", Duration::from_secs(30), || {
+        db.int8("SELECT count(*) FROM envelopes.consumers") == 1
+    });
+    insert(&mut c, 1, 1);
+    let id: i64 = c
+        .query_one("SELECT envelopes.publish('a.b', '\\x01')", &[])
+        .unwrap()
+        .get(0);
+    wait_until("both rows on the bus", Duration::from_secs(5), || {
+        let ids = jsonl_ids(&path);
+        ids.contains(&"1:1".to_owned()) && ids.contains(&format!("outbox:{id}"))
+    });
+    foreign_tx.rollback().unwrap();
+    local_tx.rollback().unwrap();
+    let _ = std::fs::remove_file(&path);
+}
+
+/// The bridge's role loses its grants: each read fails with 42501, which is
+/// logged with its SQLSTATE, counted as permanent and retried at the longest
+/// backoff (not ten times a second); rows committed meanwhile are all delivered
+/// once the grants are back.
+#[test]
+fn a_revoked_bridge_reports_42501_and_skips_nothing() {
+    let db = TestDb::new("revoked");
+    let role = unique("bridge_role");
+    let mut admin = db.client();
+    admin
+        .batch_execute(&format!("CREATE ROLE {role} LOGIN"))
+        .unwrap();
+    admin
+        .execute("SELECT envelopes.grant_consumer($1)", &[&role])
+        .unwrap();
+    let url = db.url().replace("postgres@", &format!("{role}@"));
+    let path = std::env::temp_dir().join(format!("{}.jsonl", unique("revoked")));
+    let metrics_port = free_port();
+    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+    let mut bridge = Bridge::egress_with_url(
+        &url,
+        "r",
+        &format!("jsonl:{}", path.display()),
+        &["--metrics-addr", &metrics_addr],
+        &[],
+    );
+    for seq in 1..=5 {
+        insert(&mut admin, 1, seq);
+    }
+    wait_until("the first rows", Duration::from_secs(30), || {
+        jsonl_ids(&path).len() == 5
+    });
+    admin
+        .execute("SELECT envelopes.revoke_consumer($1)", &[&role])
+        .unwrap();
+    for seq in 6..=20 {
+        insert(&mut admin, 1, seq);
+    }
+    thread::sleep(Duration::from_secs(9));
+    let log = bridge.log_text();
+    assert!(
+        log.contains("42501") && log.contains("permission denied"),
+        "{log}"
+    );
+    let text = scrape(metrics_port);
+    assert!(
+        metric(&text, "envelopes_bridge_errors_total{kind=\"permanent\"}") >= 1.0,
+        "{text}"
+    );
+    let attempts = log.matches("42501").count();
+    assert!(attempts <= 4, "retried {attempts} times in 9 s: {log}");
+    assert_eq!(jsonl_ids(&path).len(), 5, "rows went out while revoked");
+
+    admin
+        .execute("SELECT envelopes.grant_consumer($1)", &[&role])
+        .unwrap();
+    wait_until("the rest after the grant", Duration::from_secs(30), || {
+        let ids: BTreeSet<String> = jsonl_ids(&path).into_iter().collect();
+        (1..=20).all(|s| ids.contains(&format!("1:{s}")))
+    });
+    bridge.terminate();
+    drop(bridge);
+    admin
+        .batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}"))
+        .unwrap();
+    let _ = std::fs::remove_file(&path);
+}
+
+/// Forty 4 MiB envelopes through a batch budget of 8 MiB: the bridge's peak
+/// memory stays within a small multiple of the budget, not of the backlog.
+#[test]
+fn memory_stays_within_the_batch_budget() {
+    let db = TestDb::new("memory");
+    let mut c = db.client();
+    for seq in 1..=40 {
+        c.execute(
+            "SELECT envelopes.insert_gateway_envelope(1, $1, '\\x01', pg_catalog.decode(pg_catalog.repeat('ab', 4194304), 'hex'))",
+            &[&(seq as i64)],
+        )
+        .unwrap();
+    }
+    let prefix = unique("mem");
+    let mut bridge = Bridge::egress(
+        &db,
+        "m",
+        &mqtt_url(),
+        &["--subject-prefix", &prefix, "--batch-bytes", "8388608"],
+        &[],
+    );
+    wait_until("the backlog to drain", Duration::from_secs(120), || {
+        lag(&db, "m") == 0
+    });
+    let status = std::fs::read_to_string(format!("/proc/{}/status", bridge.child.id())).unwrap();
+    let peak_kb: u64 = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    bridge.terminate();
+    // 160 MiB went through; a batch is 8 MiB (two envelopes).
+    assert!(peak_kb < 120 * 1024, "peak RSS {peak_kb} kB");
+}
