@@ -15,6 +15,9 @@ ABSOLUTE = [
     ("bridge", "throughput", 50000, "higher", "bridge to JetStream, draining a backlog (envelopes/s)"),
     ("bridge", "latency_p99_ms", 100, "lower", "bridge commit -> JetStream p99 at 1,000 commits/s (ms)"),
     ("bridge", "latency_p50_ms", None, "lower", "bridge commit -> JetStream p50 at 1,000 commits/s (ms)"),
+    ("idle", "poll_current_10000", 2.0, "lower", "idle consumer poll at 10,000 originators (ms)"),
+    ("idle", "cpu_bridge_10000", None, "lower", "idle bridge CPU at 10,000 originators (% of a core)"),
+    ("idle", "cpu_backend_10000", None, "lower", "idle bridge's backend CPU at 10,000 originators (% of a core)"),
 ]
 
 # (comparison, numerator variant, denominator variant, goal, "higher"/"lower", what)
@@ -57,6 +60,22 @@ RATIOS = [
      "1,000-row cursor read at 5,000 partitions, selector / hand-written LATERAL query (throughput)"),
     ("read", "selector_50", "lateral_50", 1.0, "higher",
      "1,000-row cursor read at 50 partitions, selector / hand-written LATERAL query (throughput)"),
+    ("feedcost", "insert_current", "insert_baseline", 0.97, "higher",
+     "in-order single-row insert, this version / the baseline build (the change feed's cost), 2 clients"),
+    ("feedcost", "batch_current", "batch_baseline", 0.97, "higher",
+     "in-order 100-row batch, this version / the baseline build (the change feed's cost), 2 clients"),
+    ("latebridge", "late", "inorder", 0.9, "higher",
+     "bridge drain rate to JetStream, 10% late arrivals / in order"),
+    ("idle", "poll_current_10000", "poll_current_10", 1.5, "lower",
+     "idle consumer poll, time at 10,000 originators / at 10"),
+    ("idle", "poll_current_1000", "poll_current_10", 1.5, "lower",
+     "idle consumer poll, time at 1,000 originators / at 10"),
+    ("idle", "poll_baseline_1000", "poll_current_1000", None, "higher",
+     "idle consumer poll at 1,000 originators, baseline time / this version's"),
+    ("horizon", "p99_envelope_blocked", "p99_envelope_clear", 2.0, "lower",
+     "envelope commit -> JetStream p99, unrelated transaction held open / undisturbed"),
+    ("horizon", "p99_outbox_blocked", "p99_outbox_clear", 2.0, "lower",
+     "outbox commit -> JetStream p99, unrelated transaction held open / undisturbed"),
 ]
 
 

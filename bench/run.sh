@@ -12,23 +12,32 @@
 # crossing (p99 latency crossing bands, worker vs transaction vs existing bands),
 # read (1,000-row cursor read at 50 vs 5,000 leaf partitions, selector vs a
 # hand-written LATERAL query), bridge (backlog drain rate and commit -> JetStream
-# latency).
+# latency), and for the change feed: feedcost (in-order single-row and 100-row
+# inserts, this version vs a baseline build of an earlier commit running in a
+# second cluster), latebridge (drain rate with 10% late arrivals vs in order),
+# idle (an idle consumer poll and the idle bridge's CPU at 10, 1,000 and 10,000
+# originators, this version and the baseline), horizon (commit -> bus latency of
+# envelopes and outbox rows with and without an unrelated transaction held open
+# in another database for the whole run).
 #
-# usage: bench/run.sh [--quick] [--only NAME[,NAME...]]
-#   --quick   2 runs of 3 s per cell, durable variant only for insert and notify:
-#             under 5 minutes, a smoke test of the numbers
-#   --only    run only the named comparisons
+# usage: bench/run.sh [--quick] [--only NAME[,NAME...]] [--baseline REF]
+#   --quick     2 runs of 3 s per cell, durable variant only for insert and notify:
+#               under 5 minutes, a smoke test of the numbers
+#   --only      run only the named comparisons
+#   --baseline  git ref of the baseline build for feedcost and idle (default: the
+#               last commit before the change feed of 0.3.0)
 set -euo pipefail
 COMMAND="bench/run.sh $*"
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
-quick=false only=""
+quick=false only="" baseline_ref=c3945bd
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) quick=true ;;
         --only) only=$2; shift ;;
-        *) echo "usage: $0 [--quick] [--only NAME[,NAME...]]" >&2; exit 2 ;;
+        --baseline) baseline_ref=$2; shift ;;
+        *) echo "usage: $0 [--quick] [--only NAME[,NAME...]] [--baseline REF]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -73,12 +82,18 @@ selected() {
 }
 
 # pgbench_tps DB CLIENTS SCRIPT: runs the script for SECONDS_PER_RUN and prints tps.
-pgbench_tps() {
-    local db=$1 clients=$2 script=$3
-    "$PG_BIN/pgbench" -n -M prepared -h 127.0.0.1 -p "$PORT" -U postgres \
+pgbench_tps() { pgbench_tps_on "$PORT" "$@"; }
+
+# pgbench_tps_on PORT DB CLIENTS SCRIPT: the same against the cluster on PORT.
+pgbench_tps_on() {
+    local port=$1 db=$2 clients=$3 script=$4
+    "$PG_BIN/pgbench" -n -M prepared -h 127.0.0.1 -p "$port" -U postgres \
         -c "$clients" -j "$clients" -T "$SECONDS_PER_RUN" -f "$script" "$db" 2>"$OUT/pgbench.err" \
         | awk '/^tps = / { print $3; exit }'
 }
+
+# cpu_ticks PID: user + system CPU time of a process so far, in clock ticks.
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 
 # record COMPARISON VARIANT DURABILITY RUN VALUE UNIT
 record() { printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >>"$RESULTS"; }
@@ -115,7 +130,20 @@ cleanup() {
     [ -z "$pids" ] || kill $pids 2>/dev/null || true
     if [ -n "$stream" ]; then "$PROBE" "$NATS_URL" --delete "$stream" >/dev/null 2>&1 || true; fi
     cluster_stop bench
-    rm -rf "${ENVELOPES_TMP:?}/bench"
+    cluster_stop basebench
+    rm -rf "${ENVELOPES_TMP:?}/bench" "${ENVELOPES_TMP:?}/basebench"
+}
+
+# The baseline cluster (an earlier commit's extension, see bench/baseline.sh),
+# started next to the current one for the comparisons that need it.
+BASE_PORT=""
+start_baseline() {
+    [ -z "$BASE_PORT" ] || return 0
+    local bin
+    bin=$(bench/baseline.sh "$baseline_ref" "$ENVELOPES_TMP/baseline")
+    BASE_PORT=$(free_port)
+    PG_BIN=$bin cluster_start basebench "$BASE_PORT" "${TUNING[@]}" "synchronous_commit = $durability"
+    log "baseline cluster (pg_envelopes at $baseline_ref) on port $BASE_PORT"
 }
 
 for durability in off on; do
@@ -277,7 +305,175 @@ for durability in off on; do
         done
     fi
 
+    if selected feedcost; then
+        # In-order single-row and 100-row inserts, 2 clients each on its own
+        # originator: this version against the baseline build, interleaved.
+        start_baseline
+        for port in "$PORT" "$BASE_PORT"; do
+            cluster_psql bench "$port" postgres -q -c "CREATE DATABASE feed"
+            cluster_psql bench "$port" feed -q -f bench/sql/feed_setup.sql >/dev/null
+        done
+        for run in $(seq "$RUNS"); do
+            for kind in insert batch; do
+                for variant in current baseline; do
+                    port=$PORT; [ "$variant" = baseline ] && port=$BASE_PORT
+                    cluster_psql bench "$port" feed -q -f bench/sql/feed_reset.sql >/dev/null
+                    tps=$(pgbench_tps_on "$port" feed 2 "bench/sql/feed_$kind.sql")
+                    [ -n "$tps" ] || { cat "$OUT/pgbench.err" >&2; exit 1; }
+                    record feedcost "${kind}_$variant" "$durability" "$run" "$tps" tps
+                    log "feedcost [$durability] ${kind}_$variant run $run: $tps tps"
+                done
+            done
+        done
+        for port in "$PORT" "$BASE_PORT"; do
+            cluster_psql bench "$port" postgres -q -c "DROP DATABASE feed WITH (FORCE)"
+        done
+    fi
+
+    if selected latebridge && [ "$durability" = off ]; then
+        # Bridge to JetStream draining a backlog in order, and the same backlog with
+        # every tenth envelope inserted after the rest (a late arrival each).
+        if $quick; then backlog=20000; else backlog=200000; fi
+        for run in $(seq "$RUNS"); do
+            for variant in inorder late; do
+                db="late_${run}_$variant"
+                stream="BENCHL$$_${run}_$variant" prefix="benchl$$r${run}$variant"
+                sql postgres -q -c "CREATE DATABASE $db"
+                sql "$db" -q -c "CREATE EXTENSION pg_envelopes"
+                load() {
+                    sql "$db" -q -c "SET envelopes.notify = off" -c "SELECT envelopes.insert_gateway_envelopes(
+                        array_agg((1 + s % 4)::int), array_agg(s), array_agg(pg_catalog.int4send(s::int % 16)),
+                        array_agg(pg_catalog.convert_to(repeat('e', 200), 'UTF8')))
+                      FROM generate_series(1::bigint, $backlog) s WHERE $1" >/dev/null
+                }
+                if [ "$variant" = inorder ]; then load true; else load "s % 10 <> 0"; load "s % 10 = 0"; fi
+                sql "$db" -q -c "SELECT envelopes.consumer_register('bench')"
+                url="postgres://postgres@127.0.0.1:$PORT/$db"
+                started=$(date +%s.%N)
+                "$BRIDGE" egress --database-url "$url" --name bench --sink "$NATS_URL" --batch-size 2000 \
+                    --nats-stream "$stream" --subject-prefix "$prefix" 2>"$OUT/bridge.log" &
+                bridge=$!
+                until [ "$(sql "$db" -At -c "SELECT envelopes_pending FROM envelopes.consumer_status WHERE consumer = 'bench'")" = 0 ]; do
+                    sleep 0.2
+                done
+                elapsed=$(python3 -c "print(f'{$(date +%s.%N) - $started:.2f}')")
+                rate=$(python3 -c "print(f'{$backlog / $elapsed:.0f}')")
+                late=$(sql "$db" -At -c "SELECT count(*) FROM envelopes.late_envelopes")
+                record latebridge "$variant" "$durability" "$run" "$rate" envelopes/s
+                log "latebridge [$durability] $variant run $run: $backlog envelopes ($late late) in ${elapsed}s = $rate/s"
+                kill -TERM "$bridge"; wait "$bridge" || true
+                "$PROBE" "$NATS_URL" --delete "$stream"
+                stream=""
+                sql postgres -q -c "DROP DATABASE $db WITH (FORCE)"
+            done
+        done
+    fi
+
+    if selected idle && [ "$durability" = off ]; then
+        # An idle consumer's poll (consumer_envelope_batch with nothing to read) at
+        # 10, 1,000 and 10,000 originators, on this version and the baseline, and
+        # the CPU an idle bridge (polling every 200 ms) and its backend use.
+        start_baseline
+        if $quick; then sizes="10 1000"; else sizes="10 1000 10000"; fi
+        for n in $sizes; do
+            for variant in current baseline; do
+                port=$PORT; [ "$variant" = baseline ] && port=$BASE_PORT
+                db="idle_$n"
+                cluster_psql bench "$port" postgres -q -c "CREATE DATABASE $db"
+                cluster_psql bench "$port" "$db" -q -c "CREATE EXTENSION pg_envelopes"
+                for first in $(seq 1 500 "$n"); do
+                    last=$((first + 499 < n ? first + 499 : n))
+                    cluster_psql bench "$port" "$db" -q -c "SET envelopes.create_partitions_in = transaction" \
+                        -c "SET envelopes.notify = off" -c "SELECT envelopes.insert_gateway_envelopes(
+                            array_agg(g::int), array_agg(1::bigint), array_agg('\x01'::bytea), array_agg('\x02'::bytea))
+                          FROM generate_series($first, $last) g" >/dev/null
+                done
+                cluster_psql bench "$port" "$db" -q -c "SELECT envelopes.consumer_register('idle', false)"
+            done
+            for run in $(seq "$RUNS"); do
+                for variant in current baseline; do
+                    port=$PORT; [ "$variant" = baseline ] && port=$BASE_PORT
+                    tps=$(pgbench_tps_on "$port" "idle_$n" 1 bench/sql/idle_poll.sql)
+                    [ -n "$tps" ] || { cat "$OUT/pgbench.err" >&2; exit 1; }
+                    ms=$(python3 -c "print(f'{1000 / $tps:.4f}')")
+                    record idle "poll_${variant}_$n" "$durability" "$run" "$ms" ms
+                    log "idle [$durability] poll $variant at $n originators run $run: $ms ms"
+                done
+                # The idle bridge of this version: its CPU and its backend's, per core.
+                url="postgres://postgres@127.0.0.1:$PORT/idle_$n"
+                "$BRIDGE" egress --database-url "$url" --name idle --sink jsonl:/dev/null 2>"$OUT/bridge.log" &
+                bridge=$!
+                sleep 3
+                backend=$(sql "idle_$n" -At -c "SELECT pid FROM pg_stat_activity WHERE application_name = 'envelopes-bridge egress' LIMIT 1")
+                b0=$(cpu_ticks "$bridge") s0=$(cpu_ticks "$backend")
+                sleep "$SECONDS_PER_RUN"
+                b1=$(cpu_ticks "$bridge") s1=$(cpu_ticks "$backend")
+                hz=$(getconf CLK_TCK)
+                for pair in "bridge:$b0:$b1" "backend:$s0:$s1"; do
+                    IFS=: read -r who t0 t1 <<<"$pair"
+                    pct=$(python3 -c "print(f'{100 * ($t1 - $t0) / $hz / $SECONDS_PER_RUN:.3f}')")
+                    record idle "cpu_${who}_$n" "$durability" "$run" "$pct" "% of a core"
+                    log "idle [$durability] $who CPU at $n originators run $run: $pct% of a core"
+                done
+                kill -TERM "$bridge"; wait "$bridge" || true
+            done
+            for port in "$PORT" "$BASE_PORT"; do
+                cluster_psql bench "$port" postgres -q -c "DROP DATABASE idle_$n WITH (FORCE)"
+            done
+        done
+    fi
+
+    if selected horizon && [ "$durability" = off ]; then
+        # Commit -> JetStream latency of envelopes and outbox rows at 1,000
+        # transactions a second (each with one of each), undisturbed, and with a
+        # transaction in another database that created a table and stays open for
+        # the whole run (it holds the cluster's xmin horizon back).
+        if $quick; then run_seconds=5; else run_seconds=60; fi
+        sql postgres -q -c "CREATE DATABASE horizon" -c "CREATE DATABASE unrelated"
+        sql horizon -q -c "CREATE EXTENSION pg_envelopes" -c "CREATE SEQUENCE bench_seq" \
+            -c "SELECT envelopes.consumer_register('h')"
+        stream="BENCHH$$" prefix="benchh$$"
+        url="postgres://postgres@127.0.0.1:$PORT/horizon"
+        "$BRIDGE" egress --database-url "$url" --name h --sink "$NATS_URL" \
+            --nats-stream "$stream" --subject-prefix "$prefix" 2>"$OUT/bridge.log" &
+        bridge=$!
+        for run in $(seq "$RUNS"); do
+            for variant in clear blocked; do
+                holder=""
+                if [ "$variant" = blocked ]; then
+                    sql unrelated -q -c "BEGIN" -c "CREATE TABLE IF NOT EXISTS held (x int)" \
+                        -c "INSERT INTO held VALUES (1)" -c "SELECT pg_sleep($run_seconds + 30)" >/dev/null 2>&1 &
+                    holder=$!
+                    sleep 1
+                fi
+                n=$((run_seconds * 1000))
+                "$PROBE" "$NATS_URL" "$prefix" $((2 * n)) --with-outbox >"$OUT/probe.out" &
+                probe=$!
+                until grep -q ready "$OUT/probe.out" 2>/dev/null; do sleep 0.1; done
+                "$PG_BIN/pgbench" -n -M prepared -h 127.0.0.1 -p "$PORT" -U postgres -c 4 -j 2 -R 1000 \
+                    -t $((n / 4)) -f bench/sql/horizon_rate.sql horizon >/dev/null 2>"$OUT/pgbench.err"
+                wait "$probe"
+                { read -r ep50 ep99 emax ecount; read -r op50 op99 omax ocount; } < <(tail -n 2 "$OUT/probe.out")
+                for kind in envelope outbox; do
+                    if [ $kind = envelope ]; then p50=$ep50 p99=$ep99 count=$ecount; else p50=$op50 p99=$op99 count=$ocount; fi
+                    record horizon "p99_${kind}_$variant" "$durability" "$run" "$p99" ms
+                    record horizon "p50_${kind}_$variant" "$durability" "$run" "$p50" ms
+                    log "horizon [$durability] $variant $kind run $run: p50 ${p50}ms p99 ${p99}ms ($count messages)"
+                done
+                if [ -n "$holder" ]; then
+                    sql postgres -q -c "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = 'unrelated'" >/dev/null
+                    wait "$holder" 2>/dev/null || true
+                fi
+            done
+        done
+        kill -TERM "$bridge"; wait "$bridge" || true
+        "$PROBE" "$NATS_URL" --delete "$stream"
+        stream=""
+        sql postgres -q -c "DROP DATABASE horizon WITH (FORCE)" -c "DROP DATABASE unrelated WITH (FORCE)"
+    fi
+
     cleanup
+    BASE_PORT=""
     trap - EXIT
 done
 

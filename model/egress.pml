@@ -21,8 +21,8 @@
  * rows 2 and 3 in one transaction (inserting 2 then 3, or 3 then 2). So "row 1
  * aborts, rows 2 and 3 commit and are delivered, row 1 is retried and commits"
  * is one of the runs: the late arrival.
- * One more transaction never touches the feed: it began before all the
- * others and stays open forever. Nothing here looks at it (the gate asks of a
+ * One more transaction never touches the feed: it began before every
+ * writer and stays open forever. Nothing here looks at it (the gate asks of a
  * row only whether ITS transaction had ended when S0 was taken, never for the
  * cluster-wide xmin horizon), and DONE must hold although it never ends
  * (outbox_counterexample_horizon_gated.pml shows what it does otherwise).

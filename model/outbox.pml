@@ -13,9 +13,9 @@
  *      used again (sequences do not roll back), which leaves a gap.
  * Either three writers drawing one id each, or one drawing one id and one
  * drawing two. One more transaction never touches the feed: it began before
- * all the others and stays open forever. Nothing here looks at it (no
+ * every writer and stays open forever. Nothing here looks at it (no
  * cluster-wide xmin horizon), and DONE must hold although it never ends
- * (outbox_counterexample_horizon_gated.pml is what it does otherwise).
+ * (outbox_counterexample_horizon_gated.pml shows what it does otherwise).
  *
  * The egress (one batch), in this order:
  *   a. L := the sequence's last value;

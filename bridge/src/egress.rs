@@ -126,7 +126,7 @@ async fn failed(
         Class::Transient => {
             tracing::warn!(sqlstate = error.code(), error = %error.message, during,
                            retry_in_ms = backoff.peek().as_millis() as u64,
-                           "database error, reconnecting");
+                           "database error, reconnecting and retrying");
             backoff.wait(shutdown).await
         }
         Class::Permanent => {
