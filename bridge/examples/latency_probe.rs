@@ -49,7 +49,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (url, prefix, count, with_outbox) = match &args[..] {
         [_, url, prefix, count] => (url, prefix, count, false),
         [_, url, prefix, count, flag] if flag == "--with-outbox" => (url, prefix, count, true),
-        _ => return Err("usage: latency_probe NATS_URL SUBJECT_PREFIX COUNT [--with-outbox]".into()),
+        _ => {
+            return Err("usage: latency_probe NATS_URL SUBJECT_PREFIX COUNT [--with-outbox]".into())
+        }
     };
     let count: usize = count.parse()?;
     let client = async_nats::connect(url.as_str()).await?;
