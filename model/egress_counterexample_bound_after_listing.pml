@@ -140,7 +140,8 @@ retry:
 	if					/* 3. INSERT a */
 	:: b != 0 ->
 		/* the second row: the transaction's marker becomes the lower of
-		   the two (both stay set here; only the lowest one is ever seen) */
+		   the two (both stay set here, which is the same: a reader only
+		   ever uses the lowest marker) */
 		marker[b] = true;		/* 1. */
 		late[b] = COMMITTED_ABOVE(b)	/* 2. (row a is its own: not committed) */
 						/* 3. INSERT b */
