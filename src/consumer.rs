@@ -20,7 +20,7 @@ use crate::feed::clock;
 use crate::feed::markers::{Drawn, MarkerError};
 use crate::feed::{Gate, Sample};
 use crate::partition::{self, PartitionError};
-use crate::read::{self, EnvelopeRow, Flow};
+use crate::read::{self, Blobs, EnvelopeRow, Flow};
 use crate::scan::{Range, Scan};
 use pgrx::datum::{DatumWithOid, JsonB, TimestampWithTimeZone};
 use pgrx::pg_sys;
@@ -194,6 +194,7 @@ fn with_consumer<R>(
 /// How much a batch may still take: rows, and bytes when a budget was given. The
 /// first row is always taken, however large, so a batch is never empty for lack
 /// of room.
+#[derive(Clone)]
 struct Budget {
     rows: usize,
     bytes: Option<usize>,
@@ -340,6 +341,7 @@ fn envelope_batch(
 
         // Then each originator after the vector clock.
         let before = gate.before();
+        let mut step_over: Vec<(i32, i64)> = Vec::new();
         for &node in &nodes {
             if budget.exhausted() {
                 break;
@@ -354,22 +356,33 @@ fn envelope_batch(
             let limit = gate.markers.envelope_limit(node);
             let upto = limit.unwrap_or(i64::MAX);
             let mut read = Vec::new();
-            let mut room = Budget {
-                rows: budget.rows,
-                bytes: budget.bytes,
-                taken: budget.taken,
-            };
-            let reached_end = read::originator_rows(node, after, upto, gate.rows(), |row| {
-                if row.late {
-                    read.push(row); // bounds the read like any row, handed out by the late feed
-                    return Flow::Continue;
-                }
-                if !room.take(row.bytes()) {
-                    return Flow::Stop;
-                }
-                read.push(row);
-                Flow::Continue
-            })?;
+            let mut room = budget.clone();
+            let mut late_seen = 0usize;
+            let reached_end = read::originator_rows(
+                node,
+                after,
+                upto,
+                gate.rows(),
+                Blobs::NotOfLateRows,
+                |row| {
+                    if row.late {
+                        // Bounds the read like any row (it is committed); the late
+                        // feed hands it out. Read without its bytes, and only so many.
+                        late_seen += 1;
+                        read.push(row);
+                        return if late_seen < MAX_LATE_STEPPED_OVER {
+                            Flow::Continue
+                        } else {
+                            Flow::Stop
+                        };
+                    }
+                    if !room.take(row.bytes()) {
+                        return Flow::Stop;
+                    }
+                    read.push(row);
+                    Flow::Continue
+                },
+            )?;
             // Hand out rows only up to the last one whose transaction had ended
             // before the markers were listed (see crate::feed).
             let settled = read
@@ -378,6 +391,11 @@ fn envelope_batch(
                 .map_or(0, |i| i + 1);
             let tail_unsettled = settled < read.len();
             read.truncate(settled);
+            // Late rows right after the cursor: nothing of this feed is left to
+            // hand out below the last of them, so the cursor may step over them
+            // without a delivery (the bridge's acknowledgement only covers the
+            // rows it was handed).
+            let leading_late = read.iter().take_while(|row| row.late).last().map(|r| r.seq);
             let mut reached = after;
             for row in read {
                 if row.late {
@@ -386,6 +404,10 @@ fn envelope_batch(
                 budget.take(row.bytes());
                 reached = reached.max(row.seq);
                 out.push((row, None));
+            }
+            if let Some(seq) = leading_late.filter(|_| reached == after) {
+                step_over.push((node, seq));
+                reached = seq;
             }
             if limit.is_none() && reached_end && !tail_unsettled {
                 if let Some(clocks) = &gate.sample.clocks {
@@ -396,8 +418,38 @@ fn envelope_batch(
                 }
             }
         }
+        if !step_over.is_empty() {
+            step_over_late_rows(consumer, step_over)?;
+        }
         Ok(out)
     })
+}
+
+/// Late rows one read of the in-order part steps over at most; a longer run is
+/// stepped over in several batches.
+const MAX_LATE_STEPPED_OVER: usize = 10_000;
+
+/// Moves `consumer`'s vector clock over runs of late rows that directly follow it
+/// (see [`envelope_batch`]), as an acknowledgement would, raising the version.
+fn step_over_late_rows(consumer: &str, moves: Vec<(i32, i64)>) -> Result<(), ConsumerError> {
+    let (nodes, seqs): (Vec<i32>, Vec<i64>) = moves.into_iter().unzip();
+    Spi::run_with_args(
+        "WITH v AS (
+             UPDATE envelopes.consumers SET version = version + 1 WHERE name = $1 RETURNING version)
+         INSERT INTO envelopes.consumer_envelope_cursors AS c
+                (consumer, originator_node_id, sequence_id, version)
+         SELECT $1, t.node, t.seq, v.version
+           FROM v, ROWS FROM (pg_catalog.unnest($2::int[]), pg_catalog.unnest($3::bigint[])) AS t(node, seq)
+         ON CONFLICT ON CONSTRAINT consumer_envelope_cursors_pkey
+         DO UPDATE SET sequence_id = GREATEST(c.sequence_id, EXCLUDED.sequence_id),
+                       version = EXCLUDED.version",
+        &[
+            DatumWithOid::from(consumer),
+            DatumWithOid::from(nodes),
+            DatumWithOid::from(seqs),
+        ],
+    )?;
+    Ok(())
 }
 
 /// The next envelopes `consumer` has not acknowledged: first the late arrivals

@@ -123,6 +123,15 @@ fn blob_of(
     }
 }
 
+/// Which rows [`originator_rows`] reads the envelope bytes of.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Blobs {
+    All,
+    /// Rows flagged `late` come without their bytes (`envelope` empty): the
+    /// in-order read only steps over them.
+    NotOfLateRows,
+}
+
 /// Calls `each` with the rows of `node` whose sequence id is in `(after, upto]`,
 /// in order, as seen by `snapshot`, until it returns [`Flow::Stop`]. Returns true
 /// when it reached the end of the range. A meta row without its blob twin (only
@@ -132,6 +141,7 @@ pub fn originator_rows(
     after: i64,
     upto: i64,
     snapshot: pg_sys::Snapshot,
+    blobs_wanted: Blobs,
     mut each: impl FnMut(EnvelopeRow) -> Flow,
 ) -> Result<bool, PartitionError> {
     if upto <= after {
@@ -168,6 +178,12 @@ pub fn originator_rows(
         let mut blob_seq: Option<i64> = None;
         while metas.next() {
             let mut row = meta_row(&mut metas, &cols, node)?;
+            if row.late && blobs_wanted == Blobs::NotOfLateRows {
+                if let Flow::Stop = each(row) {
+                    return Ok(false);
+                }
+                continue;
+            }
             let envelope = match &mut blobs {
                 Some((scan, col, seq_col)) => {
                     // Advance the blob scan to the first sequence id >= the meta row's.
@@ -210,7 +226,7 @@ pub fn envelope(
     snapshot: pg_sys::Snapshot,
 ) -> Result<Option<EnvelopeRow>, PartitionError> {
     let mut found = None;
-    originator_rows(node, seq - 1, seq, snapshot, |row| {
+    originator_rows(node, seq - 1, seq, snapshot, Blobs::All, |row| {
         found = Some(row);
         Flow::Stop
     })?;

@@ -591,3 +591,32 @@ fn commits_between_the_marker_listing_and_the_row_snapshot_are_held_back() {
         "10 was handed out from inside the window: {first:?}"
     );
 }
+
+/// A long run of late rows right after the cursor, with the in-order row after it
+/// out of one read's reach: the late feed hands them all out once, and the
+/// in-order read steps the cursor over them instead of reading them again and
+/// again.
+#[test]
+fn a_long_run_of_late_rows_is_stepped_over() {
+    let db = TestDb::new("late_run");
+    let mut c = db.connect();
+    register(&mut c, "f");
+    insert(&mut c, 5, 20_000); // committed: everything below it arrives late
+    c.execute(
+        "SELECT envelopes.insert_gateway_envelopes(array_agg(5), array_agg(s::bigint),
+             array_agg('\\x01'::bytea), array_agg('\\x02'::bytea))
+           FROM generate_series(1, 10500) s",
+        &[],
+    )
+    .unwrap();
+    insert(&mut c, 5, 20_001);
+    let all = drain_envelopes(&mut c, "f");
+    let got = keys(&all);
+    assert_eq!(got.len(), 10_502, "{} handed out", got.len());
+    assert_eq!(all.len(), 10_502, "handed out twice");
+    assert!(got.contains(&(5, 20_000)) && got.contains(&(5, 20_001)));
+    assert_eq!(
+        db.int8("SELECT sequence_id FROM envelopes.consumer_envelope_cursors WHERE consumer = 'f'"),
+        20_001
+    );
+}
