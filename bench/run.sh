@@ -485,5 +485,10 @@ done
     echo "runs	$RUNS x ${SECONDS_PER_RUN}s per variant, interleaved"
     for t in "${TUNING[@]}"; do echo "setting	$t"; done
 } >"$OUT/meta.tsv"
-"$REPORT_PYTHON" bench/report.py "$OUT" bench/RESULTS.md
+if [ -n "$only" ]; then
+    # A partial run updates its own section of RESULTS.md, leaving the full run's.
+    "$REPORT_PYTHON" bench/report.py "$OUT" bench/RESULTS.md --section "$only"
+else
+    "$REPORT_PYTHON" bench/report.py "$OUT" bench/RESULTS.md
+fi
 log "wrote bench/RESULTS.md"
