@@ -92,6 +92,23 @@ pgbench_tps_on() {
         | awk '/^tps = / { print $3; exit }'
 }
 
+# drain_backlog DB STREAM PREFIX BACKLOG: starts the bridge on DB (consumer
+# "bench", to JetStream) and waits until it has drained the backlog; sets $bridge
+# (its pid: it keeps running), $elapsed (seconds) and $rate (envelopes/s).
+drain_backlog() {
+    local db=$1 stream=$2 prefix=$3 backlog=$4 started
+    started=$(date +%s.%N)
+    "$BRIDGE" egress --database-url "postgres://postgres@127.0.0.1:$PORT/$db" --name bench \
+        --sink "$NATS_URL" --batch-size 2000 --nats-stream "$stream" --subject-prefix "$prefix" \
+        2>"$OUT/bridge.log" &
+    bridge=$!
+    until [ "$(sql "$db" -At -c "SELECT envelopes_pending FROM envelopes.consumer_status WHERE consumer = 'bench'")" = 0 ]; do
+        sleep 0.2
+    done
+    elapsed=$(python3 -c "print(f'{$(date +%s.%N) - $started:.2f}')")
+    rate=$(python3 -c "print(f'{$backlog / $elapsed:.0f}')")
+}
+
 # cpu_ticks PID: user + system CPU time of a process so far, in clock ticks.
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 
@@ -212,7 +229,7 @@ for durability in off on; do
                 mode=$variant
                 if [ "$variant" = steady ]; then
                     mode=worker
-                    sql bench -q -c "SELECT envelopes.ensure_gateway_parts($node, b * 10000, 10000)
+                    sql bench -q -c "SELECT envelopes.ensure_gateway_parts($node, b * 10000 + 1, 10000)
                                        FROM generate_series(0, 199) b" >/dev/null
                 fi
                 rm -f "$OUT"/lat.*
@@ -245,16 +262,7 @@ for durability in off on; do
                     array_agg(pg_catalog.convert_to(repeat('e', 200), 'UTF8')))
                   FROM generate_series(1::bigint, $backlog) s" >/dev/null
             sql "$db" -q -c "SELECT envelopes.consumer_register('bench')"
-            url="postgres://postgres@127.0.0.1:$PORT/$db"
-            started=$(date +%s.%N)
-            "$BRIDGE" egress --database-url "$url" --name bench --sink "$NATS_URL" --batch-size 2000 \
-                --nats-stream "$stream" --subject-prefix "$prefix" 2>"$OUT/bridge.log" &
-            bridge=$!
-            until [ "$(sql "$db" -At -c "SELECT envelopes_pending FROM envelopes.consumer_status WHERE consumer = 'bench'")" = 0 ]; do
-                sleep 0.2
-            done
-            elapsed=$(python3 -c "print(f'{$(date +%s.%N) - $started:.2f}')")
-            rate=$(python3 -c "print(f'{$backlog / $elapsed:.0f}')")
+            drain_backlog "$db" "$stream" "$prefix" "$backlog"
             record bridge throughput "$durability" "$run" "$rate" envelopes/s
             log "bridge [$durability] run $run: $backlog envelopes in ${elapsed}s = $rate/s"
 
@@ -348,16 +356,7 @@ for durability in off on; do
                 }
                 if [ "$variant" = inorder ]; then load true; else load "s % 10 <> 0"; load "s % 10 = 0"; fi
                 sql "$db" -q -c "SELECT envelopes.consumer_register('bench')"
-                url="postgres://postgres@127.0.0.1:$PORT/$db"
-                started=$(date +%s.%N)
-                "$BRIDGE" egress --database-url "$url" --name bench --sink "$NATS_URL" --batch-size 2000 \
-                    --nats-stream "$stream" --subject-prefix "$prefix" 2>"$OUT/bridge.log" &
-                bridge=$!
-                until [ "$(sql "$db" -At -c "SELECT envelopes_pending FROM envelopes.consumer_status WHERE consumer = 'bench'")" = 0 ]; do
-                    sleep 0.2
-                done
-                elapsed=$(python3 -c "print(f'{$(date +%s.%N) - $started:.2f}')")
-                rate=$(python3 -c "print(f'{$backlog / $elapsed:.0f}')")
+                drain_backlog "$db" "$stream" "$prefix" "$backlog"
                 late=$(sql "$db" -At -c "SELECT count(*) FROM envelopes.late_envelopes")
                 record latebridge "$variant" "$durability" "$run" "$rate" envelopes/s
                 log "latebridge [$durability] $variant run $run: $backlog envelopes ($late late) in ${elapsed}s = $rate/s"

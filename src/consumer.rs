@@ -419,7 +419,7 @@ fn envelope_batch(
             }
         }
         if !step_over.is_empty() {
-            step_over_late_rows(consumer, step_over)?;
+            move_cursor(consumer, step_over)?;
         }
         Ok(out)
     })
@@ -429,9 +429,11 @@ fn envelope_batch(
 /// stepped over in several batches.
 const MAX_LATE_STEPPED_OVER: usize = 10_000;
 
-/// Moves `consumer`'s vector clock over runs of late rows that directly follow it
-/// (see [`envelope_batch`]), as an acknowledgement would, raising the version.
-fn step_over_late_rows(consumer: &str, moves: Vec<(i32, i64)>) -> Result<(), ConsumerError> {
+/// Moves `consumer`'s vector clock forward (never back) for the given
+/// originators, raising its version as an acknowledgement does: when a batch
+/// steps over a run of late rows (see [`envelope_batch`]), and when a consumer is
+/// registered at the end of the feeds.
+fn move_cursor(consumer: &str, moves: Vec<(i32, i64)>) -> Result<(), ConsumerError> {
     let (nodes, seqs): (Vec<i32>, Vec<i64>) = moves.into_iter().unzip();
     Spi::run_with_args(
         "WITH v AS (
@@ -603,22 +605,21 @@ fn register(name: Option<&str>, from_start: Option<bool>) -> Result<(), Consumer
         return Ok(());
     }
     let (late_id, outbox_id, cursor) = starting_positions(from_start)?;
-    let (nodes, seqs): (Vec<i32>, Vec<i64>) = cursor.into_iter().unzip();
-    Spi::run_with_args(
+    let created = Spi::get_one_with_args::<bool>(
         "WITH c AS (
              INSERT INTO envelopes.consumers (name, late_id, outbox_id) VALUES ($1, $2, $3)
-             ON CONFLICT DO NOTHING RETURNING name)
-         INSERT INTO envelopes.consumer_envelope_cursors (consumer, originator_node_id, sequence_id)
-         SELECT c.name, t.node, t.seq
-           FROM c, ROWS FROM (pg_catalog.unnest($4::int[]), pg_catalog.unnest($5::bigint[])) AS t(node, seq)",
+             ON CONFLICT DO NOTHING RETURNING 1)
+         SELECT EXISTS (SELECT FROM c)",
         &[
             DatumWithOid::from(name),
             DatumWithOid::from(late_id),
             DatumWithOid::from(outbox_id),
-            DatumWithOid::from(nodes),
-            DatumWithOid::from(seqs),
         ],
-    )?;
+    )?
+    .unwrap_or(false);
+    if created && !cursor.is_empty() {
+        move_cursor(name, cursor)?;
+    }
     Ok(())
 }
 

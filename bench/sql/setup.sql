@@ -8,7 +8,7 @@ CREATE TABLE flat_blob (LIKE envelopes.gateway_envelopes_blob INCLUDING ALL);
 -- Bands for originators 1..4 covering the ids the runs will use: bench/sql/reset.sql
 -- restarts the shared sequence before every cell, and one cell of 100-row batches
 -- stays well below 30 million ids, so no variant ever creates a partition.
-SELECT envelopes.ensure_gateway_parts(n, b * 10000000, 10000000)
+SELECT envelopes.ensure_gateway_parts(n, b * 10000000 + 1, 10000000)
   FROM generate_series(1, 4) n, generate_series(0, 2) b;
 -- pg_partman as a peer: one range-partitioned pair, the same 3 bands made ahead,
 -- the same primary key.

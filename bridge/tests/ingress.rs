@@ -141,12 +141,15 @@ impl Setup {
         let name = format!("{}DLQ", self.stream);
         let url = nats_url();
         self.runtime.block_on(async {
-            let all = read_stream_headers(&url, &name).await;
+            let all = read_stream_messages(&url, &name).await;
             all.into_iter()
-                .map(|h| {
+                .map(|m| {
                     (
-                        h.get("Envelopes-Error").cloned().unwrap_or_default(),
-                        h.get("Envelopes-Sqlstate").cloned(),
+                        m.headers
+                            .get("Envelopes-Error")
+                            .cloned()
+                            .unwrap_or_default(),
+                        m.headers.get("Envelopes-Sqlstate").cloned(),
                     )
                 })
                 .collect()

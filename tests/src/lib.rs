@@ -107,6 +107,29 @@ pub fn sqlstate(error: &postgres::Error) -> String {
         .unwrap_or_else(|| "-----".to_owned())
 }
 
+/// Inserts one small envelope through the extension's function.
+pub fn insert(client: &mut impl postgres::GenericClient, node: i32, seq: i64) {
+    client
+        .query_one(
+            "SELECT envelopes.insert_gateway_envelope($1, $2, '\\x01', '\\x02')",
+            &[&node, &seq],
+        )
+        .expect("insert");
+}
+
+/// The ids of one outbox batch of `consumer`.
+pub fn outbox_batch_ids(client: &mut impl postgres::GenericClient, consumer: &str) -> Vec<i64> {
+    client
+        .query(
+            "SELECT id FROM envelopes.consumer_outbox_batch($1)",
+            &[&consumer],
+        )
+        .expect("outbox batch")
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
 /// One envelope as a consumer batch hands it out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Handed {

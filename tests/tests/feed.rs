@@ -2,22 +2,16 @@
 //! handed out to a consumer, whatever the commit order, the sequence ids, the
 //! caller's isolation level, or what else runs.
 
-use pg_envelopes_tests::{drain_envelopes, envelope_ack, envelope_batch, sqlstate, Handed, TestDb};
+use pg_envelopes_tests::{
+    drain_envelopes, envelope_ack, envelope_batch, insert, outbox_batch_ids, sqlstate, Handed,
+    TestDb,
+};
 use postgres::{Client, IsolationLevel};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
-
-fn insert(client: &mut impl postgres::GenericClient, node: i32, seq: i64) {
-    client
-        .query_one(
-            "SELECT envelopes.insert_gateway_envelope($1, $2, '\\x01', '\\x02')",
-            &[&node, &seq],
-        )
-        .expect("insert");
-}
 
 fn register(client: &mut Client, consumer: &str) {
     client
@@ -341,12 +335,7 @@ fn only_writers_of_the_same_feed_hold_delivery_back() {
         keys(&drain_envelopes(&mut c, "f")),
         BTreeSet::from([(1, 1)])
     );
-    let outbox: Vec<i64> = c
-        .query("SELECT id FROM envelopes.consumer_outbox_batch('f')", &[])
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let outbox: Vec<i64> = outbox_batch_ids(&mut c, "f");
     assert_eq!(outbox, vec![id]);
     c.query_one("SELECT envelopes.consumer_outbox_ack('f', $1)", &[&id])
         .unwrap();
@@ -363,17 +352,9 @@ fn only_writers_of_the_same_feed_hold_delivery_back() {
         .unwrap()
         .get(0);
     assert!(low < high);
-    assert!(c
-        .query("SELECT id FROM envelopes.consumer_outbox_batch('f')", &[])
-        .unwrap()
-        .is_empty());
+    assert!(outbox_batch_ids(&mut c, "f").is_empty());
     writer_tx.commit().unwrap();
-    let outbox: Vec<i64> = c
-        .query("SELECT id FROM envelopes.consumer_outbox_batch('f')", &[])
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let outbox: Vec<i64> = outbox_batch_ids(&mut c, "f");
     assert_eq!(outbox, vec![low, high]);
     foreign_tx.rollback().unwrap();
     local_tx.rollback().unwrap();
@@ -402,17 +383,9 @@ fn an_outbox_id_drawn_after_the_marker_is_covered() {
         .unwrap()
         .get(0);
     assert!(first < later && later < second);
-    assert!(c
-        .query("SELECT id FROM envelopes.consumer_outbox_batch('f')", &[])
-        .unwrap()
-        .is_empty());
+    assert!(outbox_batch_ids(&mut c, "f").is_empty());
     tx.commit().unwrap();
-    let ids: Vec<i64> = c
-        .query("SELECT id FROM envelopes.consumer_outbox_batch('f')", &[])
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let ids: Vec<i64> = outbox_batch_ids(&mut c, "f");
     assert_eq!(ids, vec![first, later, second]);
 }
 
@@ -441,16 +414,7 @@ fn registering_at_the_end_keeps_running_transactions_ahead() {
         keys(&drain_envelopes(&mut c, "late")),
         BTreeSet::from([(5, 2)])
     );
-    let ids: Vec<i64> = c
-        .query(
-            "SELECT id FROM envelopes.consumer_outbox_batch('late')",
-            &[],
-        )
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert_eq!(ids, vec![id]);
+    assert_eq!(outbox_batch_ids(&mut c, "late"), vec![id]);
 }
 
 /// `batch_bytes` bounds a batch by the bytes it carries, never below one row.

@@ -1,6 +1,6 @@
 //! Cursor reads across real sessions: commit-safe ceilings and retention under load.
 
-use pg_envelopes_tests::{sqlstate, TestDb};
+use pg_envelopes_tests::{insert, sqlstate, TestDb};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -17,15 +17,6 @@ fn ceilings(db: &TestDb) -> BTreeMap<i32, i64> {
         .into_iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect()
-}
-
-fn insert(client: &mut impl postgres::GenericClient, node: i32, seq: i64) {
-    client
-        .query_one(
-            "SELECT envelopes.insert_gateway_envelope($1, $2, '\\x01', '\\x02')",
-            &[&node, &seq],
-        )
-        .expect("insert");
 }
 
 /// Seq 2 is in an open transaction while 1 and 3 are committed: the ceiling is 1

@@ -289,53 +289,15 @@ pub fn lag(db: &TestDb, name: &str) -> i64 {
         .unwrap_or(i64::MAX)
 }
 
-/// Every message in a JetStream stream: (Nats-Msg-Id header, payload).
-pub async fn read_stream(url: &str, stream: &str) -> Vec<(String, Vec<u8>)> {
-    use futures_util::StreamExt;
-    let client = async_nats::connect(url).await.expect("connect to NATS");
-    let js = async_nats::jetstream::new(client);
-    let mut s = js.get_stream(stream).await.expect("stream exists");
-    let total = s.info().await.expect("stream info").state.messages;
-    let consumer = s
-        .create_consumer(async_nats::jetstream::consumer::pull::Config {
-            deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::All,
-            ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
-            ..Default::default()
-        })
-        .await
-        .expect("consumer");
-    let mut out = Vec::new();
-    while (out.len() as u64) < total {
-        let mut batch = consumer
-            .fetch()
-            .max_messages(1000)
-            .expires(Duration::from_secs(2))
-            .messages()
-            .await
-            .expect("fetch");
-        let mut got = 0;
-        while let Some(Ok(m)) = batch.next().await {
-            got += 1;
-            let id = m
-                .headers
-                .as_ref()
-                .and_then(|h| h.get("Nats-Msg-Id"))
-                .map(|v| v.to_string())
-                .unwrap_or_default();
-            out.push((id, m.payload.to_vec()));
-        }
-        if got == 0 {
-            break;
-        }
-    }
-    out
+/// One message of a JetStream stream as a test reads it back.
+pub struct Stored {
+    pub payload: Vec<u8>,
+    /// Header name -> first value.
+    pub headers: std::collections::BTreeMap<String, String>,
 }
 
-/// The headers of every message in a JetStream stream, as name -> value.
-pub async fn read_stream_headers(
-    url: &str,
-    stream: &str,
-) -> Vec<std::collections::BTreeMap<String, String>> {
+/// Every message in a JetStream stream, in stream order.
+pub async fn read_stream_messages(url: &str, stream: &str) -> Vec<Stored> {
     use futures_util::StreamExt;
     let client = async_nats::connect(url).await.expect("connect to NATS");
     let js = async_nats::jetstream::new(client);
@@ -369,13 +331,28 @@ pub async fn read_stream_headers(
                     }
                 }
             }
-            out.push(headers);
+            out.push(Stored {
+                payload: m.payload.to_vec(),
+                headers,
+            });
         }
         if got == 0 {
             break;
         }
     }
     out
+}
+
+/// Every message in a JetStream stream: (Nats-Msg-Id header, payload).
+pub async fn read_stream(url: &str, stream: &str) -> Vec<(String, Vec<u8>)> {
+    read_stream_messages(url, stream)
+        .await
+        .into_iter()
+        .map(|m| {
+            let id = m.headers.get("Nats-Msg-Id").cloned().unwrap_or_default();
+            (id, m.payload)
+        })
+        .collect()
 }
 
 pub async fn delete_stream(url: &str, stream: &str) {
