@@ -301,8 +301,8 @@ SELECT c.name AS consumer,
        c.late_id,
        o.pending AS outbox_pending,
        pg_catalog.now() - o.oldest AS outbox_oldest_pending_age,
-       e.pending + l.pending AS envelopes_pending,
-       pg_catalog.now() - LEAST(e.oldest, l.oldest) AS envelopes_oldest_pending_age,
+       e.pending AS envelopes_pending,
+       pg_catalog.now() - e.oldest AS envelopes_oldest_pending_age,
        c.acked_at AS last_acknowledged_at,
        d.dead_letters,
        @extschema@.notification_queue_usage() AS notification_queue_usage
@@ -311,20 +311,7 @@ SELECT c.name AS consumer,
         SELECT count(*) AS pending, min(ob.created_at) AS oldest
           FROM @extschema@.outbox ob
          WHERE ob.id > c.outbox_id) o
-  CROSS JOIN LATERAL (
-        SELECT count(*) AS pending, min(m.gateway_time) AS oldest
-          FROM @extschema@.originator_ceilings() x
-          LEFT JOIN @extschema@.consumer_envelope_cursors ec
-                 ON ec.consumer = c.name AND ec.originator_node_id = x.originator_node_id
-          JOIN @extschema@.gateway_envelopes_meta m
-            ON m.originator_node_id = x.originator_node_id
-           AND m.originator_sequence_id > COALESCE(ec.sequence_id, 0)
-           AND m.originator_sequence_id <= x.max_sequence_id
-         WHERE NOT m.late) e
-  CROSS JOIN LATERAL (
-        SELECT count(*) AS pending, min(le.recorded_at) AS oldest
-          FROM @extschema@.late_envelopes le
-         WHERE le.id > c.late_id) l
+  CROSS JOIN LATERAL @extschema@.consumer_envelopes_pending(c.name) e
   CROSS JOIN LATERAL (
         SELECT count(*) AS dead_letters FROM @extschema@.dead_letters dl WHERE dl.consumer = c.name) d;
 COMMENT ON VIEW consumer_status IS 'Consumer positions, what is committed but not yet acknowledged, dead letters and the NOTIFY queue usage.';

@@ -130,6 +130,17 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'consumer_register_wrapper';
 
+CREATE FUNCTION "consumer_envelopes_pending"(
+	"consumer" TEXT /* Option < & str > */
+) RETURNS TABLE (
+	"pending" bigint,  /* i64 */
+	"oldest" timestamp with time zone  /* Option < TimestampWithTimeZone > */
+)
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'consumer_envelopes_pending_wrapper';
+
 CREATE FUNCTION _lock_consumer(consumer text) RETURNS @extschema@.consumers
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
@@ -338,8 +349,8 @@ SELECT c.name AS consumer,
        c.late_id,
        o.pending AS outbox_pending,
        pg_catalog.now() - o.oldest AS outbox_oldest_pending_age,
-       e.pending + l.pending AS envelopes_pending,
-       pg_catalog.now() - LEAST(e.oldest, l.oldest) AS envelopes_oldest_pending_age,
+       e.pending AS envelopes_pending,
+       pg_catalog.now() - e.oldest AS envelopes_oldest_pending_age,
        c.acked_at AS last_acknowledged_at,
        d.dead_letters,
        @extschema@.notification_queue_usage() AS notification_queue_usage
@@ -348,20 +359,7 @@ SELECT c.name AS consumer,
         SELECT count(*) AS pending, min(ob.created_at) AS oldest
           FROM @extschema@.outbox ob
          WHERE ob.id > c.outbox_id) o
-  CROSS JOIN LATERAL (
-        SELECT count(*) AS pending, min(m.gateway_time) AS oldest
-          FROM @extschema@.originator_ceilings() x
-          LEFT JOIN @extschema@.consumer_envelope_cursors ec
-                 ON ec.consumer = c.name AND ec.originator_node_id = x.originator_node_id
-          JOIN @extschema@.gateway_envelopes_meta m
-            ON m.originator_node_id = x.originator_node_id
-           AND m.originator_sequence_id > COALESCE(ec.sequence_id, 0)
-           AND m.originator_sequence_id <= x.max_sequence_id
-         WHERE NOT m.late) e
-  CROSS JOIN LATERAL (
-        SELECT count(*) AS pending, min(le.recorded_at) AS oldest
-          FROM @extschema@.late_envelopes le
-         WHERE le.id > c.late_id) l
+  CROSS JOIN LATERAL @extschema@.consumer_envelopes_pending(c.name) e
   CROSS JOIN LATERAL (
         SELECT count(*) AS dead_letters FROM @extschema@.dead_letters dl WHERE dl.consumer = c.name) d;
 COMMENT ON VIEW consumer_status IS 'Consumer positions, what is committed but not yet acknowledged, dead letters and the NOTIFY queue usage.';
@@ -474,6 +472,7 @@ BEGIN
         @extschema@.consumer_dead_letter(text, text, integer, bigint, bigint, text, text, integer, timestamp with time zone),
         @extschema@.consumer_dead_letter_retries(text, integer),
         @extschema@.consumer_dead_letter_resolved(text, bigint[]),
+        @extschema@.consumer_envelopes_pending(text),
         @extschema@.notification_queue_usage()
         TO %I', role);
 END $$;
@@ -493,6 +492,7 @@ BEGIN
         @extschema@.consumer_dead_letter(text, text, integer, bigint, bigint, text, text, integer, timestamp with time zone),
         @extschema@.consumer_dead_letter_retries(text, integer),
         @extschema@.consumer_dead_letter_resolved(text, bigint[]),
+        @extschema@.consumer_envelopes_pending(text),
         @extschema@.notification_queue_usage()
         FROM %I', role);
 END $$;

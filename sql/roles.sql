@@ -84,6 +84,7 @@ BEGIN
         @extschema@.consumer_dead_letter(text, text, integer, bigint, bigint, text, text, integer, timestamp with time zone),
         @extschema@.consumer_dead_letter_retries(text, integer),
         @extschema@.consumer_dead_letter_resolved(text, bigint[]),
+        @extschema@.consumer_envelopes_pending(text),
         @extschema@.notification_queue_usage()
         TO %I', role);
 END $$;
@@ -103,6 +104,7 @@ BEGIN
         @extschema@.consumer_dead_letter(text, text, integer, bigint, bigint, text, text, integer, timestamp with time zone),
         @extschema@.consumer_dead_letter_retries(text, integer),
         @extschema@.consumer_dead_letter_resolved(text, bigint[]),
+        @extschema@.consumer_envelopes_pending(text),
         @extschema@.notification_queue_usage()
         FROM %I', role);
 END $$;

@@ -495,6 +495,85 @@ fn consumer_envelope_batch(
     }))
 }
 
+/// What `consumer` has not acknowledged yet among the envelopes it can read:
+/// in-order rows up to each originator's ceiling, and late arrivals after its
+/// late-feed position; and the oldest of them (`gateway_time`, or when a late
+/// one was recorded). Originators this backend found settled are not read again.
+fn envelopes_pending(
+    consumer: Option<&str>,
+) -> Result<(i64, Option<TimestampWithTimeZone>), ConsumerError> {
+    let consumer = consumer.ok_or(ConsumerError::Null("consumer"))?;
+    // SAFETY: plain call into the invalidation machinery, as for a batch.
+    unsafe { pg_sys::AcceptInvalidationMessages() };
+    let sample = Sample::take()?;
+    let nodes = partition::originators()?;
+    with_consumer(consumer, |known| {
+        let gate = sample.open();
+        let mut pending = 0i64;
+        let mut oldest: Option<TimestampWithTimeZone> = None;
+        let mut older = |t: TimestampWithTimeZone| {
+            if oldest.is_none_or(|o| t < o) {
+                oldest = Some(t);
+            }
+        };
+        let ceiling = gate.drawn_ceiling(Drawn::Late);
+        drawn_rows(
+            c"late_envelopes",
+            known.late_id,
+            ceiling,
+            gate.rows(),
+            |scan| {
+                pending += 1;
+                if let Some(at) = scan.attno("recorded_at").and_then(|c| scan.get(c)) {
+                    older(at);
+                }
+                Ok(true)
+            },
+        )?;
+        for &node in &nodes {
+            if let Some(clocks) = &gate.sample.clocks {
+                if known.node_is_clean(node, clocks) {
+                    continue;
+                }
+            }
+            let Some(ceiling) = gate.envelope_ceiling(node)? else {
+                continue;
+            };
+            read::originator_rows(
+                node,
+                known.cursor_of(node),
+                ceiling,
+                gate.rows(),
+                Blobs::None,
+                |row| {
+                    if !row.late {
+                        pending += 1;
+                        older(row.gateway_time);
+                    }
+                    Flow::Continue
+                },
+            )?;
+        }
+        Ok((pending, oldest))
+    })
+}
+
+/// How many envelopes `consumer` has not acknowledged yet among those it can read
+/// now, and the oldest one's time (for `consumer_status`).
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn consumer_envelopes_pending(
+    consumer: Option<&str>,
+) -> TableIterator<
+    'static,
+    (
+        name!(pending, i64),
+        name!(oldest, Option<TimestampWithTimeZone>),
+    ),
+> {
+    TableIterator::once(envelopes_pending(consumer).or_raise())
+}
+
 /// One outbox row as a batch returns it.
 type OutboxRow = (i64, String, Vec<u8>, JsonB, TimestampWithTimeZone);
 

@@ -43,7 +43,12 @@ pgrx::extension_sql_file!(
 pgrx::extension_sql_file!(
     "../sql/consumer.sql",
     name = "consumers",
-    requires = ["storage", "outbox_tables", feed::originator_ceilings]
+    requires = [
+        "storage",
+        "outbox_tables",
+        feed::originator_ceilings,
+        consumer::consumer_envelopes_pending
+    ]
 );
 
 // Positions of ingress consumers (bus -> store).

@@ -130,6 +130,8 @@ pub enum Blobs {
     /// Rows flagged `late` come without their bytes (`envelope` empty): the
     /// in-order read only steps over them.
     NotOfLateRows,
+    /// No row comes with its bytes (for counting).
+    None,
 }
 
 /// Calls `each` with the rows of `node` whose sequence id is in `(after, upto]`,
@@ -178,7 +180,7 @@ pub fn originator_rows(
         let mut blob_seq: Option<i64> = None;
         while metas.next() {
             let mut row = meta_row(&mut metas, &cols, node)?;
-            if row.late && blobs_wanted == Blobs::NotOfLateRows {
+            if blobs_wanted == Blobs::None || (row.late && blobs_wanted == Blobs::NotOfLateRows) {
                 if let Flow::Stop = each(row) {
                     return Ok(false);
                 }
