@@ -65,6 +65,7 @@ CREATE TABLE dead_letters (
     CONSTRAINT dead_letters_once UNIQUE NULLS NOT DISTINCT
         (consumer, kind, originator_node_id, originator_sequence_id, outbox_id)
 );
+CREATE INDEX dead_letters_retry_idx ON dead_letters (consumer) WHERE retry_requested_at IS NOT NULL;
 COMMENT ON TABLE dead_letters IS
     'Rows a consumer''s bus refused for good, set aside after bounded retries; see retry_dead_letters().';
 
@@ -254,15 +255,24 @@ AS $$
 $$;
 
 -- The dead letters of a consumer that were asked to be retried, with their rows
--- (NULL columns when the row no longer exists, e.g. pruned).
+-- (NULL columns when the row no longer exists, e.g. pruned). The bridge asks on
+-- every poll, so the common answer — nothing asked — costs one index probe; the
+-- join with the envelope view is planned only when there is something to return.
 CREATE FUNCTION consumer_dead_letter_retries(consumer text, batch_size integer DEFAULT 100)
 RETURNS TABLE (dead_letter_id bigint, kind text, originator_node_id integer, originator_sequence_id bigint,
                gateway_time timestamptz, topic bytea, payer_id integer, expiry bigint,
                originator_envelope bytea, outbox_id bigint, subject text, payload bytea, headers jsonb,
                created_at timestamptz)
-LANGUAGE sql STABLE SECURITY DEFINER
+LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM @extschema@.dead_letters d
+                    WHERE d.consumer = consumer_dead_letter_retries.consumer
+                      AND d.retry_requested_at IS NOT NULL) THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
     SELECT d.id, d.kind, d.originator_node_id, d.originator_sequence_id,
            v.gateway_time, v.topic, v.payer_id, v.expiry, v.originator_envelope,
            d.outbox_id, o.subject, o.payload, o.headers, o.created_at
@@ -271,10 +281,10 @@ AS $$
              ON d.kind = 'envelope' AND v.originator_node_id = d.originator_node_id
             AND v.originator_sequence_id = d.originator_sequence_id
       LEFT JOIN @extschema@.outbox o ON d.kind = 'outbox' AND o.id = d.outbox_id
-     WHERE d.consumer = $1 AND d.retry_requested_at IS NOT NULL
+     WHERE d.consumer = consumer_dead_letter_retries.consumer AND d.retry_requested_at IS NOT NULL
      ORDER BY d.id
-     LIMIT $2
-$$;
+     LIMIT batch_size;
+END $$;
 
 -- Removes dead letters a consumer delivered on retry (or whose rows are gone).
 CREATE FUNCTION consumer_dead_letter_resolved(consumer text, ids bigint[])
