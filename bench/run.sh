@@ -18,7 +18,10 @@
 # idle (an idle consumer poll and the idle bridge's CPU at 10, 1,000 and 10,000
 # originators, this version and the baseline), horizon (commit -> bus latency of
 # envelopes and outbox rows with and without an unrelated transaction held open
-# in another database for the whole run).
+# in another database for the whole run), decoding (the table feed weighed against
+# logical decoding on a wal_level = logical cluster: drain rate, the cost of an
+# idle read after other databases wrote WAL, registering while a transaction runs
+# elsewhere, and the inserts' cost of wal_level = logical).
 #
 # usage: bench/run.sh [--quick] [--only NAME[,NAME...]] [--baseline REF]
 #   --quick     2 runs of 3 s per cell, durable variant only for insert and notify:
@@ -148,7 +151,8 @@ cleanup() {
     if [ -n "$stream" ]; then "$PROBE" "$NATS_URL" --delete "$stream" >/dev/null 2>&1 || true; fi
     cluster_stop bench
     cluster_stop basebench
-    rm -rf "${ENVELOPES_TMP:?}/bench" "${ENVELOPES_TMP:?}/basebench"
+    cluster_stop logical
+    rm -rf "${ENVELOPES_TMP:?}/bench" "${ENVELOPES_TMP:?}/basebench" "${ENVELOPES_TMP:?}/logical"
 }
 
 # The baseline cluster (an earlier commit's extension, see bench/baseline.sh),
@@ -469,6 +473,100 @@ for durability in off on; do
         "$PROBE" "$NATS_URL" --delete "$stream"
         stream=""
         sql postgres -q -c "DROP DATABASE horizon WITH (FORCE)" -c "DROP DATABASE unrelated WITH (FORCE)"
+    fi
+
+    if selected decoding && [ "$durability" = off ]; then
+        # The table feed against logical decoding (test_decoding), on a second
+        # cluster with wal_level = logical and otherwise the same settings.
+        if $quick; then n=20000; else n=200000; fi
+        LPORT=$(free_port)
+        cluster_start logical "$LPORT" "${TUNING[@]}" "synchronous_commit = off" \
+            "wal_level = logical" "max_replication_slots = 8"
+        lsql() { cluster_psql logical "$LPORT" "$@"; }
+        lsql postgres -q -c "CREATE DATABASE dec" -c "CREATE DATABASE busy" -c "CREATE DATABASE decins"
+        lsql dec -q -c "CREATE EXTENSION pg_envelopes" \
+            -c "SELECT envelopes.ensure_gateway_parts(n, 1, 100000000) FROM generate_series(1, 4) n" >/dev/null
+        lsql busy -q -c "CREATE TABLE junk (x text)"
+        lsql dec -q -c "SELECT pg_create_logical_replication_slot('dec', 'test_decoding')" >/dev/null
+        sql postgres -q -c "CREATE DATABASE decins"
+        for port in "$PORT" "$LPORT"; do cluster_psql bench "$port" decins -q -f bench/sql/feed_setup.sql >/dev/null; done
+        lsql decins -q -c "SELECT pg_create_logical_replication_slot('ins', 'test_decoding')" >/dev/null
+        for run in $(seq "$RUNS"); do
+            # Inserts: the same in-order load on wal_level = replica and = logical
+            # (a slot exists there and is drained after each cell).
+            for variant in replica logical; do
+                port=$PORT; [ "$variant" = logical ] && port=$LPORT
+                cluster_psql bench "$port" decins -q -f bench/sql/feed_reset.sql >/dev/null
+                tps=$(pgbench_tps_on "$port" decins 2 bench/sql/feed_insert.sql)
+                [ -n "$tps" ] || { cat "$OUT/pgbench.err" >&2; exit 1; }
+                record decoding "insert_$variant" "$durability" "$run" "$tps" tps
+                log "decoding [$durability] insert on wal_level=$variant run $run: $tps tps"
+            done
+            lsql decins -q -c "SELECT count(*) FROM pg_logical_slot_get_changes('ins', NULL, NULL)" >/dev/null
+
+            # Drain: n envelopes in 100-row transactions, read once by a consumer
+            # (batches of 1,000 with acks) and once through the slot.
+            first=$(( (run - 1) * n + 1 ))
+            lsql dec -q -c "SELECT envelopes.consumer_register('feed$run', false)" >/dev/null
+            lsql dec -q -At -c "SELECT format('SELECT envelopes.insert_gateway_envelopes(array_agg((1 + s %% 4)::int), array_agg(s),
+                                   array_agg(''\x01''::bytea), array_agg(pg_catalog.convert_to(repeat(''e'', 200), ''UTF8'')))
+                                   FROM generate_series(%s::bigint, %s) s;', b, b + 99)
+                                 FROM generate_series($first, $first + $n - 1, 100) b" \
+                | lsql dec -q >/dev/null
+            printf "SELECT envelopes.consumer_envelope_ack('feed$run', COALESCE(array_agg(originator_node_id), '{}'), COALESCE(array_agg(originator_sequence_id), '{}'), max(late_id)) FROM envelopes.consumer_envelope_batch('feed$run', 1000);\n" >"$OUT/drain.sql"
+            started=$(date +%s.%N)
+            "$PG_BIN/pgbench" -n -h 127.0.0.1 -p "$LPORT" -U postgres -c 1 -t $((n / 1000 + 1)) -f "$OUT/drain.sql" dec >/dev/null 2>"$OUT/pgbench.err" \
+                || { cat "$OUT/pgbench.err" >&2; exit 1; }
+            rate=$(python3 -c "print(f'{$n / ($(date +%s.%N) - $started):.0f}')")
+            left=$(lsql dec -At -c "SELECT envelopes_pending FROM envelopes.consumer_status WHERE consumer = 'feed$run'")
+            record decoding drain_feed "$durability" "$run" "$rate" envelopes/s
+            log "decoding [$durability] table feed drained $n envelopes at $rate/s ($left left)"
+            # Decoding reads only flushed WAL: one durable commit flushes all of it.
+            lsql dec -q -c "SET synchronous_commit = on" -c "SELECT pg_current_xact_id()" >/dev/null
+            started=$(date +%s.%N)
+            changes=$(lsql dec -At -c "SELECT count(*) FROM pg_logical_slot_get_changes('dec', NULL, NULL)")
+            rate=$(python3 -c "print(f'{$n / ($(date +%s.%N) - $started):.0f}')")
+            record decoding drain_decoding "$durability" "$run" "$rate" envelopes/s
+            log "decoding [$durability] logical decoding read $changes changes for $n envelopes at $rate/s"
+
+            # An idle read after another database wrote about 100 MB of WAL.
+            lsql busy -q -c "INSERT INTO junk SELECT repeat('x', 1000) FROM generate_series(1, 100000)"
+            lsql dec -q -c "SELECT count(*) FROM envelopes.consumer_envelope_batch('feed$run', 1000)" >/dev/null
+            for variant in feed decoding; do
+                if [ $variant = feed ]; then
+                    q="SELECT count(*) FROM envelopes.consumer_envelope_batch('feed$run', 1000)"
+                else
+                    q="SELECT count(*) FROM pg_logical_slot_get_changes('dec', NULL, NULL)"
+                fi
+                ms=$(printf '\\timing on\n%s;\n' "$q" | lsql dec -At | awk '/^Time:/ { print $2 }')
+                record decoding "idle_after_100MB_$variant" "$durability" "$run" "$ms" ms
+                log "decoding [$durability] idle read after 100 MB of unrelated WAL, $variant: ${ms} ms"
+            done
+            lsql busy -q -c "TRUNCATE junk"
+
+            # Registering a consumer / creating a slot while a transaction with an id
+            # runs for 5 s in another database.
+            lsql busy -q -c "BEGIN" -c "INSERT INTO junk VALUES ('y')" -c "SELECT pg_sleep(5)" -c "COMMIT" >/dev/null &
+            holder=$!
+            sleep 0.5
+            for variant in feed decoding; do
+                if [ $variant = feed ]; then
+                    q="SELECT envelopes.consumer_register('new$run', false)"
+                else
+                    q="SELECT pg_create_logical_replication_slot('new$run', 'test_decoding')"
+                fi
+                ms=$(printf '\\timing on\n%s;\n' "$q" | lsql dec -At | awk '/^Time:/ { print $2 }')
+                record decoding "register_$variant" "$durability" "$run" "$ms" ms
+                log "decoding [$durability] register ($variant) with a transaction open elsewhere: ${ms} ms"
+            done
+            wait "$holder" || true
+            lsql dec -q -c "SELECT pg_drop_replication_slot('new$run')" >/dev/null
+        done
+        lsql dec -q -c "SELECT pg_drop_replication_slot('dec')" >/dev/null
+        lsql decins -q -c "SELECT pg_drop_replication_slot('ins')" >/dev/null
+        sql postgres -q -c "DROP DATABASE decins WITH (FORCE)"
+        cluster_stop logical
+        rm -rf "${ENVELOPES_TMP:?}/logical"
     fi
 
     cleanup
