@@ -87,17 +87,30 @@ bridge="target/$profile/envelopes-bridge"
 sql -q -c "SELECT envelopes.publish('orders.created', convert_to('{\"order\": 42}', 'UTF8'), '{\"trace\": \"demo\"}')" >/dev/null
 forwarded="$ENVELOPES_TMP/demo/forwarded.jsonl"
 url="postgres://postgres@127.0.0.1:$port/postgres"
-"$bridge" egress --database-url "$url" --name demo --sink stdout >"$forwarded" 2>"$ENVELOPES_TMP/demo/bridge.log" &
-bridge_pid=$!
-for _ in $(seq 100); do
-    pending=$(sql -At -c "SELECT COALESCE(outbox_pending + envelopes_pending, -1) FROM envelopes.consumer_status WHERE consumer = 'demo'" 2>/dev/null || echo -1)
-    [ "$pending" = 0 ] && break
-    sleep 0.2
-done
-kill -TERM "$bridge_pid"; wait "$bridge_pid" || true
+# forward OUT: runs the bridge to stdout (into OUT) until the consumer has nothing
+# left to acknowledge, then stops it.
+forward() {
+    "$bridge" egress --database-url "$url" --name demo --sink stdout >"$1" 2>>"$ENVELOPES_TMP/demo/bridge.log" &
+    local bridge_pid=$! pending
+    for _ in $(seq 100); do
+        pending=$(sql -At -c "SELECT COALESCE(outbox_pending + envelopes_pending, -1) FROM envelopes.consumer_status WHERE consumer = 'demo'" 2>/dev/null || echo -1)
+        [ "$pending" = 0 ] && break
+        sleep 0.2
+    done
+    kill -TERM "$bridge_pid"; wait "$bridge_pid" || true
+}
+forward "$forwarded"
 echo "forwarded $(wc -l <"$forwarded") messages; the first three and the outbox one:"
 head -n 3 "$forwarded"
 grep '"kind":"outbox"' "$forwarded" | head -n 1
+
+echo
+echo "== A late arrival: originator 20's sequence id 4 commits after 5 was forwarded"
+sql -q -c "SELECT envelopes.insert_gateway_envelope(20, 4, convert_to('topic-20', 'UTF8'), convert_to('retried envelope 20:4', 'UTF8'))" >/dev/null
+sql -c "SELECT id AS late_feed_id, originator_node_id, originator_sequence_id FROM envelopes.late_envelopes"
+forward "$forwarded.late"
+echo "the bridge, started again, forwarded:"
+cat "$forwarded.late"
 echo
 "$bridge" status --database-url "$url"
 
