@@ -142,6 +142,17 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'consumer_envelopes_pending_wrapper';
 
+CREATE FUNCTION "consumer_envelope_ack"(
+	"consumer" TEXT, /* Option < & str > */
+	"originator_node_ids" INT[], /* :: std :: option :: Option < Array < '_, i32 > > */
+	"sequence_ids" bigint[], /* :: std :: option :: Option < Array < '_, i64 > > */
+	"late_id" bigint DEFAULT NULL /* Option < i64 > */
+) RETURNS bigint /* i64 */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'consumer_envelope_ack_wrapper';
+
 CREATE FUNCTION _lock_consumer(consumer text) RETURNS @extschema@.consumers
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
@@ -195,80 +206,6 @@ BEGIN
     INSERT INTO @extschema@.delivery_log (consumer, kind, rows, committed_from, committed_to)
     VALUES (consumer, 'outbox', n, first_at, last_at);
     RETURN n;
-END $$;
-
-CREATE FUNCTION consumer_envelope_ack(consumer text, originator_node_ids integer[], sequence_ids bigint[],
-                                      late_id bigint DEFAULT NULL)
-RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    cur @extschema@.consumers;
-    n bigint := 0;
-    moved_nodes bigint := 0;
-    n_late bigint := 0;
-    first_at timestamptz;
-    last_at timestamptz;
-    late_first timestamptz;
-    late_last timestamptz;
-BEGIN
-    IF originator_node_ids IS NULL OR sequence_ids IS NULL THEN
-        RAISE EXCEPTION 'originator_node_ids and sequence_ids must not be NULL' USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    IF cardinality(originator_node_ids) <> cardinality(sequence_ids) THEN
-        RAISE EXCEPTION 'originator_node_ids has % elements but sequence_ids has %',
-              cardinality(originator_node_ids), cardinality(sequence_ids) USING ERRCODE = '2202E';
-    END IF;
-    IF array_position(originator_node_ids, NULL) IS NOT NULL OR array_position(sequence_ids, NULL) IS NOT NULL THEN
-        RAISE EXCEPTION 'cursor arrays must not contain NULL' USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    cur := @extschema@._lock_consumer(consumer);
-    IF late_id IS NOT NULL THEN
-        PERFORM @extschema@._check_drawn_position('late_id', late_id, '@extschema@.late_envelopes_id_seq');
-    END IF;
-    WITH target AS (
-        SELECT t.node, max(t.seq) AS seq
-          FROM unnest(originator_node_ids, sequence_ids) AS t(node, seq) GROUP BY t.node
-    ), moved AS (
-        SELECT t.node, COALESCE(c.sequence_id, 0) AS old_seq, t.seq AS new_seq
-          FROM target t
-          LEFT JOIN @extschema@.consumer_envelope_cursors c
-                 ON c.consumer = consumer_envelope_ack.consumer AND c.originator_node_id = t.node
-         WHERE t.seq > COALESCE(c.sequence_id, 0)
-    ), counted AS (
-        SELECT count(*) AS n, min(m.gateway_time) AS first_at, max(m.gateway_time) AS last_at
-          FROM moved v
-          JOIN @extschema@.gateway_envelopes_meta m
-            ON m.originator_node_id = v.node
-           AND m.originator_sequence_id > v.old_seq AND m.originator_sequence_id <= v.new_seq
-         WHERE NOT m.late
-    ), upsert AS (
-        INSERT INTO @extschema@.consumer_envelope_cursors AS c (consumer, originator_node_id, sequence_id, version)
-        SELECT consumer_envelope_ack.consumer, v.node, v.new_seq, cur.version + 1 FROM moved v
-        ON CONFLICT ON CONSTRAINT consumer_envelope_cursors_pkey
-        DO UPDATE SET sequence_id = GREATEST(c.sequence_id, EXCLUDED.sequence_id), version = EXCLUDED.version
-        RETURNING 1
-    )
-    SELECT counted.n, counted.first_at, counted.last_at, (SELECT count(*) FROM upsert)
-      INTO n, first_at, last_at, moved_nodes FROM counted;
-    IF late_id IS NOT NULL AND late_id > cur.late_id THEN
-        SELECT count(*), min(m.gateway_time), max(m.gateway_time) INTO n_late, late_first, late_last
-          FROM @extschema@.late_envelopes l
-          JOIN @extschema@.gateway_envelopes_meta m
-            ON m.originator_node_id = l.originator_node_id
-           AND m.originator_sequence_id = l.originator_sequence_id
-         WHERE l.id > cur.late_id AND l.id <= consumer_envelope_ack.late_id;
-    END IF;
-    IF moved_nodes > 0 OR (late_id IS NOT NULL AND late_id > cur.late_id) THEN
-        UPDATE @extschema@.consumers c
-           SET version = CASE WHEN moved_nodes > 0 THEN cur.version + 1 ELSE c.version END,
-               late_id = GREATEST(c.late_id, COALESCE(consumer_envelope_ack.late_id, c.late_id)),
-               acked_at = now()
-         WHERE c.name = consumer;
-        INSERT INTO @extschema@.delivery_log (consumer, kind, rows, committed_from, committed_to)
-        VALUES (consumer, 'envelopes', n + n_late, LEAST(first_at, late_first), GREATEST(last_at, late_last));
-    END IF;
-    RETURN n + n_late;
 END $$;
 
 CREATE FUNCTION consumer_dead_letter(consumer text, kind text, originator_node_id integer,

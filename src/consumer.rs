@@ -42,6 +42,10 @@ pub enum ConsumerError {
     BadBatchSize(i32),
     #[error("batch_bytes must be positive (got {0})")]
     BadBatchBytes(i64),
+    #[error("originator_node_ids has {nodes} elements but sequence_ids has {seqs}")]
+    AckLength { nodes: usize, seqs: usize },
+    #[error("cannot acknowledge late_id {0}: no such id has been drawn yet")]
+    NeverDrawn(i64),
     #[error("{0}")]
     Partition(#[from] PartitionError),
     #[error("{0}")]
@@ -59,7 +63,9 @@ impl SqlError for ConsumerError {
             ConsumerError::Null(_) => ERRCODE_NULL_VALUE_NOT_ALLOWED,
             ConsumerError::EmptyName
             | ConsumerError::BadBatchSize(_)
-            | ConsumerError::BadBatchBytes(_) => ERRCODE_INVALID_PARAMETER_VALUE,
+            | ConsumerError::BadBatchBytes(_)
+            | ConsumerError::NeverDrawn(_) => ERRCODE_INVALID_PARAMETER_VALUE,
+            ConsumerError::AckLength { .. } => ERRCODE_ARRAY_ELEMENT_ERROR,
             ConsumerError::Unknown(_) => ERRCODE_UNDEFINED_OBJECT,
             ConsumerError::Partition(e) => e.sqlstate(),
             ConsumerError::Marker(e) => e.sqlstate(),
@@ -73,6 +79,7 @@ impl SqlError for ConsumerError {
             ConsumerError::Unknown(_) => {
                 Some("Create it with envelopes.consumer_register(name).".into())
             }
+            ConsumerError::Marker(e) => e.hint(),
             _ => None,
         }
     }
@@ -92,6 +99,10 @@ struct Known {
     clean: HashMap<i32, (u64, u64, i64)>,
     /// From a clean read of the late feed: (its last value, the position reached).
     late_clean: Option<(i64, i64)>,
+    /// The clocks, cursor version and late-feed state at which every originator
+    /// and the late feed were last found clean: while they are all the same, the
+    /// envelope feed is idle without looking at each originator.
+    idle_at: Option<(Vec<u64>, i64, i64, i64)>,
     /// The same for the outbox.
     outbox_clean: Option<(i64, i64)>,
 }
@@ -114,6 +125,22 @@ impl Known {
 
     fn drawn_is_clean(clean: Option<(i64, i64)>, last: i64, position: i64) -> bool {
         clean.is_some_and(|(at, reached)| at == last && position >= reached)
+    }
+
+    /// Whether nothing of the envelope feed can be read: every originator and the
+    /// late feed clean at these clocks and this late-feed value. Checked in
+    /// constant time when nothing moved since the last time it held.
+    fn envelopes_idle(&mut self, clocks: &[u64], last_late: i64, nodes: &[i32]) -> bool {
+        let state = (self.version, last_late, self.late_id);
+        if let Some((at, version, last, late_id)) = &self.idle_at {
+            if at.as_slice() == clocks && (*version, *last, *late_id) == state {
+                return true;
+            }
+        }
+        let idle = Known::drawn_is_clean(self.late_clean, last_late, self.late_id)
+            && nodes.iter().all(|&n| self.node_is_clean(n, clocks));
+        self.idle_at = idle.then(|| (clocks.to_vec(), state.0, state.1, state.2));
+        idle
     }
 }
 
@@ -294,10 +321,8 @@ fn envelope_batch(
     with_consumer(consumer, |known| {
         let last_late = sample.last_drawn(Drawn::Late);
         if let Some(clocks) = &sample.clocks {
-            if Known::drawn_is_clean(known.late_clean, last_late, known.late_id)
-                && nodes.iter().all(|&n| known.node_is_clean(n, clocks))
-            {
-                return Ok(Vec::new()); // idle: nothing can have committed since
+            if known.envelopes_idle(clocks, last_late, &nodes) {
+                return Ok(Vec::new()); // nothing can have committed since
             }
         }
         let gate = sample.open();
@@ -508,6 +533,11 @@ fn envelopes_pending(
     let sample = Sample::take()?;
     let nodes = partition::originators()?;
     with_consumer(consumer, |known| {
+        if let Some(clocks) = &sample.clocks {
+            if known.envelopes_idle(clocks, sample.last_drawn(Drawn::Late), &nodes) {
+                return Ok((0, None));
+            }
+        }
         let gate = sample.open();
         let mut pending = 0i64;
         let mut oldest: Option<TimestampWithTimeZone> = None;
@@ -647,6 +677,169 @@ fn consumer_outbox_batch(
     TableIterator::new(outbox_batch(consumer, batch_size, batch_bytes).or_raise())
 }
 
+/// What an acknowledgement moved: rows acknowledged, and their first and last
+/// `gateway_time` (or, for late ones, when they were recorded).
+#[derive(Default)]
+struct Acknowledged {
+    rows: i64,
+    first: Option<TimestampWithTimeZone>,
+    last: Option<TimestampWithTimeZone>,
+}
+
+impl Acknowledged {
+    fn add(&mut self, at: Option<TimestampWithTimeZone>) {
+        self.rows += 1;
+        if let Some(at) = at {
+            self.first = Some(self.first.map_or(at, |f| f.min(at)));
+            self.last = Some(self.last.map_or(at, |l| l.max(at)));
+        }
+    }
+}
+
+fn envelope_ack(
+    consumer: Option<&str>,
+    nodes: Option<Array<'_, i32>>,
+    seqs: Option<Array<'_, i64>>,
+    late_id: Option<i64>,
+) -> Result<i64, ConsumerError> {
+    let consumer = consumer.ok_or(ConsumerError::Null("consumer"))?;
+    let (Some(nodes), Some(seqs)) = (nodes, seqs) else {
+        return Err(ConsumerError::Null("originator_node_ids and sequence_ids"));
+    };
+    if nodes.len() != seqs.len() {
+        return Err(ConsumerError::AckLength {
+            nodes: nodes.len(),
+            seqs: seqs.len(),
+        });
+    }
+    let mut targets: HashMap<i32, i64> = HashMap::new();
+    for (node, seq) in nodes.iter().zip(seqs.iter()) {
+        let (Some(node), Some(seq)) = (node, seq) else {
+            return Err(ConsumerError::Null("an element of the cursor arrays"));
+        };
+        let top = targets.entry(node).or_insert(seq);
+        *top = (*top).max(seq);
+    }
+    // The consumer's row, locked: acknowledgements of one consumer take turns.
+    let locked = Spi::connect_mut(|client| {
+        let rows = client.update(
+            "SELECT late_id FROM envelopes.consumers WHERE name = $1 FOR UPDATE",
+            None,
+            &[DatumWithOid::from(consumer)],
+        )?;
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        rows.first().get_one::<i64>()
+    })?;
+    let Some(acked_late) = locked else {
+        return Err(ConsumerError::Unknown(consumer.to_owned()));
+    };
+    if let Some(id) = late_id {
+        if id > Drawn::Late.last_drawn()? {
+            return Err(ConsumerError::NeverDrawn(id));
+        }
+    }
+    let target_nodes: Vec<i32> = targets.keys().copied().collect();
+    let mut moved: Vec<(i32, i64, i64)> = Vec::new();
+    Spi::connect(|client| {
+        let mut current: HashMap<i32, i64> = HashMap::new();
+        for row in client.select(
+            "SELECT originator_node_id, sequence_id FROM envelopes.consumer_envelope_cursors
+              WHERE consumer = $1 AND originator_node_id = ANY ($2)",
+            None,
+            &[
+                DatumWithOid::from(consumer),
+                DatumWithOid::from(target_nodes),
+            ],
+        )? {
+            if let (Some(node), Some(seq)) = (row.get::<i32>(1)?, row.get::<i64>(2)?) {
+                current.insert(node, seq);
+            }
+        }
+        for (node, seq) in targets {
+            let old = current.get(&node).copied().unwrap_or(0);
+            if seq > old {
+                moved.push((node, old, seq));
+            }
+        }
+        Ok::<_, ConsumerError>(())
+    })?;
+    let late_moved = late_id.filter(|&id| id > acked_late);
+    if moved.is_empty() && late_moved.is_none() {
+        return Ok(0);
+    }
+    // Count what the acknowledgement covers, for the delivery log.
+    let snapshot = crate::feed::snapshot::Latest::take();
+    let mut acked = Acknowledged::default();
+    for &(node, old, new) in &moved {
+        read::originator_rows(node, old, new, snapshot.as_ptr(), Blobs::None, |row| {
+            if !row.late {
+                acked.add(Some(row.gateway_time));
+            }
+            Flow::Continue
+        })?;
+    }
+    if let Some(id) = late_moved {
+        drawn_rows(
+            c"late_envelopes",
+            acked_late,
+            id,
+            snapshot.as_ptr(),
+            |scan| {
+                let at = scan.attno("recorded_at").and_then(|c| scan.get(c));
+                acked.add(at);
+                Ok(true)
+            },
+        )?;
+    }
+    let (nodes, seqs): (Vec<i32>, Vec<i64>) = moved.iter().map(|&(n, _, s)| (n, s)).unzip();
+    Spi::run_with_args(
+        "WITH v AS (
+             UPDATE envelopes.consumers
+                SET version = version + (CASE WHEN pg_catalog.cardinality($2::int[]) > 0 THEN 1 ELSE 0 END),
+                    late_id = GREATEST(late_id, COALESCE($4, late_id)), acked_at = pg_catalog.now()
+              WHERE name = $1 RETURNING version
+         ), c AS (
+             INSERT INTO envelopes.consumer_envelope_cursors AS c
+                    (consumer, originator_node_id, sequence_id, version)
+             SELECT $1, t.node, t.seq, v.version
+               FROM v, ROWS FROM (pg_catalog.unnest($2::int[]), pg_catalog.unnest($3::bigint[])) AS t(node, seq)
+             ON CONFLICT ON CONSTRAINT consumer_envelope_cursors_pkey
+             DO UPDATE SET sequence_id = GREATEST(c.sequence_id, EXCLUDED.sequence_id),
+                           version = EXCLUDED.version
+         )
+         INSERT INTO envelopes.delivery_log (consumer, kind, rows, committed_from, committed_to)
+         SELECT $1, 'envelopes', $5, $6, $7 FROM v",
+        &[
+            DatumWithOid::from(consumer),
+            DatumWithOid::from(nodes),
+            DatumWithOid::from(seqs),
+            DatumWithOid::from(late_moved),
+            DatumWithOid::from(acked.rows),
+            DatumWithOid::from(acked.first),
+            DatumWithOid::from(acked.last),
+        ],
+    )?;
+    Ok(acked.rows)
+}
+
+/// Moves `consumer`'s positions forward after a batch was delivered: per
+/// originator the vector clock to the highest sequence id delivered from the
+/// in-order part of its batches, and the late-feed position to the highest
+/// `late_id` delivered. Never backwards (a replayed acknowledgement is a no-op);
+/// logs the batch in `envelopes.delivery_log`; returns the envelopes acknowledged.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn consumer_envelope_ack(
+    consumer: Option<&str>,
+    originator_node_ids: Option<Array<'_, i32>>,
+    sequence_ids: Option<Array<'_, i64>>,
+    late_id: default!(Option<i64>, "NULL"),
+) -> i64 {
+    envelope_ack(consumer, originator_node_ids, sequence_ids, late_id).or_raise()
+}
+
 /// Where a new consumer starts: `(late_id, outbox_id, per-originator cursor)`.
 /// From the start: the beginning of every feed. From the end: the ceilings, so a
 /// row that a running transaction commits later is still ahead.
@@ -658,7 +851,11 @@ fn starting_positions(from_start: bool) -> Result<(i64, i64, Vec<(i32, i64)>), C
     let gate = Gate::open()?;
     let mut cursor = Vec::new();
     for node in partition::originators()? {
-        if let Some(ceiling) = gate.envelope_ceiling(node)? {
+        // A ceiling below the first id (all originators held back) is "no entry".
+        if let Some(ceiling) = gate
+            .envelope_ceiling(node)?
+            .filter(|&c| c >= partition::FIRST_SEQUENCE_ID)
+        {
             cursor.push((node, ceiling));
         }
     }

@@ -322,7 +322,7 @@ fn insert_one(
     partition::route(node, seq, gucs::band_width())?;
     // Marker first, then the lateness check (see crate::feed).
     markers::mark_envelope(node, seq);
-    let plan = if late::committed_above(node, seq)?.is_some() {
+    let plan = if late::committed_above(node, seq, seq)?.is_some() {
         markers::mark_drawn(Drawn::Late)?;
         Plan::OneLate
     } else {
@@ -473,12 +473,11 @@ fn insert_many(
     // the highest id another transaction has committed above it; the batch's rows
     // below that arrive late.
     let mut committed: HashMap<i32, i64> = HashMap::new();
-    for (i, &(node, seq)) in keys.iter().enumerate() {
-        if i == 0 || keys[i - 1].0 != node {
-            markers::mark_envelope(node, seq);
-            if let Some(above) = late::committed_above(node, seq)? {
-                committed.insert(node, above);
-            }
+    for run in keys.chunk_by(|a, b| a.0 == b.0) {
+        let (node, lo, hi) = (run[0].0, run[0].1, run[run.len() - 1].1);
+        markers::mark_envelope(node, lo);
+        if let Some(above) = late::committed_above(node, lo, hi)? {
+            committed.insert(node, above);
         }
     }
     let late_flags: Option<Vec<bool>> = (!committed.is_empty()).then(|| {

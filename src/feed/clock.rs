@@ -10,17 +10,9 @@
 //! has started writing to that originator since, and its next read would return
 //! nothing: the consumer skips it without touching a table (see `consumer.rs`).
 //!
-//! The counters live in the main shared memory segment, allocated at first use
-//! with `ShmemInitStruct` from the segment's spare space, so the extension needs
-//! no `shared_preload_libraries` (pg_prewarm allocates its state the same way).
-//! Fresh shared memory is zero, which is a valid state: no initialisation step
-//! can race with a reader. If the segment has no room, the clocks are simply
-//! absent and consumers read every originator each time (correct, only slower).
-//! They start again at zero after a server restart, as do the backends whose
-//! caches remember them.
+//! The counters live in shared memory ([`super::shmem`]); without room for them,
+//! consumers read every originator each time (correct, only slower).
 
-use pgrx::pg_sys;
-use pgrx::PgTryBuilder;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -66,33 +58,11 @@ fn shared() -> Option<&'static Clocks> {
 }
 
 fn attach() -> Attached {
-    PgTryBuilder::new(|| {
-        let mut found = false;
-        // SAFETY: ShmemInitStruct looks the name up (or allocates it) under
-        // ShmemIndexLock and returns memory of the requested size that stays mapped
-        // for the backend's life; it raises an ERROR if the segment has no room,
-        // which the catch below turns into "unavailable".
-        let ptr = unsafe {
-            pg_sys::ShmemInitStruct(
-                SHMEM_NAME.as_ptr(),
-                std::mem::size_of::<Clocks>(),
-                &mut found,
-            )
-        };
-        if ptr.is_null() {
-            Attached::Unavailable
-        } else {
-            Attached::At(ptr as *const Clocks)
-        }
-    })
-    .catch_others(|_| {
-        pgrx::log!(
-            "pg_envelopes: no shared memory left for the change clocks; \
-             consumers will read every originator on each poll"
-        );
-        Attached::Unavailable
-    })
-    .execute()
+    // SAFETY: Clocks is atomics only, valid when zero; this module is its only user.
+    match unsafe { super::shmem::attach::<Clocks>(SHMEM_NAME) } {
+        Some(ptr) => Attached::At(ptr),
+        None => Attached::Unavailable,
+    }
 }
 
 /// Bucket of originator `node`.

@@ -46,11 +46,30 @@ pub enum MarkerError {
         "the sequence {0} of the extension is missing; is pg_envelopes installed in this database?"
     )]
     MissingSequence(&'static str),
+    #[error(
+        "the change feed can only be read on the primary: its in-flight markers are locks, \
+         which standbys do not have"
+    )]
+    OnStandby,
 }
 
 impl SqlError for MarkerError {
     fn sqlstate(&self) -> PgSqlErrorCode {
-        PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE
+        match self {
+            MarkerError::MissingSequence(_) => PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
+            MarkerError::OnStandby => PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION,
+        }
+    }
+
+    fn hint(&self) -> Option<String> {
+        match self {
+            MarkerError::OnStandby => Some(
+                "Run the bridge (and originator_ceilings()) against the primary; \
+                 select_gateway_envelopes reads on a standby."
+                    .into(),
+            ),
+            MarkerError::MissingSequence(_) => None,
+        }
     }
 }
 

@@ -45,13 +45,19 @@
 //! An `INSERT` or `COPY` into meta that does not come from the insert functions
 //! takes no marker and is never checked for lateness, so a reader may skip such a
 //! row if it lands below a cursor or commits after a higher one. What it does get:
-//! the statement trigger on meta notices it and, once its transaction has
-//! committed, moves the all-originators change clock, so readers that cached an
-//! idle state look again and hand out such rows that are above their cursors.
+//! the statement trigger on meta notices it; while its transaction runs, and
+//! until each originator has been scanned again after it ended, inserts check
+//! their lateness by scanning ([`highwater`]); once it has committed, it moves the
+//! all-originators change clock, so readers that cached an idle state look again
+//! and hand out such rows that are above their cursors. (Writers that fire no
+//! triggers — logical replication's apply, `session_replication_role = replica`
+//! — are not noticed at all.)
 
 pub mod clock;
+pub mod highwater;
 pub mod late;
 pub mod markers;
+mod shmem;
 pub mod snapshot;
 
 use crate::error::SqlError;
@@ -90,9 +96,18 @@ pub fn meta_written() {
     // SAFETY: MyProc is this backend's PGPROC, valid for the backend's life.
     let lxid = unsafe { (*pg_sys::MyProc).lxid };
     if FOREIGN_WRITE_NOTED.with(|n| n.replace(lxid)) != lxid {
+        highwater::direct_writer_started();
         // After the commit is visible to new snapshots, so a reader that samples the
-        // clock after the bump also sees the rows.
-        pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Commit, clock::bump_all);
+        // clock after the bump also sees the rows, and an insert that finds the
+        // high-water marks usable again scans the originator with them in sight.
+        pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Commit, || {
+            clock::bump_all();
+            highwater::direct_writer_ended();
+        });
+        pgrx::register_xact_callback(
+            pgrx::PgXactCallbackEvent::Abort,
+            highwater::direct_writer_ended,
+        );
     }
 }
 
@@ -108,6 +123,10 @@ pub struct Sample {
 
 impl Sample {
     pub fn take() -> Result<Sample, MarkerError> {
+        // SAFETY: RecoveryInProgress only reads shared state.
+        if unsafe { pg_sys::RecoveryInProgress() } {
+            return Err(MarkerError::OnStandby);
+        }
         Ok(Sample {
             clocks: clock::sample(),
             last_drawn: [Drawn::Outbox.last_drawn()?, Drawn::Late.last_drawn()?],
@@ -226,6 +245,13 @@ impl SqlError for CeilingError {
         match self {
             CeilingError::Marker(e) => e.sqlstate(),
             CeilingError::Partition(e) => e.sqlstate(),
+        }
+    }
+
+    fn hint(&self) -> Option<String> {
+        match self {
+            CeilingError::Marker(e) => e.hint(),
+            CeilingError::Partition(e) => e.hint(),
         }
     }
 }

@@ -1,0 +1,169 @@
+//! High-water marks: per originator, an upper bound of every sequence id that has
+//! been committed or is being inserted, in shared memory ([`super::shmem`]), so
+//! that the insert path can tell in a few nanoseconds that a row cannot arrive
+//! late — the common case, each originator's ids rising — and pays for the exact
+//! lateness check (an index scan, [`super::late`]) only when it might.
+//!
+//! Every insert raises its originator's mark to its sequence id right after
+//! taking the row's in-flight marker. A slot is *ready* once a backend has
+//! scanned the originator's rows with a fresh snapshot and raised the mark to the
+//! highest it found: from then on, every row committed before that scan is below
+//! the mark, and every row inserted after it raised the mark itself before it
+//! existed. So a ready slot whose mark (before this insert raised it) is at most
+//! this row's sequence id proves that no committed row lies above it.
+//!
+//! Rows written into meta directly (not through the insert functions) do not
+//! raise marks. The statement trigger counts such transactions while they run,
+//! and when one ends it moves the table's generation on, which makes every slot
+//! unready: while one runs, or until a slot is scanned again, inserts take the
+//! exact check. (A direct write in a prepared transaction keeps the count up
+//! until the server restarts: inserts then always take the exact check.)
+//!
+//! The table has [`SLOTS`] slots; an originator that finds no free slot takes the
+//! exact check every time.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// Slots of the table (16 bytes each).
+pub const SLOTS: usize = 2048;
+
+#[repr(C)]
+struct Slot {
+    /// node + 1, 0 when free.
+    key: AtomicU32,
+    _pad: u32,
+    /// Highest sequence id noted + 1 (0: none).
+    mark: AtomicU64,
+}
+
+#[repr(C)]
+struct Table {
+    /// Transactions writing meta around the functions, running now.
+    direct_writers: AtomicU64,
+    /// Moves on whenever such a transaction ends.
+    generation: AtomicU64,
+    /// Per slot, generation + 1 at which it was last made ready (0: never).
+    ready: [AtomicU64; SLOTS],
+    slots: [Slot; SLOTS],
+}
+
+const SHMEM_NAME: &std::ffi::CStr = c"pg_envelopes high-water marks v1";
+
+#[derive(Clone, Copy)]
+enum Attached {
+    NotYet,
+    Unavailable,
+    At(*const Table),
+}
+
+thread_local! {
+    static TABLE: Cell<Attached> = const { Cell::new(Attached::NotYet) };
+}
+
+fn shared() -> Option<&'static Table> {
+    let mut attached = TABLE.with(Cell::get);
+    if let Attached::NotYet = attached {
+        // SAFETY: Table is atomics (and padding) only, valid when zero; this module
+        // is its only user.
+        attached = match unsafe { super::shmem::attach::<Table>(SHMEM_NAME) } {
+            Some(ptr) => Attached::At(ptr),
+            None => Attached::Unavailable,
+        };
+        TABLE.with(|t| t.set(attached));
+    }
+    match attached {
+        // SAFETY: the table lives in the main shared memory segment, mapped for
+        // the backend's life; its fields are atomics, safe to share.
+        Attached::At(ptr) => Some(unsafe { &*ptr }),
+        _ => None,
+    }
+}
+
+/// The slot of `node`, claimed if free; `None` when the table is full.
+fn slot_of(table: &Table, node: i32) -> Option<usize> {
+    let key = (node as u32).wrapping_add(1);
+    let start = (key as usize).wrapping_mul(0x9E37_79B1) % SLOTS;
+    for i in 0..SLOTS {
+        let at = (start + i) % SLOTS;
+        let slot = &table.slots[at];
+        match slot.key.load(Ordering::SeqCst) {
+            k if k == key => return Some(at),
+            0 => match slot
+                .key
+                .compare_exchange(0, key, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => return Some(at),
+                Err(k) if k == key => return Some(at),
+                Err(_) => continue,
+            },
+            _ => continue,
+        }
+    }
+    None
+}
+
+/// What [`note`] concluded about the rows being inserted.
+pub enum Noted {
+    /// No committed row of the originator can be above the lowest of them.
+    NotLate,
+    /// Take the exact check; with `Some`, also make the slot ready afterwards
+    /// ([`ready`]) with the highest row that check's snapshot sees.
+    Check(Option<Ready>),
+}
+
+/// A slot to make ready, and the generation it was found at.
+pub struct Ready {
+    slot: usize,
+    generation: u64,
+}
+
+/// Notes that rows of `node` with sequence ids in `lo..=hi` are being inserted
+/// (their in-flight marker is held), and tells whether they might arrive late.
+pub fn note(node: i32, lo: i64, hi: i64) -> Noted {
+    let Some(table) = shared() else {
+        return Noted::Check(None);
+    };
+    let Some(slot) = slot_of(table, node) else {
+        return Noted::Check(None);
+    };
+    let before = table.slots[slot]
+        .mark
+        .fetch_max((hi as u64).saturating_add(1), Ordering::SeqCst);
+    // Direct writers first, generation second: a writer that ended between the two
+    // reads has moved the generation on already.
+    let direct = table.direct_writers.load(Ordering::SeqCst);
+    let generation = table.generation.load(Ordering::SeqCst);
+    let ready = table.ready[slot].load(Ordering::SeqCst) == generation + 1;
+    if direct == 0 && ready && before <= (lo as u64).saturating_add(1) {
+        return Noted::NotLate;
+    }
+    Noted::Check((direct == 0 && !ready).then_some(Ready { slot, generation }))
+}
+
+/// Makes a slot ready: `highest` is the highest sequence id of the originator
+/// that a snapshot taken after [`note`] sees (None: no row).
+pub fn ready(slot: Ready, highest: Option<i64>) {
+    let Some(table) = shared() else { return };
+    if let Some(highest) = highest {
+        table.slots[slot.slot]
+            .mark
+            .fetch_max((highest as u64).saturating_add(1), Ordering::SeqCst);
+    }
+    table.ready[slot.slot].fetch_max(slot.generation + 1, Ordering::SeqCst);
+}
+
+/// A transaction started writing meta around the insert functions.
+pub fn direct_writer_started() {
+    if let Some(table) = shared() {
+        table.direct_writers.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// That transaction ended (after its commit became visible, or after its abort).
+pub fn direct_writer_ended() {
+    if let Some(table) = shared() {
+        table.generation.fetch_add(1, Ordering::SeqCst);
+        table.direct_writers.fetch_sub(1, Ordering::SeqCst);
+    }
+}
