@@ -47,9 +47,11 @@ pub struct Scan {
 
 impl Scan {
     /// Opens a scan of `relid`'s primary key over `range`, reading with
-    /// `snapshot`, forwards or backwards. Takes `AccessShareLock` on the table
-    /// (kept until the transaction ends, so it cannot be dropped under the read).
-    /// Returns `None` when the table does not exist any more or has no primary key.
+    /// `snapshot`, forwards or backwards. Takes `AccessShareLock` on the table and
+    /// its index for as long as the scan is open, so neither can be dropped under
+    /// the read, and releases them when it closes: a read over thousands of
+    /// originators would otherwise fill the shared lock table. Returns `None`
+    /// when the table does not exist any more or has no primary key.
     ///
     /// `snapshot` must stay valid (registered) while the scan is open.
     pub fn open(
@@ -69,8 +71,8 @@ impl Scan {
         // entry (computing the index list if needed).
         let index_oid = unsafe { pg_sys::RelationGetPrimaryKeyIndex(heap) };
         if index_oid == pg_sys::InvalidOid {
-            // SAFETY: closes the relation opened above, keeping the lock.
-            unsafe { pg_sys::relation_close(heap, pg_sys::NoLock as pg_sys::LOCKMODE) };
+            // SAFETY: closes the relation opened above and releases its lock.
+            unsafe { pg_sys::relation_close(heap, lock) };
             return None;
         }
         let mut keys = keys_for(range);
@@ -177,13 +179,15 @@ impl Drop for Scan {
             // resource owner releases the scan's buffers and relation references.
             return;
         }
-        // SAFETY: all four were opened in Scan::open and are released once, here.
-        // Locks are kept until the end of the transaction (NoLock).
+        // SAFETY: all four were opened in Scan::open and are released once, here,
+        // with the AccessShareLocks taken there (a hold of the same lock from
+        // earlier in the transaction keeps its own count).
+        let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
         unsafe {
             pg_sys::ExecDropSingleTupleTableSlot(self.slot);
             pg_sys::index_endscan(self.desc);
-            pg_sys::index_close(self.index, pg_sys::NoLock as pg_sys::LOCKMODE);
-            pg_sys::relation_close(self.heap, pg_sys::NoLock as pg_sys::LOCKMODE);
+            pg_sys::index_close(self.index, lock);
+            pg_sys::relation_close(self.heap, lock);
         }
     }
 }

@@ -75,7 +75,7 @@ pub fn load_originator(
     if parent == pg_sys::InvalidOid {
         return Ok(None);
     }
-    if !partition_oids(root)?.contains(&parent) {
+    if partition_parents(parent)?.first() != Some(&root) {
         return Err(PartitionError::NotAPartition { name });
     }
     let mut parts = OriginatorParts {
@@ -134,7 +134,9 @@ pub fn qualified_name(relid: Oid) -> Option<String> {
 
 /// pg_inherits (stable catalog oids and column numbers of Postgres 15).
 const INHERITS_RELATION_ID: u32 = 2611;
+const INHERITS_RELID_SEQNO_INDEX_ID: u32 = 2680;
 const INHERITS_PARENT_INDEX_ID: u32 = 2187;
+const ANUM_PG_INHERITS_INHRELID: pg_sys::AttrNumber = 1;
 const ANUM_PG_INHERITS_INHPARENT: pg_sys::AttrNumber = 2;
 
 /// The partitions of a partitioned table, read from pg_inherits with the latest
@@ -143,33 +145,54 @@ const ANUM_PG_INHERITS_INHPARENT: pg_sys::AttrNumber = 2;
 /// still lack the new partition (the new pg_inherits row sends no catalog-cache
 /// invalidation), while the syscache already knew the new table by name.
 fn partition_oids(parent: Oid) -> Result<Vec<Oid>, PartitionError> {
-    let mut children = Vec::new();
+    Ok(
+        inherits_rows(INHERITS_PARENT_INDEX_ID, ANUM_PG_INHERITS_INHPARENT, parent)
+            .into_iter()
+            .map(|(child, _)| child)
+            .collect(),
+    )
+}
+
+/// The parents a relation is attached to (one for a partition, none for a table
+/// that is not one), by the same latest-snapshot read of pg_inherits. One index
+/// probe on the child: asking whether the root's children contain it would read
+/// every originator's row, once per originator loaded.
+fn partition_parents(child: Oid) -> Result<Vec<Oid>, PartitionError> {
+    Ok(inherits_rows(
+        INHERITS_RELID_SEQNO_INDEX_ID,
+        ANUM_PG_INHERITS_INHRELID,
+        child,
+    )
+    .into_iter()
+    .map(|(_, parent)| parent)
+    .collect())
+}
+
+/// `(inhrelid, inhparent)` of the pg_inherits rows whose `attnum` equals `key`,
+/// scanned through `index` with the latest snapshot.
+fn inherits_rows(index: u32, attnum: pg_sys::AttrNumber, key: Oid) -> Vec<(Oid, Oid)> {
+    let mut rows = Vec::new();
     // SAFETY: the standard system-catalog index scan: the catalog is opened and
     // closed with AccessShareLock, the snapshot is registered for the scan and
     // unregistered after it, and each returned tuple is a pg_inherits row whose
-    // first fixed-width column is inhrelid (an Oid), read before the next call.
+    // first two fixed-width, never-null columns are inhrelid and inhparent (Oids),
+    // read before the next call.
     unsafe {
         let rel = pg_sys::table_open(
             Oid::from(INHERITS_RELATION_ID),
             pg_sys::AccessShareLock as pg_sys::LOCKMODE,
         );
-        let mut key = pg_sys::ScanKeyData::default();
+        let mut scan_key = pg_sys::ScanKeyData::default();
         pg_sys::ScanKeyInit(
-            &mut key,
-            ANUM_PG_INHERITS_INHPARENT,
+            &mut scan_key,
+            attnum,
             pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
             Oid::from(pg_sys::F_OIDEQ),
-            pg_sys::Datum::from(parent),
+            pg_sys::Datum::from(key),
         );
         let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
-        let scan = pg_sys::systable_beginscan(
-            rel,
-            Oid::from(INHERITS_PARENT_INDEX_ID),
-            true,
-            snapshot,
-            1,
-            &mut key,
-        );
+        let scan =
+            pg_sys::systable_beginscan(rel, Oid::from(index), true, snapshot, 1, &mut scan_key);
         loop {
             let tuple = pg_sys::systable_getnext(scan);
             if tuple.is_null() {
@@ -177,13 +200,13 @@ fn partition_oids(parent: Oid) -> Result<Vec<Oid>, PartitionError> {
             }
             let header = (*tuple).t_data;
             let fields = (header as *const u8).add((*header).t_hoff as usize) as *const Oid;
-            children.push(fields.read_unaligned());
+            rows.push((fields.read_unaligned(), fields.add(1).read_unaligned()));
         }
         pg_sys::systable_endscan(scan);
         pg_sys::UnregisterSnapshot(snapshot);
         pg_sys::table_close(rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
     }
-    Ok(children)
+    rows
 }
 
 /// `pg_get_expr(relpartbound, relid)` of a partition, from the syscache.
