@@ -44,6 +44,26 @@ cluster_start() {
         || { tail -n 30 "$dir/server.log" >&2; return 1; }
 }
 
+# cluster_start_standby NAME PRIMARY_PORT PORT: a streaming standby of the cluster
+# on PRIMARY_PORT (a base backup with -R), in hot standby on PORT.
+cluster_start_standby() {
+    local name=$1 primary_port=$2 port=$3
+    local dir="$ENVELOPES_TMP/$name"
+    cluster_stop "$name"
+    rm -rf "$dir"
+    install -d -o postgres -g postgres "$ENVELOPES_TMP" "$dir"
+    as_postgres "$PG_BIN/pg_basebackup" -h 127.0.0.1 -p "$primary_port" -U postgres \
+        -D "$dir/data" -R -X stream >"$dir/basebackup.log" 2>&1 \
+        || { cat "$dir/basebackup.log" >&2; return 1; }
+    {
+        echo "port = $port"
+        echo "unix_socket_directories = '$dir'"
+        echo "hot_standby = on"
+    } >>"$dir/data/postgresql.conf"
+    as_postgres env -u RUST_BACKTRACE "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null \
+        || { tail -n 30 "$dir/server.log" >&2; return 1; }
+}
+
 # cluster_enable_tls NAME: a self-signed certificate, ssl = on, and for the role
 # envelopes_tls password logins over TLS only (plain connections rejected).
 cluster_enable_tls() {

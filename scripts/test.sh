@@ -41,9 +41,13 @@ scripts/run_pg_test.sh
 step "integration tests"
 port=$(free_port)
 cluster_start itest "$port"
-trap 'cluster_stop itest; cluster_stop noworkers' EXIT
+trap 'cluster_stop itest_standby; cluster_stop itest; cluster_stop noworkers' EXIT
 cluster_enable_tls itest
 export ENVELOPES_TEST_PG="host=127.0.0.1 port=$port user=postgres"
+# A hot standby of it, for what the feed does during recovery (tests/tests/standby.rs).
+port_sb=$(free_port)
+cluster_start_standby itest_standby "$port" "$port_sb"
+export ENVELOPES_TEST_PG_STANDBY="host=127.0.0.1 port=$port_sb user=postgres"
 # A second server with no background-worker slots, for the fallback of partition
 # creation into the inserting transaction (tests/tests/worker.rs).
 port_nw=$(free_port)

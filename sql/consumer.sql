@@ -2,6 +2,11 @@
 -- the delivery log, dead letters and the status view. The batch functions are
 -- in Rust (src/consumer.rs): they read through the change feed's gate.
 
+-- The insert path's high-water marks (shared memory, src/feed/highwater.rs) of
+-- this database start again when meta is truncated.
+CREATE TRIGGER forget_high_water_marks AFTER TRUNCATE ON gateway_envelopes_meta
+    FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.forget_high_water_marks();
+
 -- A consumer's positions: the outbox id and the late-envelope feed id it has
 -- acknowledged up to, and (in consumer_envelope_cursors) a vector clock over
 -- originators. version grows with every acknowledgement that moves the vector

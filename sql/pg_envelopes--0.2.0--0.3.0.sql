@@ -153,6 +153,15 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'consumer_envelope_ack_wrapper';
 
+-- TRUNCATE of meta starts the insert path's high-water marks again.
+CREATE FUNCTION "forget_high_water_marks"()
+	RETURNS TRIGGER
+	LANGUAGE c
+	AS 'MODULE_PATHNAME', 'forget_high_water_marks_wrapper';
+
+CREATE TRIGGER forget_high_water_marks AFTER TRUNCATE ON gateway_envelopes_meta
+    FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.forget_high_water_marks();
+
 CREATE FUNCTION _lock_consumer(consumer text) RETURNS @extschema@.consumers
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$

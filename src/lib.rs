@@ -47,6 +47,7 @@ pgrx::extension_sql_file!(
         "storage",
         "outbox_tables",
         feed::originator_ceilings,
+        feed::forget_high_water_marks,
         consumer::consumer_envelopes_pending
     ]
 );

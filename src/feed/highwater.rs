@@ -19,20 +19,26 @@
 //! exact check. (A direct write in a prepared transaction keeps the count up
 //! until the server restarts: inserts then always take the exact check.)
 //!
+//! Slots are keyed by database and originator: the segment is the cluster's, each
+//! database has its own envelope store, and a scan of one database's rows says
+//! nothing about another's. `TRUNCATE` of meta (the root) empties the marks of its
+//! database ([`forget_database`]), so ids that start again from low values are not
+//! held to the old rows' marks (they would be correct, only slower).
+//!
 //! The table has [`SLOTS`] slots; an originator that finds no free slot takes the
 //! exact check every time.
 
+use pgrx::pg_sys;
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Slots of the table (16 bytes each).
 pub const SLOTS: usize = 2048;
 
 #[repr(C)]
 struct Slot {
-    /// node + 1, 0 when free.
-    key: AtomicU32,
-    _pad: u32,
+    /// [`key`] of the database and node, 0 when free.
+    key: AtomicU64,
     /// Highest sequence id noted + 1 (0: none).
     mark: AtomicU64,
 }
@@ -48,7 +54,7 @@ struct Table {
     slots: [Slot; SLOTS],
 }
 
-const SHMEM_NAME: &std::ffi::CStr = c"pg_envelopes high-water marks v1";
+const SHMEM_NAME: &std::ffi::CStr = c"pg_envelopes high-water marks v2";
 
 #[derive(Clone, Copy)]
 enum Attached {
@@ -80,10 +86,23 @@ fn shared() -> Option<&'static Table> {
     }
 }
 
-/// The slot of `node`, claimed if free; `None` when the table is full.
+/// The current database's oid.
+fn database() -> u32 {
+    // SAFETY: MyDatabaseId is set at backend start-up, before any SQL runs.
+    unsafe { pg_sys::MyDatabaseId }.to_u32()
+}
+
+/// The slot key of `node` in the current database: never 0 (node ids are not
+/// negative, so `node + 1` is at least 1).
+fn key(node: i32) -> u64 {
+    (u64::from(database()) << 32) | u64::from((node as u32).wrapping_add(1))
+}
+
+/// The slot of `node` in the current database, claimed if free; `None` when the
+/// table is full.
 fn slot_of(table: &Table, node: i32) -> Option<usize> {
-    let key = (node as u32).wrapping_add(1);
-    let start = (key as usize).wrapping_mul(0x9E37_79B1) % SLOTS;
+    let key = key(node);
+    let start = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % SLOTS;
     for i in 0..SLOTS {
         let at = (start + i) % SLOTS;
         let slot = &table.slots[at];
@@ -165,5 +184,21 @@ pub fn direct_writer_ended() {
     if let Some(table) = shared() {
         table.generation.fetch_add(1, Ordering::SeqCst);
         table.direct_writers.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Meta was truncated in the current database (by a transaction that holds it in
+/// ACCESS EXCLUSIVE mode, so no insert of this database is between noting its
+/// rows and committing them): its marks start again from nothing, unready, and the
+/// next insert of each originator rescans it. If the truncation rolls back, that
+/// rescan finds the rows again.
+pub fn forget_database() {
+    let Some(table) = shared() else { return };
+    let database = u64::from(database());
+    for (at, slot) in table.slots.iter().enumerate() {
+        if slot.key.load(Ordering::SeqCst) >> 32 == database {
+            table.ready[at].store(0, Ordering::SeqCst);
+            slot.mark.store(0, Ordering::SeqCst);
+        }
     }
 }

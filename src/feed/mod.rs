@@ -111,6 +111,19 @@ pub fn meta_written() {
     }
 }
 
+/// Statement-level trigger after `TRUNCATE` of meta: the rows this database's
+/// high-water marks stood for are gone (see [`highwater::forget_database`]).
+/// Truncating an originator's partition or a band directly does not fire it: the
+/// marks then stay above the remaining rows, which only makes inserts below them
+/// take the exact lateness check.
+#[pg_trigger]
+fn forget_high_water_marks<'a>(
+    _trigger: &'a pgrx::PgTrigger<'a>,
+) -> Result<Option<PgHeapTuple<'a, pgrx::AllocatedByPostgres>>, MarkerError> {
+    highwater::forget_database();
+    Ok(None)
+}
+
 /// The first half of a gate: the change clocks and the drawn feeds' last values.
 /// Enough to tell that nothing new can have committed since a clean read; open
 /// the [`Gate`] to read.

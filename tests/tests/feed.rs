@@ -584,3 +584,98 @@ fn a_long_run_of_late_rows_is_stepped_over() {
         20_001
     );
 }
+
+/// The insert path's high-water marks live in the cluster's shared memory, but
+/// every database has its own rows. Database B writes originator 7's rows 1..500
+/// 200..500 around the functions (no mark raised; the marks must be rescanned after it);
+/// database A then inserts originator 7's row 1, and its rescan sees only A's
+/// rows. B's row 100 inserted afterwards lands below B's committed 500: it must
+/// still be flagged late and reach B's consumer, which acknowledged 500.
+#[test]
+fn high_water_marks_of_one_database_vouch_for_no_other() {
+    let a = TestDb::new("marks_a");
+    let b = TestDb::new("marks_b");
+    let mut ca = a.connect();
+    let mut cb = b.connect();
+    register(&mut cb, "f");
+    cb.batch_execute(
+        "SELECT envelopes.ensure_gateway_parts(7, 1);
+         BEGIN;
+         INSERT INTO envelopes.gateway_envelopes_meta (originator_node_id, originator_sequence_id, topic)
+              SELECT 7, s, '\\x01' FROM generate_series(200, 500) s;
+         INSERT INTO envelopes.gateway_envelopes_blob
+              SELECT 7, s, '\\x02' FROM generate_series(200, 500) s;
+         COMMIT;",
+    )
+    .unwrap();
+    assert_eq!(drain_envelopes(&mut cb, "f").len(), 301);
+
+    insert(&mut ca, 7, 1);
+    insert(&mut cb, 7, 100);
+    assert_eq!(
+        b.int8(
+            "SELECT count(*) FROM envelopes.gateway_envelopes_meta
+              WHERE originator_node_id = 7 AND originator_sequence_id = 100 AND late"
+        ),
+        1,
+        "B's row below its committed 500 was not flagged late"
+    );
+    let again = drain_envelopes(&mut cb, "f");
+    assert_eq!(keys(&again), BTreeSet::from([(7, 100)]), "{again:?}");
+}
+
+/// Index scans of meta's leaves in the current transaction. Every insert makes one
+/// (`ON CONFLICT`'s probe of the primary key); the exact lateness check adds its own.
+fn meta_index_scans(client: &mut impl postgres::GenericClient) -> i64 {
+    client
+        .query_one(
+            "SELECT COALESCE(sum(idx_scan), 0)::bigint FROM pg_catalog.pg_stat_xact_user_tables
+              WHERE schemaname = 'envelopes' AND relname LIKE 'gateway\\_envelopes\\_meta\\_o%\\_s%'",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+}
+
+/// After `TRUNCATE` of the store, ids that start again from 1 are in order: the
+/// insert path answers them from the high-water marks again (no index scan per
+/// row beyond `ON CONFLICT`'s probe), instead of holding them to the marks of the
+/// rows that were truncated.
+/// Before the truncation, rows below a committed one do take the scan (which is
+/// what makes the count below meaningful).
+#[test]
+fn truncating_the_store_starts_the_high_water_marks_again() {
+    let db = TestDb::new("marks_truncate");
+    let mut c = db.connect();
+    insert(&mut c, 3, 1_000);
+    let mut tx = c.transaction().unwrap();
+    insert(&mut tx, 3, 10);
+    let before = meta_index_scans(&mut tx);
+    insert(&mut tx, 3, 11);
+    insert(&mut tx, 3, 12);
+    let below = meta_index_scans(&mut tx) - before;
+    assert!(
+        below >= 4,
+        "rows below a committed one must take the exact check ({below} scans for 2 rows)"
+    );
+    tx.rollback().unwrap();
+
+    c.batch_execute("TRUNCATE envelopes.gateway_envelopes_meta, envelopes.gateway_envelopes_blob")
+        .unwrap();
+    let mut tx = c.transaction().unwrap();
+    insert(&mut tx, 3, 1); // rescans the originator once
+    let before = meta_index_scans(&mut tx);
+    for seq in 2..=50 {
+        insert(&mut tx, 3, seq);
+    }
+    assert_eq!(
+        meta_index_scans(&mut tx) - before,
+        49,
+        "one probe per row, no lateness scan"
+    );
+    tx.commit().unwrap();
+    assert_eq!(
+        db.int8("SELECT count(*) FROM envelopes.gateway_envelopes_meta WHERE late"),
+        0
+    );
+}
