@@ -10,6 +10,8 @@
 # SAVEPOINT pattern, pg_partman), batch (100 rows: the same variants but
 # pg_partman), notify (doorbell on/off, 2 and 8 writers),
 # crossing (p99 latency crossing bands, worker vs transaction vs existing bands),
+# prune (p99 latency of 8 writers while prune_expired drops 104 bands of their
+# originators, in its worker or in one transaction, vs no pruning),
 # read (1,000-row cursor read at 50 vs 5,000 leaf partitions, selector vs a
 # hand-written LATERAL query), bridge (backlog drain rate and commit -> JetStream
 # latency), and for the change feed: feedcost (in-order single-row and 100-row
@@ -247,6 +249,47 @@ for durability in off on; do
                 record crossing "max_$variant" "$durability" "$run" "$max" us
                 record crossing "p50_$variant" "$durability" "$run" "$p50" us
                 log "crossing [$durability] $variant run $run: p50 ${p50}us p99 ${p99}us max ${max}us ($n inserts)"
+            done
+        done
+        rm -f "$OUT"/lat.*
+    fi
+
+    if selected prune && [ "$durability" = off ]; then
+        # 8 writers, each into an originator of its own, into bands that exist;
+        # 3 s into the run prune_expired drops 104 expired bands of those same
+        # originators (13 each, one expired row in each), in its worker (a commit
+        # per band) or in one transaction; against the same load with no prune.
+        # Each run uses fresh originators.
+        sql bench -q -c "CREATE SEQUENCE IF NOT EXISTS prune_seq"
+        base=1000
+        for run in $(seq "$RUNS"); do
+            for variant in steady worker transaction; do
+                base=$((base + 10))
+                sql bench -q -c "ALTER SEQUENCE prune_seq RESTART WITH 10000000" \
+                    -c "SELECT envelopes.ensure_gateway_parts(n, k * 10000 + 1, 10000),
+                               envelopes.insert_gateway_envelope(n, k * 10000 + 1, '\\x01', '\\x02', expiry => 1)
+                          FROM generate_series($base, $base + 7) n, generate_series(0, 12) k" \
+                    -c "SELECT envelopes.ensure_gateway_parts(n, 10000000, 10000000)
+                          FROM generate_series($base, $base + 7) n" >/dev/null
+                rm -f "$OUT"/lat.*
+                "$PG_BIN/pgbench" -n -M prepared -h 127.0.0.1 -p "$PORT" -U postgres -c 8 -j 8 \
+                    -T "$SECONDS_PER_RUN" -D node_base=$base -l --log-prefix="$OUT/lat" \
+                    -f bench/sql/insert_prune.sql bench >/dev/null 2>"$OUT/pgbench.err" &
+                writers=$!
+                dropped=-
+                if [ "$variant" != steady ]; then
+                    sleep 3
+                    in_tx=false
+                    [ "$variant" = transaction ] && in_tx=true
+                    dropped=$(sql bench -At -c "SELECT count(*) FILTER (WHERE dropped)
+                        FROM envelopes.prune_expired(in_transaction => $in_tx)")
+                fi
+                wait "$writers" || { cat "$OUT/pgbench.err" >&2; exit 1; }
+                read -r p50 p99 max n < <(python3 bench/latency.py "$OUT"/lat.*)
+                record prune "p99_$variant" "$durability" "$run" "$p99" us
+                record prune "max_$variant" "$durability" "$run" "$max" us
+                record prune "p50_$variant" "$durability" "$run" "$p50" us
+                log "prune [$durability] $variant run $run: p50 ${p50}us p99 ${p99}us max ${max}us ($n inserts, $dropped bands dropped)"
             done
         done
         rm -f "$OUT"/lat.*

@@ -38,9 +38,10 @@ cluster_start() {
         echo "fsync = on"
         for line in "$@"; do echo "$line"; done
     } >>"$dir/data/postgresql.conf"
-    # RUST_BACKTRACE would make every error that crosses Rust code carry a backtrace
-    # in its DETAIL; servers in production do not run with it.
-    as_postgres env -u RUST_BACKTRACE "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null \
+    # RUST_BACKTRACE=1 on purpose: the extension must keep backtraces out of
+    # client errors whatever the server's environment says
+    # (tests/tests/hardening.rs checks that this server has it).
+    as_postgres env RUST_BACKTRACE=1 "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null \
         || { tail -n 30 "$dir/server.log" >&2; return 1; }
 }
 
@@ -60,7 +61,7 @@ cluster_start_standby() {
         echo "unix_socket_directories = '$dir'"
         echo "hot_standby = on"
     } >>"$dir/data/postgresql.conf"
-    as_postgres env -u RUST_BACKTRACE "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null \
+    as_postgres env RUST_BACKTRACE=1 "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null \
         || { tail -n 30 "$dir/server.log" >&2; return 1; }
 }
 
@@ -88,7 +89,7 @@ cluster_enable_tls() {
     { printf 'hostssl all envelopes_tls 127.0.0.1/32 scram-sha-256\nhost all envelopes_tls 127.0.0.1/32 reject\n'
       cat "$dir/data/pg_hba.conf"; } >"$dir/pg_hba.new"
     install -o postgres -g postgres -m 600 "$dir/pg_hba.new" "$dir/data/pg_hba.conf"
-    as_postgres env -u RUST_BACKTRACE "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w restart >/dev/null
+    as_postgres env RUST_BACKTRACE=1 "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w restart >/dev/null
 }
 
 # cluster_stop NAME: stops the cluster if it runs; leaves its files.

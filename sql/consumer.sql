@@ -12,14 +12,18 @@ CREATE TRIGGER forget_high_water_marks AFTER TRUNCATE ON gateway_envelopes_meta
 -- originators. version grows with every acknowledgement that moves the vector
 -- clock; each cursor row carries the version that last moved it, so a backend
 -- that caches the cursor reads only the rows newer than its copy. Change
--- positions only through the functions below.
+-- positions only through the functions below. owner is the role that registered
+-- it: only that role (its members) and the extension's owner read its batches
+-- and move its positions. It is NULL only for consumers made before 0.4.0, until
+-- the first role that acts for one claims it.
 CREATE TABLE consumers (
     name        text        PRIMARY KEY CHECK (name <> ''),
     outbox_id   bigint      NOT NULL DEFAULT 0,
     created_at  timestamptz NOT NULL DEFAULT pg_catalog.now(),
     acked_at    timestamptz,
     late_id     bigint      NOT NULL DEFAULT 0,
-    version     bigint      NOT NULL DEFAULT 0
+    version     bigint      NOT NULL DEFAULT 0,
+    owner       oid
 );
 CREATE TABLE consumer_envelope_cursors (
     consumer           text    NOT NULL REFERENCES consumers (name) ON DELETE CASCADE,
@@ -74,7 +78,8 @@ CREATE INDEX dead_letters_retry_idx ON dead_letters (consumer) WHERE retry_reque
 COMMENT ON TABLE dead_letters IS
     'Rows a consumer''s bus refused for good, set aside after bounded retries; see retry_dead_letters().';
 
--- Locks a consumer's row for an update, or raises 42704 for an unknown one.
+-- Locks a consumer's row for an update, or raises 42704 for an unknown one and
+-- 42501 when the calling role may not act for it.
 CREATE FUNCTION _lock_consumer(consumer text) RETURNS @extschema@.consumers
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 AS $$
@@ -89,7 +94,43 @@ BEGIN
         RAISE EXCEPTION 'consumer "%" does not exist', consumer USING ERRCODE = 'undefined_object',
               HINT = 'Create it with envelopes.consumer_register(name).';
     END IF;
+    PERFORM @extschema@._check_consumer_owner(c);
     RETURN c;
+END $$;
+
+-- Raises 42501 when the calling role may not act for consumer c (see consumers);
+-- a consumer without an owner becomes the caller's, unless another role claimed
+-- it first.
+CREATE FUNCTION _check_consumer_owner(c @extschema@.consumers) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF c.owner IS NULL THEN
+        UPDATE @extschema@.consumers k SET owner = COALESCE(k.owner, @extschema@._caller())
+         WHERE k.name = c.name
+        RETURNING k.owner INTO c.owner;
+    END IF;
+    IF NOT @extschema@._acts_for(c.owner) THEN
+        RAISE EXCEPTION 'permission denied for consumer "%"', c.name
+              USING ERRCODE = 'insufficient_privilege',
+                    HINT = pg_catalog.format('It belongs to role %s: only that role (or a member of it) and the '
+                                             'extension''s owner may read its batches and move its positions '
+                                             '(envelopes.consumer_set_owner hands it over).',
+                                             c.owner::pg_catalog.regrole);
+    END IF;
+END $$;
+
+-- Hands a consumer over to another role (for the roles that may act for it now).
+CREATE FUNCTION consumer_set_owner(consumer text, new_owner regrole)
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF new_owner IS NULL THEN
+        RAISE EXCEPTION 'new_owner must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    PERFORM @extschema@._lock_consumer(consumer);
+    UPDATE @extschema@.consumers c SET owner = new_owner WHERE c.name = consumer;
 END $$;
 
 -- Refuses a position no batch could have returned: above the feed's last id.
@@ -173,14 +214,17 @@ BEGIN
 END $$;
 
 -- Asks consumers to try their dead letters again (all of them, one consumer's,
--- or the given ids). The bridge picks them up with consumer_dead_letter_retries().
+-- or the given ids; only of consumers the calling role may act for). The bridge
+-- picks them up with consumer_dead_letter_retries().
 CREATE FUNCTION retry_dead_letters(consumer text DEFAULT NULL, ids bigint[] DEFAULT NULL)
 RETURNS bigint LANGUAGE sql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     WITH r AS (
         UPDATE @extschema@.dead_letters d SET retry_requested_at = pg_catalog.now()
-         WHERE ($1 IS NULL OR d.consumer = $1) AND ($2 IS NULL OR d.id = ANY ($2))
+          FROM @extschema@.consumers c
+         WHERE c.name = d.consumer AND @extschema@._acts_for(COALESCE(c.owner, 0))
+           AND ($1 IS NULL OR d.consumer = $1) AND ($2 IS NULL OR d.id = ANY ($2))
         RETURNING 1)
     SELECT count(*) FROM r
 $$;
@@ -194,10 +238,24 @@ RETURNS TABLE (dead_letter_id bigint, kind text, originator_node_id integer, ori
                gateway_time timestamptz, topic bytea, payer_id integer, expiry bigint,
                originator_envelope bytea, outbox_id bigint, subject text, payload bytea, headers jsonb,
                created_at timestamptz)
-LANGUAGE plpgsql STABLE SECURITY DEFINER
+LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    c @extschema@.consumers;
 BEGIN
+    IF batch_size IS NULL THEN
+        RAISE EXCEPTION 'batch_size must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF batch_size <= 0 THEN
+        RAISE EXCEPTION 'batch_size must be positive (got %)', batch_size USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT * INTO c FROM @extschema@.consumers WHERE name = consumer_dead_letter_retries.consumer;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'consumer "%" does not exist', consumer USING ERRCODE = 'undefined_object',
+              HINT = 'Create it with envelopes.consumer_register(name).';
+    END IF;
+    PERFORM @extschema@._check_consumer_owner(c);
     IF NOT EXISTS (SELECT FROM @extschema@.dead_letters d
                     WHERE d.consumer = consumer_dead_letter_retries.consumer
                       AND d.retry_requested_at IS NOT NULL) THEN
@@ -219,13 +277,21 @@ END $$;
 
 -- Removes dead letters a consumer delivered on retry (or whose rows are gone).
 CREATE FUNCTION consumer_dead_letter_resolved(consumer text, ids bigint[])
-RETURNS bigint LANGUAGE sql SECURITY DEFINER
+RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    WITH r AS (
-        DELETE FROM @extschema@.dead_letters d WHERE d.consumer = $1 AND d.id = ANY ($2) RETURNING 1)
-    SELECT count(*) FROM r
-$$;
+DECLARE
+    n bigint;
+BEGIN
+    IF ids IS NULL THEN
+        RAISE EXCEPTION 'ids must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    PERFORM @extschema@._lock_consumer(consumer);
+    DELETE FROM @extschema@.dead_letters d
+     WHERE d.consumer = consumer_dead_letter_resolved.consumer AND d.id = ANY (ids);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END $$;
 
 -- How full the server's NOTIFY queue is (0..1); a listener that stops reading its
 -- notifications makes it grow.
@@ -246,7 +312,8 @@ SELECT c.name AS consumer,
        pg_catalog.now() - e.oldest AS envelopes_oldest_pending_age,
        c.acked_at AS last_acknowledged_at,
        d.dead_letters,
-       @extschema@.notification_queue_usage() AS notification_queue_usage
+       @extschema@.notification_queue_usage() AS notification_queue_usage,
+       c.owner::pg_catalog.regrole AS owner
   FROM @extschema@.consumers c
   CROSS JOIN LATERAL (
         SELECT count(*) AS pending, min(ob.created_at) AS oldest

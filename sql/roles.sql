@@ -6,6 +6,11 @@
 --   reader    reads envelopes: the selectors, the view, ceilings, partitions
 --   consumer  a reader that also keeps a consumer cursor (the egress bridge)
 --
+-- A consumer belongs to the role that registered it, an ingress position to the
+-- role that stored it first: other roles granted the same bundle get 42501 on
+-- them (members of the owning role and the extension owner excepted), so one
+-- bridge cannot move another's cursor. consumer_set_owner hands one over.
+--
 -- The functions that write, or that read partitions directly, are SECURITY
 -- DEFINER with search_path pinned to pg_catalog, pg_temp, and name every object
 -- schema-qualified: the roles need no privilege on the tables, own nothing, and
@@ -85,6 +90,7 @@ BEGIN
         @extschema@.consumer_dead_letter_retries(text, integer),
         @extschema@.consumer_dead_letter_resolved(text, bigint[]),
         @extschema@.consumer_envelopes_pending(text),
+        @extschema@.consumer_set_owner(text, regrole),
         @extschema@.notification_queue_usage()
         TO %I', role);
 END $$;
@@ -105,6 +111,7 @@ BEGIN
         @extschema@.consumer_dead_letter_retries(text, integer),
         @extschema@.consumer_dead_letter_resolved(text, bigint[]),
         @extschema@.consumer_envelopes_pending(text),
+        @extschema@.consumer_set_owner(text, regrole),
         @extschema@.notification_queue_usage()
         FROM %I', role);
 END $$;

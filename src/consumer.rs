@@ -46,6 +46,8 @@ pub enum ConsumerError {
     AckLength { nodes: usize, seqs: usize },
     #[error("cannot acknowledge late_id {0}: no such id has been drawn yet")]
     NeverDrawn(i64),
+    #[error("permission denied for consumer \"{consumer}\"")]
+    NotOwner { consumer: String, owner: String },
     #[error("{0}")]
     Partition(#[from] PartitionError),
     #[error("{0}")]
@@ -67,6 +69,7 @@ impl SqlError for ConsumerError {
             | ConsumerError::NeverDrawn(_) => ERRCODE_INVALID_PARAMETER_VALUE,
             ConsumerError::AckLength { .. } => ERRCODE_ARRAY_ELEMENT_ERROR,
             ConsumerError::Unknown(_) => ERRCODE_UNDEFINED_OBJECT,
+            ConsumerError::NotOwner { .. } => ERRCODE_INSUFFICIENT_PRIVILEGE,
             ConsumerError::Partition(e) => e.sqlstate(),
             ConsumerError::Marker(e) => e.sqlstate(),
             ConsumerError::Feed(_) => ERRCODE_UNDEFINED_TABLE,
@@ -80,9 +83,146 @@ impl SqlError for ConsumerError {
                 Some("Create it with envelopes.consumer_register(name).".into())
             }
             ConsumerError::Marker(e) => e.hint(),
+            ConsumerError::NotOwner { owner, .. } => Some(format!(
+                "It belongs to role {owner}: only that role (or a member of it) and the \
+                 extension's owner may read its batches and move its positions \
+                 (envelopes.consumer_set_owner hands it over)."
+            )),
             _ => None,
         }
     }
+}
+
+/// The role that called the extension's function: `SECURITY DEFINER` switches the
+/// current user to the extension's owner, not this one (it follows `SET ROLE`).
+pub fn caller() -> pg_sys::Oid {
+    // SAFETY: GetOuterUserId only reads backend state.
+    unsafe { pg_sys::GetOuterUserId() }
+}
+
+/// Whether the caller may act for something owned by `owner`: it has that role's
+/// privileges (is it, a member of it, or a superuser), or the extension owner's.
+pub fn acts_for(owner: pg_sys::Oid, extension_owner: pg_sys::Oid) -> bool {
+    let caller = caller();
+    // SAFETY: has_privs_of_role only reads the role membership caches.
+    unsafe {
+        pg_sys::has_privs_of_role(caller, owner)
+            || pg_sys::has_privs_of_role(caller, extension_owner)
+    }
+}
+
+/// Name of a role, for messages.
+pub fn role_name(role: pg_sys::Oid) -> String {
+    // SAFETY: with noerr = true an unknown oid gives NULL; the name is a palloc'd
+    // copy, read at once.
+    unsafe {
+        let name = pg_sys::GetUserNameFromId(role, true);
+        if name.is_null() {
+            format!("with oid {}", role.to_u32())
+        } else {
+            std::ffi::CStr::from_ptr(name)
+                .to_string_lossy()
+                .into_owned()
+        }
+    }
+}
+
+/// The extension's owner (its member roles act for every consumer).
+pub fn extension_owner() -> Result<pg_sys::Oid, ConsumerError> {
+    Spi::get_one::<pg_sys::Oid>(
+        "SELECT e.extowner FROM pg_catalog.pg_extension e WHERE e.extname = 'pg_envelopes'",
+    )?
+    .ok_or(ConsumerError::Feed("pg_extension"))
+}
+
+/// Who owns a consumer, as read from its row.
+#[derive(Clone, Copy)]
+enum Owner {
+    /// A role.
+    Role(pg_sys::Oid),
+    /// Nobody yet: made before 0.4.0, claimed by the first role that acts for it.
+    Unclaimed,
+    /// The table has no owner column: this library runs on a database whose
+    /// schema is still at 0.3.0 (between installing the new library and
+    /// `ALTER EXTENSION pg_envelopes UPDATE`), which had no owners.
+    Untracked,
+}
+
+/// The two columns, selected from `envelopes.consumers c`, that [`Owner::read`]
+/// reads: written so that they work whether or not the column exists.
+const OWNER_COLUMNS: &str =
+    "(pg_catalog.to_jsonb(c) ->> 'owner')::pg_catalog.oid, pg_catalog.to_jsonb(c) ? 'owner'";
+
+impl Owner {
+    fn read(owner: Option<pg_sys::Oid>, tracked: Option<bool>) -> Owner {
+        match (tracked.unwrap_or(false), owner) {
+            (false, _) => Owner::Untracked,
+            (true, Some(role)) => Owner::Role(role),
+            (true, None) => Owner::Unclaimed,
+        }
+    }
+}
+
+/// Refuses (42501) a caller that may not act for `consumer`, owned by `owner`.
+/// A consumer without an owner (registered before 0.4.0) becomes the caller's.
+fn check_owner(
+    consumer: &str,
+    owner: Owner,
+    extension_owner: pg_sys::Oid,
+) -> Result<(), ConsumerError> {
+    let owner = match owner {
+        Owner::Role(owner) => owner,
+        Owner::Unclaimed => claim(consumer)?,
+        Owner::Untracked => return Ok(()),
+    };
+    if acts_for(owner, extension_owner) {
+        Ok(())
+    } else {
+        Err(ConsumerError::NotOwner {
+            consumer: consumer.to_owned(),
+            owner: role_name(owner),
+        })
+    }
+}
+
+/// Makes the caller the owner of a consumer that has none, unless another role
+/// claimed it first; returns the owner. Consumers made before 0.4.0 have none, and
+/// the bridge that goes on using one after the upgrade is the first to act for it.
+fn claim(consumer: &str) -> Result<pg_sys::Oid, ConsumerError> {
+    let owner = Spi::connect_mut(|client| {
+        client
+            .update(
+                "UPDATE envelopes.consumers c SET owner = COALESCE(c.owner, $2)
+                  WHERE c.name = $1 RETURNING c.owner",
+                None,
+                &[DatumWithOid::from(consumer), DatumWithOid::from(caller())],
+            )?
+            .first()
+            .get_one::<pg_sys::Oid>()
+    })?;
+    owner.ok_or_else(|| ConsumerError::Unknown(consumer.to_owned()))
+}
+
+/// For the SQL functions (`sql/consumer.sql`, `sql/ingress.sql`): whether the
+/// calling role may act for something owned by `owner`.
+#[pg_extern(stable, parallel_safe)]
+fn _acts_for(owner: pg_sys::Oid) -> bool {
+    extension_owner().map(|ext| acts_for(owner, ext)).or_raise()
+}
+
+/// For the SQL functions: the calling role (see [`caller`]).
+#[pg_extern(stable, parallel_safe)]
+fn _caller() -> pg_sys::Oid {
+    caller()
+}
+
+/// Which checks a read of a consumer's row makes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// Batches and acknowledgements: only the owner (and the extension's owner).
+    Act,
+    /// Status: any role allowed to call the function.
+    Look,
 }
 
 /// A consumer's positions as stored, and what this backend learned from reads.
@@ -152,26 +292,37 @@ thread_local! {
 /// on it. Only cursor rows newer than the cached version are read.
 fn with_consumer<R>(
     consumer: &str,
+    access: Access,
     f: impl FnOnce(&mut Known) -> Result<R, ConsumerError>,
 ) -> Result<R, ConsumerError> {
-    let (created_at, version, late_id, outbox_id) = Spi::connect(|client| {
-        let rows = client.select(
-            "SELECT created_at, version, late_id, outbox_id FROM envelopes.consumers
-              WHERE name = $1",
-            None,
-            &[DatumWithOid::from(consumer)],
-        )?;
-        if rows.is_empty() {
-            return Err(ConsumerError::Unknown(consumer.to_owned()));
-        }
-        let row = rows.first();
-        Ok::<_, ConsumerError>((
-            row.get::<TimestampWithTimeZone>(1)?,
-            row.get::<i64>(2)?.unwrap_or(0),
-            row.get::<i64>(3)?.unwrap_or(0),
-            row.get::<i64>(4)?.unwrap_or(0),
-        ))
-    })?;
+    let (created_at, version, late_id, outbox_id, owner, extension_owner) =
+        Spi::connect(|client| {
+            let rows = client.select(
+                &format!(
+                    "SELECT c.created_at, c.version, c.late_id, c.outbox_id, {OWNER_COLUMNS},
+                            (SELECT e.extowner FROM pg_catalog.pg_extension e
+                              WHERE e.extname = 'pg_envelopes')
+                       FROM envelopes.consumers c WHERE c.name = $1"
+                ),
+                None,
+                &[DatumWithOid::from(consumer)],
+            )?;
+            if rows.is_empty() {
+                return Err(ConsumerError::Unknown(consumer.to_owned()));
+            }
+            let row = rows.first();
+            Ok::<_, ConsumerError>((
+                row.get::<TimestampWithTimeZone>(1)?,
+                row.get::<i64>(2)?.unwrap_or(0),
+                row.get::<i64>(3)?.unwrap_or(0),
+                row.get::<i64>(4)?.unwrap_or(0),
+                Owner::read(row.get::<pg_sys::Oid>(5)?, row.get::<bool>(6)?),
+                row.get::<pg_sys::Oid>(7)?.unwrap_or(pg_sys::InvalidOid),
+            ))
+        })?;
+    if access == Access::Act {
+        check_owner(consumer, owner, extension_owner)?;
+    }
     let known_version = KNOWN.with(|known| {
         let mut known = known.borrow_mut();
         let entry = known.entry(consumer.to_owned()).or_default();
@@ -318,7 +469,7 @@ fn envelope_batch(
     unsafe { pg_sys::AcceptInvalidationMessages() };
     let sample = Sample::take()?;
     let nodes = partition::originators()?;
-    with_consumer(consumer, |known| {
+    with_consumer(consumer, Access::Act, |known| {
         let last_late = sample.last_drawn(Drawn::Late);
         if let Some(clocks) = &sample.clocks {
             if known.envelopes_idle(clocks, last_late, &nodes) {
@@ -532,7 +683,7 @@ fn envelopes_pending(
     unsafe { pg_sys::AcceptInvalidationMessages() };
     let sample = Sample::take()?;
     let nodes = partition::originators()?;
-    with_consumer(consumer, |known| {
+    with_consumer(consumer, Access::Look, |known| {
         if let Some(clocks) = &sample.clocks {
             if known.envelopes_idle(clocks, sample.last_drawn(Drawn::Late), &nodes) {
                 return Ok((0, None));
@@ -614,7 +765,7 @@ fn outbox_batch(
 ) -> Result<Vec<OutboxRow>, ConsumerError> {
     let (consumer, mut budget) = check_batch_args(consumer, batch_size, batch_bytes)?;
     let sample = Sample::take()?;
-    with_consumer(consumer, |known| {
+    with_consumer(consumer, Access::Act, |known| {
         let last = sample.last_drawn(Drawn::Outbox);
         if Known::drawn_is_clean(known.outbox_clean, last, known.outbox_id) {
             return Ok(Vec::new());
@@ -723,18 +874,29 @@ fn envelope_ack(
     // The consumer's row, locked: acknowledgements of one consumer take turns.
     let locked = Spi::connect_mut(|client| {
         let rows = client.update(
-            "SELECT late_id FROM envelopes.consumers WHERE name = $1 FOR UPDATE",
+            &format!(
+                "SELECT c.late_id, {OWNER_COLUMNS},
+                        (SELECT e.extowner FROM pg_catalog.pg_extension e
+                          WHERE e.extname = 'pg_envelopes')
+                   FROM envelopes.consumers c WHERE c.name = $1 FOR UPDATE"
+            ),
             None,
             &[DatumWithOid::from(consumer)],
         )?;
         if rows.is_empty() {
-            return Ok(None);
+            return Ok::<_, ConsumerError>(None);
         }
-        rows.first().get_one::<i64>()
+        let row = rows.first();
+        Ok(Some((
+            row.get::<i64>(1)?.unwrap_or(0),
+            Owner::read(row.get::<pg_sys::Oid>(2)?, row.get::<bool>(3)?),
+            row.get::<pg_sys::Oid>(4)?.unwrap_or(pg_sys::InvalidOid),
+        )))
     })?;
-    let Some(acked_late) = locked else {
+    let Some((acked_late, owner, extension_owner)) = locked else {
         return Err(ConsumerError::Unknown(consumer.to_owned()));
     };
+    check_owner(consumer, owner, extension_owner)?;
     if let Some(id) = late_id {
         if id > Drawn::Late.last_drawn()? {
             return Err(ConsumerError::NeverDrawn(id));
@@ -872,31 +1034,69 @@ fn register(name: Option<&str>, from_start: Option<bool>) -> Result<(), Consumer
         return Err(ConsumerError::EmptyName);
     }
     let from_start = from_start.ok_or(ConsumerError::Null("from_start"))?;
-    let exists = Spi::get_one_with_args::<bool>(
-        "SELECT EXISTS (SELECT FROM envelopes.consumers WHERE name = $1)",
-        &[DatumWithOid::from(name)],
-    )?
-    .unwrap_or(false);
-    if exists {
-        return Ok(());
+    // An existing consumer keeps its positions; registering it again is allowed
+    // to the roles that may act for it, and refused to the others.
+    if let Some(owner) = owner_of(name)? {
+        return check_owner(name, owner, extension_owner()?);
     }
     let (late_id, outbox_id, cursor) = starting_positions(from_start)?;
-    let created = Spi::get_one_with_args::<bool>(
-        "WITH c AS (
-             INSERT INTO envelopes.consumers (name, late_id, outbox_id) VALUES ($1, $2, $3)
-             ON CONFLICT DO NOTHING RETURNING 1)
-         SELECT EXISTS (SELECT FROM c)",
-        &[
-            DatumWithOid::from(name),
-            DatumWithOid::from(late_id),
-            DatumWithOid::from(outbox_id),
-        ],
+    // The owner column exists from 0.4.0 on (see Owner::Untracked).
+    let tracked = Spi::get_one::<bool>(
+        "SELECT EXISTS (SELECT FROM pg_catalog.pg_attribute a
+                         WHERE a.attrelid = 'envelopes.consumers'::pg_catalog.regclass
+                           AND a.attname = 'owner' AND NOT a.attisdropped)",
     )?
     .unwrap_or(false);
-    if created && !cursor.is_empty() {
+    let insert = if tracked {
+        "WITH c AS (
+             INSERT INTO envelopes.consumers (name, late_id, outbox_id, owner)
+             VALUES ($1, $2, $3, $4)
+             ON CONFLICT DO NOTHING RETURNING 1)
+         SELECT EXISTS (SELECT FROM c)"
+    } else {
+        "WITH c AS (
+             INSERT INTO envelopes.consumers (name, late_id, outbox_id)
+             VALUES ($1, $2, $3)
+             ON CONFLICT DO NOTHING RETURNING 1)
+         SELECT EXISTS (SELECT FROM c)"
+    };
+    let mut args = vec![
+        DatumWithOid::from(name),
+        DatumWithOid::from(late_id),
+        DatumWithOid::from(outbox_id),
+    ];
+    if tracked {
+        args.push(DatumWithOid::from(caller()));
+    }
+    let created = Spi::get_one_with_args::<bool>(insert, &args)?.unwrap_or(false);
+    if !created {
+        // Another session registered it meanwhile: the same rule as above.
+        let owner = owner_of(name)?.unwrap_or(Owner::Untracked);
+        return check_owner(name, owner, extension_owner()?);
+    }
+    if !cursor.is_empty() {
         move_cursor(name, cursor)?;
     }
     Ok(())
+}
+
+/// The owner of an existing consumer, `None` when there is no such consumer.
+fn owner_of(name: &str) -> Result<Option<Owner>, ConsumerError> {
+    Spi::connect(|client| {
+        let rows = client.select(
+            &format!("SELECT {OWNER_COLUMNS} FROM envelopes.consumers c WHERE c.name = $1"),
+            None,
+            &[DatumWithOid::from(name)],
+        )?;
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let row = rows.first();
+        Ok(Some(Owner::read(
+            row.get::<pg_sys::Oid>(1)?,
+            row.get::<bool>(2)?,
+        )))
+    })
 }
 
 /// Creates a consumer (idempotent: an existing one keeps its positions). It starts

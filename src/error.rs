@@ -46,3 +46,17 @@ impl<T, E: SqlError> OrRaise<T> for Result<T, E> {
         }
     }
 }
+
+/// Keeps Rust backtraces out of what clients see. pgrx's panic hook captures one
+/// for every ERROR that crosses Rust code (`Backtrace::capture`, which obeys
+/// `RUST_LIB_BACKTRACE`, then `RUST_BACKTRACE`) and appends it to the DETAIL: with
+/// `RUST_BACKTRACE` set in the server's environment, a client would receive
+/// kilobytes of frames and build paths. `RUST_LIB_BACKTRACE=0` turns capturing off
+/// for this process whatever else is set; panics printed by Rust's own hook (to
+/// the server log, on threads pgrx does not own) still follow `RUST_BACKTRACE`.
+pub fn no_backtraces() {
+    // Called from _PG_init, on the backend's only thread, before any backtrace was
+    // captured (std reads the variable once and caches it); nothing else reads the
+    // environment concurrently (set_var is unsafe from edition 2024 on for that).
+    std::env::set_var("RUST_LIB_BACKTRACE", "0");
+}

@@ -1,13 +1,28 @@
 //! Every `envelopes.*` setting, registered once from `_PG_init`, read through typed
 //! getters so the rest of the extension never touches a `GucSetting` directly.
 //!
-//! All settings are `USERSET`: an application can change them per session or per
-//! transaction (`SET LOCAL`), which is what bulk loads and tests need. Limits that
-//! protect the server (sizes) are bounded by their registered min/max.
+//! Who may change what: the limits that protect the server and the other writers
+//! (sizes, `band_width`, the per-call partition cap, where and how partitions are
+//! created) are `SUSET` — a superuser, or a role granted `SET` on the parameter
+//! (`GRANT SET ON PARAMETER envelopes.max_envelope_bytes TO owner`), sets them, per
+//! role or database with `ALTER ROLE/DATABASE ... SET`; a writer cannot raise
+//! them. The doorbell settings stay `USERSET`: bulk loads turn it off per session.
+//!
+//! Values given before the library is loaded (the first statement of a session, a
+//! role's or database's settings, `postgresql.conf`) wait as placeholders that
+//! Postgres would check only when the setting is defined, replacing a bad one by
+//! the default with a WARNING. [`init`] checks them first and refuses to load
+//! with an ERROR instead: an invalid value (22023) every time until it is fixed,
+//! and a value the role that gave it may not set (42501) for every call into the
+//! extension in that session (Postgres has dropped the value by then, so the
+//! session cannot be told apart from one that never gave it, except by
+//! remembering: it must reconnect without it).
 
+use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
 use pgrx::prelude::*;
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Width of a sequence band: each band partition holds `band_width` consecutive
 /// sequence ids of one originator. Changing it only affects bands created later;
@@ -23,6 +38,12 @@ static MAX_ENVELOPE_BYTES: GucSetting<i32> = GucSetting::<i32>::new(4 * 1024 * 1
 /// Largest payload `publish()` accepts, in bytes (default 1 MiB).
 static MAX_PUBLISH_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
 
+/// Largest headers object `publish()` accepts, in bytes of its JSON text.
+static MAX_HEADER_BYTES: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024);
+
+/// Most bands one call of an insert function (or `ensure_gateway_parts`) may create.
+static MAX_NEW_PARTITIONS_PER_CALL: GucSetting<i32> = GucSetting::<i32>::new(100);
+
 /// Whether inserts ring the NOTIFY doorbell. Off for bulk loads: the rows are still
 /// the durable record and listeners still find them on their next poll.
 static NOTIFY: GucSetting<bool> = GucSetting::<bool>::new(true);
@@ -35,8 +56,14 @@ static NOTIFY_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(10);
 static NOTIFY_CHANNEL: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"envelopes"));
 
-/// Rejects channel names Postgres would refuse at commit time (empty, or longer
-/// than an identifier), so a bad value fails at SET, not when a transaction commits.
+/// Whether a doorbell channel name is one Postgres accepts at commit time (not
+/// empty, shorter than an identifier's limit).
+fn valid_channel(value: &CStr) -> bool {
+    (1..pg_sys::NAMEDATALEN as usize).contains(&value.to_bytes().len())
+}
+
+/// Rejects channel names Postgres would refuse at commit time, so a bad value
+/// fails at SET, not when a transaction commits.
 #[pg_guard]
 unsafe extern "C-unwind" fn check_notify_channel(
     newval: *mut *mut std::ffi::c_char,
@@ -45,14 +72,12 @@ unsafe extern "C-unwind" fn check_notify_channel(
 ) -> bool {
     // SAFETY: Postgres passes a valid pointer to the proposed value, which is a
     // NUL-terminated string or NULL.
-    let value = unsafe {
+    unsafe {
         if newval.is_null() || (*newval).is_null() {
             return false;
         }
-        std::ffi::CStr::from_ptr(*newval)
-    };
-    let len = value.to_bytes().len();
-    (1..pg_sys::NAMEDATALEN as usize).contains(&len)
+        valid_channel(CStr::from_ptr(*newval))
+    }
 }
 
 /// Where missing partitions are created.
@@ -84,51 +109,266 @@ static PARTITION_WORKER_TIMEOUT: GucSetting<i32> = GucSetting::<i32>::new(30_000
 /// tests, which use it to make a commit land inside that window on purpose.
 static GATE_PAUSE: GucSetting<i32> = GucSetting::<i32>::new(0);
 
-/// Registers every setting. Called once per backend from `_PG_init`.
+/// One integer setting: how it is registered and how a placeholder is checked.
+struct IntSetting {
+    name: &'static CStr,
+    short: &'static CStr,
+    long: &'static CStr,
+    setting: &'static GucSetting<i32>,
+    min: i32,
+    max: i32,
+    context: GucContext,
+    flags: GucFlags,
+}
+
+fn int_settings() -> [IntSetting; 11] {
+    use GucContext::{Suset, Userset};
+    [
+        IntSetting {
+            name: c"envelopes.band_width",
+            short: c"Sequence ids per band partition created on demand.",
+            long: c"Each originator's envelopes are split into range partitions of this many \
+                    sequence ids. Affects only bands created after the change.",
+            setting: &BAND_WIDTH,
+            min: 1,
+            max: i32::MAX,
+            context: Suset,
+            flags: GucFlags::default(),
+        },
+        IntSetting {
+            name: c"envelopes.max_topic_bytes",
+            short: c"Largest topic accepted by the insert functions.",
+            long: c"An insert with a longer topic fails with SQLSTATE 22001 and writes nothing.",
+            setting: &MAX_TOPIC_BYTES,
+            min: 1,
+            max: i32::MAX,
+            context: Suset,
+            flags: GucFlags::UNIT_BYTE,
+        },
+        IntSetting {
+            name: c"envelopes.max_envelope_bytes",
+            short: c"Largest envelope blob accepted by the insert functions.",
+            long: c"An insert with a larger envelope fails with SQLSTATE 22001 and writes nothing.",
+            setting: &MAX_ENVELOPE_BYTES,
+            min: 1,
+            max: i32::MAX,
+            context: Suset,
+            flags: GucFlags::UNIT_BYTE,
+        },
+        IntSetting {
+            name: c"envelopes.max_publish_bytes",
+            short: c"Largest payload accepted by envelopes.publish().",
+            long: c"A larger payload fails with SQLSTATE 22001 and writes nothing.",
+            setting: &MAX_PUBLISH_BYTES,
+            min: 1,
+            max: i32::MAX,
+            context: Suset,
+            flags: GucFlags::UNIT_BYTE,
+        },
+        IntSetting {
+            name: c"envelopes.max_header_bytes",
+            short: c"Largest headers object accepted by envelopes.publish().",
+            long: c"Measured as the headers' JSON text. Larger headers fail with SQLSTATE \
+                    22001 and write nothing.",
+            setting: &MAX_HEADER_BYTES,
+            min: 2,
+            max: i32::MAX,
+            context: Suset,
+            flags: GucFlags::UNIT_BYTE,
+        },
+        IntSetting {
+            name: c"envelopes.max_new_partitions_per_call",
+            short: c"Most band partitions one call may create.",
+            long: c"A call of an insert function or ensure_gateway_parts that would create \
+                    more bands fails with SQLSTATE 54000 before creating any.",
+            setting: &MAX_NEW_PARTITIONS_PER_CALL,
+            min: 1,
+            max: 1_000_000,
+            context: Suset,
+            flags: GucFlags::default(),
+        },
+        IntSetting {
+            name: c"envelopes.notify_interval",
+            short: c"Minimum time between two doorbells of one session on one channel.",
+            long: c"0 rings on every committing transaction. Each ring takes the cluster-wide \
+                    NOTIFY lock through the commit's WAL flush; listeners also poll.",
+            setting: &NOTIFY_INTERVAL,
+            min: 0,
+            max: 60_000,
+            context: Userset,
+            flags: GucFlags::UNIT_MS,
+        },
+        IntSetting {
+            name: c"envelopes.partition_lock_timeout",
+            short: c"lock_timeout of the DDL that creates a partition.",
+            long: c"A worker retries DDL that times out (envelopes.partition_lock_attempts \
+                    times); in the caller's transaction a timeout is an error.",
+            setting: &PARTITION_LOCK_TIMEOUT,
+            min: 1,
+            max: 600_000,
+            context: Suset,
+            flags: GucFlags::UNIT_MS,
+        },
+        IntSetting {
+            name: c"envelopes.partition_lock_attempts",
+            short: c"Attempts of a partition worker whose DDL hits its lock timeout.",
+            long: c"",
+            setting: &PARTITION_LOCK_ATTEMPTS,
+            min: 1,
+            max: 100,
+            context: Suset,
+            flags: GucFlags::default(),
+        },
+        IntSetting {
+            name: c"envelopes.partition_worker_timeout",
+            short: c"How long an insert waits for the partition worker before failing.",
+            long: c"The worker is terminated and the insert fails with SQLSTATE 55P03.",
+            setting: &PARTITION_WORKER_TIMEOUT,
+            min: 1,
+            max: 3_600_000,
+            context: Suset,
+            flags: GucFlags::UNIT_MS,
+        },
+        IntSetting {
+            name: c"envelopes.test_gate_pause",
+            short: c"Testing aid: pause of the change feed's readers between marker listing \
+                     and snapshot.",
+            long: c"Lets a test make a commit land inside that window. Leave at 0.",
+            setting: &GATE_PAUSE,
+            min: 0,
+            max: 60_000,
+            context: Suset,
+            flags: GucFlags::UNIT_MS.union(GucFlags::NO_SHOW_ALL),
+        },
+    ]
+}
+
+const NOTIFY_NAME: &CStr = c"envelopes.notify";
+const NOTIFY_CHANNEL_NAME: &CStr = c"envelopes.notify_channel";
+const CREATE_PARTITIONS_IN_NAME: &CStr = c"envelopes.create_partitions_in";
+
+/// Errors of settings given before the library was loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum GucError {
+    #[error("invalid value for parameter \"{name}\": \"{value}\" (given before pg_envelopes was loaded)")]
+    Invalid { name: String, value: String },
+    #[error(
+        "permission denied to set parameter \"{name}\" to \"{value}\" (given before \
+         pg_envelopes was loaded); this session cannot use pg_envelopes"
+    )]
+    NotAllowed { name: String, value: String },
+}
+
+impl SqlError for GucError {
+    fn sqlstate(&self) -> PgSqlErrorCode {
+        match self {
+            GucError::Invalid { .. } => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            GucError::NotAllowed { .. } => PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+        }
+    }
+
+    fn hint(&self) -> Option<String> {
+        Some(match self {
+            GucError::Invalid { .. } => {
+                "Fix or RESET the value (SET, ALTER ROLE/DATABASE ... SET, postgresql.conf); \
+                 SHOW the setting for its unit and range once the library loads."
+                    .into()
+            }
+            GucError::NotAllowed { .. } => {
+                "Limits of pg_envelopes are set by a superuser or a role granted SET on them; \
+                 reconnect without the value."
+                    .into()
+            }
+        })
+    }
+}
+
+/// The value a placeholder (or, once defined, the setting) has, if any.
+fn current_value(name: &CStr) -> Option<String> {
+    // SAFETY: name is NUL-terminated; with missing_ok the lookup returns NULL for an
+    // unknown name; the returned string is Postgres-owned and copied at once.
+    unsafe {
+        let value = pg_sys::GetConfigOption(name.as_ptr(), true, false);
+        (!value.is_null()).then(|| CStr::from_ptr(value).to_string_lossy().into_owned())
+    }
+}
+
+/// An integer as Postgres reads it for a setting with `flags` (units included).
+fn parse_int(value: &str, flags: GucFlags) -> Option<i32> {
+    let text = CString::new(value).ok()?;
+    let mut result = 0;
+    let mut hint = std::ptr::null();
+    // SAFETY: text is NUL-terminated; parse_int writes the result and, on failure,
+    // a pointer to a static hint, and allocates nothing.
+    let ok = unsafe { pg_sys::parse_int(text.as_ptr(), &mut result, flags.bits(), &mut hint) };
+    ok.then_some(result)
+}
+
+fn parse_bool(value: &str) -> Option<bool> {
+    let text = CString::new(value).ok()?;
+    let mut result = false;
+    // SAFETY: text is NUL-terminated; parse_bool only reads it.
+    unsafe { pg_sys::parse_bool(text.as_ptr(), &mut result) }.then_some(result)
+}
+
+fn parse_create_in(value: &str) -> Option<CreatePartitionsIn> {
+    match value.to_ascii_lowercase().as_str() {
+        "worker" => Some(CreatePartitionsIn::Worker),
+        "transaction" => Some(CreatePartitionsIn::Transaction),
+        _ => None,
+    }
+}
+
+/// Set once the settings are defined in this process (`_PG_init` may run again
+/// after it raised an error: the library is then loaded but not yet registered).
+static DEFINED: AtomicBool = AtomicBool::new(false);
+
+/// Registers every setting, after checking the values given before the library
+/// was loaded. Called from `_PG_init`.
 pub fn init() {
-    GucRegistry::define_int_guc(
-        c"envelopes.band_width",
-        c"Sequence ids per band partition created on demand.",
-        c"Each originator's envelopes are split into range partitions of this many \
-          sequence ids. Affects only bands created after the change.",
-        &BAND_WIDTH,
-        1,
-        i32::MAX,
-        GucContext::Userset,
-        GucFlags::default(),
-    );
-    GucRegistry::define_int_guc(
-        c"envelopes.max_topic_bytes",
-        c"Largest topic accepted by the insert functions.",
-        c"An insert with a longer topic fails with SQLSTATE 22001 and writes nothing.",
-        &MAX_TOPIC_BYTES,
-        1,
-        i32::MAX,
-        GucContext::Userset,
-        GucFlags::UNIT_BYTE,
-    );
-    GucRegistry::define_int_guc(
-        c"envelopes.max_envelope_bytes",
-        c"Largest envelope blob accepted by the insert functions.",
-        c"An insert with a larger envelope fails with SQLSTATE 22001 and writes nothing.",
-        &MAX_ENVELOPE_BYTES,
-        1,
-        i32::MAX,
-        GucContext::Userset,
-        GucFlags::UNIT_BYTE,
-    );
-    GucRegistry::define_int_guc(
-        c"envelopes.max_publish_bytes",
-        c"Largest payload accepted by envelopes.publish().",
-        c"A larger payload fails with SQLSTATE 22001 and writes nothing.",
-        &MAX_PUBLISH_BYTES,
-        1,
-        i32::MAX,
-        GucContext::Userset,
-        GucFlags::UNIT_BYTE,
-    );
+    if DEFINED.load(Ordering::Relaxed) {
+        raise_refused();
+        return;
+    }
+    let ints = int_settings();
+    // 1. Values Postgres would replace by the default: refuse to load.
+    let given_ints: Vec<Option<String>> = ints.iter().map(|s| current_value(s.name)).collect();
+    for (setting, given) in ints.iter().zip(&given_ints) {
+        if let Some(value) = given {
+            let parsed = parse_int(value, setting.flags);
+            if !parsed.is_some_and(|v| (setting.min..=setting.max).contains(&v)) {
+                invalid(setting.name, value);
+            }
+        }
+    }
+    let given_notify = current_value(NOTIFY_NAME);
+    if let Some(value) = &given_notify {
+        if parse_bool(value).is_none() {
+            invalid(NOTIFY_NAME, value);
+        }
+    }
+    let given_create_in = current_value(CREATE_PARTITIONS_IN_NAME);
+    if let Some(value) = &given_create_in {
+        if parse_create_in(value).is_none() {
+            invalid(CREATE_PARTITIONS_IN_NAME, value);
+        }
+    }
+    if let Some(value) = current_value(NOTIFY_CHANNEL_NAME) {
+        if !CString::new(value.as_str()).is_ok_and(|c| valid_channel(&c)) {
+            invalid(NOTIFY_CHANNEL_NAME, &value);
+        }
+    }
+
+    // 2. Define them; Postgres applies the placeholders it is allowed to.
+    let defined: Vec<(&CStr, GucFlags, &GucSetting<i32>)> =
+        ints.iter().map(|s| (s.name, s.flags, s.setting)).collect();
+    for s in ints {
+        GucRegistry::define_int_guc(
+            s.name, s.short, s.long, s.setting, s.min, s.max, s.context, s.flags,
+        );
+    }
     GucRegistry::define_bool_guc(
-        c"envelopes.notify",
+        NOTIFY_NAME,
         c"Whether envelope and outbox inserts send the NOTIFY doorbell.",
         c"Turn off for bulk loads. Rows stay the durable record; listeners find them on \
           their next poll.",
@@ -136,76 +376,24 @@ pub fn init() {
         GucContext::Userset,
         GucFlags::default(),
     );
-    GucRegistry::define_int_guc(
-        c"envelopes.notify_interval",
-        c"Minimum time between two doorbells of one session on one channel.",
-        c"0 rings on every committing transaction. Each ring takes the cluster-wide \
-          NOTIFY lock through the commit's WAL flush; listeners also poll.",
-        &NOTIFY_INTERVAL,
-        0,
-        60_000,
-        GucContext::Userset,
-        GucFlags::UNIT_MS,
-    );
     GucRegistry::define_enum_guc(
-        c"envelopes.create_partitions_in",
+        CREATE_PARTITIONS_IN_NAME,
         c"Where missing partitions are created: worker or transaction.",
         c"worker: a background worker creates and commits them while the insert waits, \
           so the inserting transaction holds no DDL locks. transaction: the inserting \
           transaction creates them and holds the locks until it ends.",
         &CREATE_PARTITIONS_IN,
-        GucContext::Userset,
-        GucFlags::default(),
-    );
-    GucRegistry::define_int_guc(
-        c"envelopes.partition_lock_timeout",
-        c"lock_timeout of the DDL that creates a partition.",
-        c"A worker retries DDL that times out (envelopes.partition_lock_attempts times); \
-          in the caller's transaction a timeout is an error.",
-        &PARTITION_LOCK_TIMEOUT,
-        1,
-        600_000,
-        GucContext::Userset,
-        GucFlags::UNIT_MS,
-    );
-    GucRegistry::define_int_guc(
-        c"envelopes.partition_lock_attempts",
-        c"Attempts of a partition worker whose DDL hits its lock timeout.",
-        c"",
-        &PARTITION_LOCK_ATTEMPTS,
-        1,
-        100,
-        GucContext::Userset,
-        GucFlags::default(),
-    );
-    GucRegistry::define_int_guc(
-        c"envelopes.partition_worker_timeout",
-        c"How long an insert waits for the partition worker before failing.",
-        c"The worker is terminated and the insert fails with SQLSTATE 55P03.",
-        &PARTITION_WORKER_TIMEOUT,
-        1,
-        3_600_000,
-        GucContext::Userset,
-        GucFlags::UNIT_MS,
-    );
-    GucRegistry::define_int_guc(
-        c"envelopes.test_gate_pause",
-        c"Testing aid: pause of the change feed's readers between marker listing and snapshot.",
-        c"Lets a test make a commit land inside that window. Leave at 0.",
-        &GATE_PAUSE,
-        0,
-        60_000,
         GucContext::Suset,
-        GucFlags::UNIT_MS | GucFlags::NO_SHOW_ALL,
+        GucFlags::default(),
     );
     // SAFETY: the check hook is a #[pg_guard] function with the signature Postgres
     // expects, and only reads the proposed value it is given.
     unsafe {
         GucRegistry::define_string_guc_with_hooks(
-            c"envelopes.notify_channel",
+            NOTIFY_CHANNEL_NAME,
             c"NOTIFY channel of the doorbell sent when envelopes or outbox rows commit.",
             c"At most one notification per channel per transaction; its payload names what \
-          changed, never the rows.",
+              changed, never the rows.",
             &NOTIFY_CHANNEL,
             GucContext::Userset,
             GucFlags::default(),
@@ -214,6 +402,66 @@ pub fn init() {
             None,
         );
     }
+    // SAFETY: the prefix is a static NUL-terminated string. From now on an unknown
+    // envelopes.* name is an error instead of a silent placeholder.
+    unsafe { pg_sys::MarkGUCPrefixReserved(c"envelopes".as_ptr()) };
+    DEFINED.store(true, Ordering::Relaxed);
+
+    // 3. A valid value that did not stick was refused for its setter's privileges
+    // (Postgres said so in a WARNING and kept the default): make it an error.
+    // Kept for the rest of the process: Postgres calls _PG_init again when a
+    // library's first load failed, and the settings are defined by then.
+    for ((name, flags, setting), given) in defined.iter().zip(&given_ints) {
+        if let Some(value) = given {
+            if parse_int(value, *flags) != Some(setting.get()) {
+                let _ = REFUSED.set((name.to_string_lossy().into_owned(), value.clone()));
+            }
+        }
+    }
+    if let Some(value) = &given_create_in {
+        if parse_create_in(value) != Some(CREATE_PARTITIONS_IN.get()) {
+            let _ = REFUSED.set((
+                CREATE_PARTITIONS_IN_NAME.to_string_lossy().into_owned(),
+                value.clone(),
+            ));
+        }
+    }
+    raise_refused();
+}
+
+/// A setting given before the library was loaded by a role that may not set it:
+/// its name and value. Once found, every later load attempt in the process fails.
+static REFUSED: std::sync::OnceLock<(String, String)> = std::sync::OnceLock::new();
+
+fn raise_refused() {
+    if let Some((name, value)) = REFUSED.get() {
+        Err::<(), _>(GucError::NotAllowed {
+            name: name.clone(),
+            value: value.clone(),
+        })
+        .or_raise()
+    }
+}
+
+fn invalid(name: &CStr, value: &str) {
+    Err::<(), _>(GucError::Invalid {
+        name: name.to_string_lossy().into_owned(),
+        value: value.to_owned(),
+    })
+    .or_raise()
+}
+
+/// Whether the role calling the extension's function (outside any `SECURITY
+/// DEFINER` switch) may set the `SUSET` setting `name`: a superuser, or a role
+/// granted `SET` on it.
+pub fn caller_may_set(name: &str) -> Result<bool, pgrx::spi::SpiError> {
+    // SAFETY: GetOuterUserId only reads backend state.
+    let caller = unsafe { pg_sys::GetOuterUserId() };
+    Ok(pgrx::spi::Spi::get_one_with_args::<bool>(
+        "SELECT pg_catalog.has_parameter_privilege($1, $2, 'SET')",
+        &[caller.into(), name.into()],
+    )?
+    .unwrap_or(false))
 }
 
 /// `envelopes.band_width`, always positive.
@@ -234,6 +482,16 @@ pub fn max_envelope_bytes() -> usize {
 /// `envelopes.max_publish_bytes`.
 pub fn max_publish_bytes() -> usize {
     usize::try_from(MAX_PUBLISH_BYTES.get()).unwrap_or(usize::MAX)
+}
+
+/// `envelopes.max_header_bytes`.
+pub fn max_header_bytes() -> usize {
+    usize::try_from(MAX_HEADER_BYTES.get()).unwrap_or(usize::MAX)
+}
+
+/// `envelopes.max_new_partitions_per_call`.
+pub fn max_new_partitions_per_call() -> usize {
+    usize::try_from(MAX_NEW_PARTITIONS_PER_CALL.get()).unwrap_or(usize::MAX)
 }
 
 /// `envelopes.notify`.
@@ -273,13 +531,8 @@ pub fn gate_pause() -> std::time::Duration {
 
 /// `envelopes.notify_channel`.
 pub fn notify_channel() -> String {
-    string_or(&NOTIFY_CHANNEL, "envelopes")
-}
-
-/// Reads a string setting, falling back to `default` when it is unset.
-fn string_or(setting: &GucSetting<Option<CString>>, default: &str) -> String {
-    setting
+    NOTIFY_CHANNEL
         .get()
         .and_then(|s| s.into_string().ok())
-        .unwrap_or_else(|| default.to_owned())
+        .unwrap_or_else(|| "envelopes".to_owned())
 }

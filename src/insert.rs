@@ -114,7 +114,10 @@ fn check_envelope(envelope: Option<&[u8]>) -> Result<&[u8], InsertError> {
     Ok(envelope)
 }
 
-/// Inserts one row into meta and, only if that row is new, into blob.
+/// Inserts one row into meta and, only if that row is new, into blob. The blob
+/// insert does nothing on a conflict too: a key whose meta row is missing while
+/// its blob row exists (a meta band dropped by hand) is repaired and counted as
+/// not new, instead of failing with 23505.
 ///
 /// `ON CONFLICT DO NOTHING` names no conflict target on purpose: the primary key is
 /// the only unique index, and with an explicit target the executor maps the
@@ -130,7 +133,8 @@ WITH m AS (
 )
 INSERT INTO envelopes.gateway_envelopes_blob
     (originator_node_id, originator_sequence_id, originator_envelope)
-SELECT m.originator_node_id, m.originator_sequence_id, $4 FROM m";
+SELECT m.originator_node_id, m.originator_sequence_id, $4 FROM m
+ON CONFLICT DO NOTHING";
 
 /// [`INSERT_ONE`] for a row that arrives late: flagged in meta and recorded in the
 /// late-envelope feed, both only if the row is new.
@@ -147,7 +151,8 @@ WITH m AS (
 )
 INSERT INTO envelopes.gateway_envelopes_blob
     (originator_node_id, originator_sequence_id, originator_envelope)
-SELECT m.originator_node_id, m.originator_sequence_id, $4 FROM m";
+SELECT m.originator_node_id, m.originator_sequence_id, $4 FROM m
+ON CONFLICT DO NOTHING";
 
 /// Inserts a batch given as parallel arrays. Duplicates inside the batch keep their
 /// first occurrence; rows are inserted in key order, so two batches that overlap
@@ -170,7 +175,8 @@ WITH input AS (
 INSERT INTO envelopes.gateway_envelopes_blob
     (originator_node_id, originator_sequence_id, originator_envelope)
 SELECT m.originator_node_id, m.originator_sequence_id, input.envelope
-  FROM m JOIN input ON input.node = m.originator_node_id AND input.seq = m.originator_sequence_id";
+  FROM m JOIN input ON input.node = m.originator_node_id AND input.seq = m.originator_sequence_id
+ON CONFLICT DO NOTHING";
 
 /// [`INSERT_MANY`] for a batch with late rows: `$8` flags them, and the new ones
 /// among them are recorded in the late-envelope feed.
@@ -195,7 +201,8 @@ WITH input AS (
 INSERT INTO envelopes.gateway_envelopes_blob
     (originator_node_id, originator_sequence_id, originator_envelope)
 SELECT m.originator_node_id, m.originator_sequence_id, input.envelope
-  FROM m JOIN input ON input.node = m.originator_node_id AND input.seq = m.originator_sequence_id";
+  FROM m JOIN input ON input.node = m.originator_node_id AND input.seq = m.originator_sequence_id
+ON CONFLICT DO NOTHING";
 
 thread_local! {
     /// Plans prepared once per backend, indexed by [`Plan`]. The plan cache re-plans
@@ -459,6 +466,7 @@ fn insert_many(
     let input_keys = keys.clone();
     keys.sort_unstable();
     keys.dedup();
+    partition::check_new_bands(&keys, width)?;
     // Consecutive keys mostly share a band: lock each distinct route once.
     let mut locked = Vec::new();
     for &(node, seq) in &keys {

@@ -48,7 +48,8 @@ pgrx::extension_sql_file!(
         "outbox_tables",
         feed::originator_ceilings,
         feed::forget_high_water_marks,
-        consumer::consumer_envelopes_pending
+        consumer::consumer_envelopes_pending,
+        consumer::_acts_for
     ]
 );
 
@@ -56,7 +57,7 @@ pgrx::extension_sql_file!(
 pgrx::extension_sql_file!(
     "../sql/ingress.sql",
     name = "ingress_positions",
-    requires = ["storage"]
+    requires = ["storage", consumer::_acts_for, consumer::_caller]
 );
 
 // Roles: grant_writer / grant_reader / grant_consumer and their revoke_ twins.
@@ -77,6 +78,7 @@ pgrx::extension_sql_file!("../sql/privileges.sql", name = "privileges", finalize
 /// Runs once per process when Postgres loads the library.
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
+    error::no_backtraces();
     gucs::init();
     partition::cache::register_invalidation_callback();
 }

@@ -1,7 +1,25 @@
 //! Advisory locks the extension takes for itself (the change feed's in-flight
 //! markers are in [`crate::feed::markers`], which also reads them back).
 //!
-//! They live in the advisory lock space (visible in `pg_locks` with
+//! # Lock order
+//!
+//! Every path takes what it waits for in this order, and nothing waits for an
+//! earlier lock while holding a later one:
+//!
+//! 1. relation locks of the rows being inserted: originator partition, then band
+//!    leaf (ROW EXCLUSIVE, as the executor takes them);
+//! 2. the prune guard of a band about to be created or filled (share);
+//! 3. the band-launch lock (sessions sharing one creation worker);
+//! 4. the creation lock, then the DDL's own locks (SHARE UPDATE EXCLUSIVE on the
+//!    parent for ATTACH).
+//!
+//! `prune_expired` is outside the order on purpose: it asks for every lock it
+//! takes (ACCESS EXCLUSIVE on parents and leaves, then the prune guard) without
+//! waiting, releases all of them when one is refused, and so never waits while
+//! holding anything (see `crate::partition::prune`). A waiter that holds nothing
+//! closes no cycle, which is why pruning cannot deadlock with creation.
+//!
+//! The advisory locks live in the advisory lock space (visible in `pg_locks` with
 //! `locktype = 'advisory'`) but use a `objsubid` value that the SQL-level
 //! `pg_advisory_*` functions never produce (those use 1 and 2), so they cannot
 //! collide with an application's own advisory locks.
@@ -13,7 +31,8 @@ pub const CREATION_LOCK_SUBID: u16 = 0x4501;
 
 /// `objsubid` of the lock a session holds while its worker creates one band, so
 /// that sessions needing the same band wait for that worker instead of starting
-/// their own (`database` = node, `classid`/`objid` = the band's start).
+/// their own (`database` = node, `classid` = database, `objid` = a hash of the
+/// band's start).
 pub const LAUNCH_SUBID: u16 = 0x4503;
 
 /// `objsubid` of the lock that keeps `prune_expired` away from a band a session
@@ -57,11 +76,15 @@ pub fn lock_partition_creation() -> bool {
 }
 
 fn launch_tag(node: i32, band_start: i64) -> pg_sys::LOCKTAG {
-    let start = band_start.max(0) as u64;
+    // SAFETY: MyDatabaseId is set once the backend is connected to a database.
+    let database = unsafe { pg_sys::MyDatabaseId };
+    // Two bands hashing alike only make one session wait for the other's worker
+    // and then look again.
+    let start = band_start as u64;
     advisory_tag(
         node as u32,
-        (start >> 32) as u32,
-        start as u32,
+        database.to_u32(),
+        (start ^ (start >> 32)) as u32,
         LAUNCH_SUBID,
     )
 }
@@ -130,6 +153,16 @@ pub fn try_lock_for_prune(node: i32, band_start: i64) -> bool {
         pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as pg_sys::LOCKMODE, false, true)
     };
     result != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
+}
+
+/// Releases the prune guard taken by [`try_lock_for_prune`], for a band that
+/// turned out not to be droppable after all.
+pub fn unlock_prune_guard(node: i32, band_start: i64) {
+    let tag = prune_guard_tag(node, band_start);
+    // SAFETY: releases a lock this backend holds in this mode.
+    unsafe {
+        pg_sys::LockRelease(&tag, pg_sys::ExclusiveLock as pg_sys::LOCKMODE, false);
+    }
 }
 
 /// Whether this transaction holds the creation lock.

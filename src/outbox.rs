@@ -46,6 +46,8 @@ pub enum OutboxError {
     PayloadTooLarge { len: usize, max: usize },
     #[error("headers must be a JSON object")]
     HeadersNotObject,
+    #[error("headers are {len} bytes of JSON, more than envelopes.max_header_bytes = {max}")]
+    HeadersTooLarge { len: usize, max: usize },
     #[error(
         "trigger must be called as notify_on_insert('envelopes') or notify_on_insert('outbox')"
     )]
@@ -64,9 +66,9 @@ impl SqlError for OutboxError {
             OutboxError::EmptySubject
             | OutboxError::BadSubject(_)
             | OutboxError::HeadersNotObject => ERRCODE_INVALID_PARAMETER_VALUE,
-            OutboxError::SubjectTooLong { .. } | OutboxError::PayloadTooLarge { .. } => {
-                ERRCODE_STRING_DATA_RIGHT_TRUNCATION
-            }
+            OutboxError::SubjectTooLong { .. }
+            | OutboxError::PayloadTooLarge { .. }
+            | OutboxError::HeadersTooLarge { .. } => ERRCODE_STRING_DATA_RIGHT_TRUNCATION,
             OutboxError::BadTrigger => ERRCODE_TRIGGERED_ACTION_EXCEPTION,
             OutboxError::Marker(e) => e.sqlstate(),
             OutboxError::Spi(_) => ERRCODE_INTERNAL_ERROR,
@@ -128,6 +130,12 @@ fn publish_row(
     let headers = headers.ok_or(OutboxError::Null("headers"))?;
     if !headers.0.is_object() {
         return Err(OutboxError::HeadersNotObject);
+    }
+    // Measured as compact JSON text (what the bridge forwards), not as jsonb.
+    let max = gucs::max_header_bytes();
+    let len = headers.0.to_string().len();
+    if len > max {
+        return Err(OutboxError::HeadersTooLarge { len, max });
     }
     // Before the row draws its id (see crate::feed).
     markers::mark_drawn(Drawn::Outbox)?;

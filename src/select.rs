@@ -600,6 +600,7 @@ mod tests {
 
     #[pg_test]
     fn prune_deletes_expired_rows_and_drops_empty_old_bands() {
+        // In the test's own transaction: a worker would not see its uncommitted rows.
         // Originator 901: other #[pg_test]s run at the same time, and a band another
         // test's open transaction is filling is one prune must leave alone.
         Spi::run("SET LOCAL envelopes.band_width = 10").unwrap();
@@ -612,7 +613,7 @@ mod tests {
         .unwrap();
         let removed = Spi::connect(|client| {
             client
-                .select("SELECT band_start, deleted_rows, dropped FROM envelopes.prune_expired(as_of => 200)", None, &[])
+                .select("SELECT band_start, deleted_rows, dropped FROM envelopes.prune_expired(as_of => 200, in_transaction => true)", None, &[])
                 .unwrap()
                 .map(|r| (r.get::<i64>(1).unwrap().unwrap(), r.get::<i64>(2).unwrap().unwrap(), r.get::<bool>(3).unwrap().unwrap()))
                 .collect::<Vec<_>>()
@@ -632,7 +633,7 @@ mod tests {
         );
         // Nothing left to do; unexpired (NULL expiry) rows stay.
         assert_eq!(
-            int8("SELECT count(*) FROM envelopes.prune_expired(as_of => 200)"),
+            int8("SELECT count(*) FROM envelopes.prune_expired(as_of => 200, in_transaction => true)"),
             0
         );
         // A late arrival for the dropped band recreates it.

@@ -244,7 +244,9 @@ fn partition_bound(relid: Oid) -> Option<String> {
 /// Creates the originator-level partition of `table` for `node`, attached to the root.
 pub fn create_originator(table: Table, node: i32) -> Result<(), PartitionError> {
     let root = qualified(table.root_name());
-    let parent = qualified(&band::originator_table_name(table, node));
+    let name = band::originator_table_name(table, node);
+    refuse_taken(&name)?;
+    let parent = qualified(&name);
     run_ddl(&[
         format!(
             "CREATE TABLE {parent} (LIKE {root} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) \
@@ -258,7 +260,9 @@ pub fn create_originator(table: Table, node: i32) -> Result<(), PartitionError> 
 pub fn create_band(table: Table, node: i32, band: &Band) -> Result<(), PartitionError> {
     let root = qualified(table.root_name());
     let parent = qualified(&band::originator_table_name(table, node));
-    let leaf = qualified(&band::band_table_name(table, node, band));
+    let name = band::band_table_name(table, node, band);
+    refuse_taken(&name)?;
+    let leaf = qualified(&name);
     run_ddl(&[
         format!("CREATE TABLE {leaf} (LIKE {root} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"),
         format!(
@@ -266,6 +270,23 @@ pub fn create_band(table: Table, node: i32, band: &Band) -> Result<(), Partition
             band.for_values()
         ),
     ])
+}
+
+/// The name is about to be created under the creation lock, so a relation that
+/// has it already is not one of ours: say so (42P07 with a hint) rather than let
+/// CREATE TABLE fail with its bare message.
+fn refuse_taken(name: &str) -> Result<(), PartitionError> {
+    let taken = Spi::get_one_with_args::<bool>(
+        "SELECT pg_catalog.to_regclass($1) IS NOT NULL",
+        &[qualified(name).into()],
+    )?
+    .unwrap_or(false);
+    if taken {
+        return Err(PartitionError::NotAPartition {
+            name: name.to_owned(),
+        });
+    }
+    Ok(())
 }
 
 fn run_ddl(statements: &[String]) -> Result<(), PartitionError> {

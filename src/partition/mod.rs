@@ -15,6 +15,7 @@
 pub mod band;
 pub mod cache;
 mod catalog;
+pub mod prune;
 mod worker;
 
 use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
@@ -54,9 +55,21 @@ pub enum PartitionError {
     WorkerFailed { sqlstate: i32, message: String },
     #[error("partition worker lost: {0}")]
     WorkerLost(String),
+    #[error(
+        "this call would create more than {max} band partitions \
+         (envelopes.max_new_partitions_per_call)"
+    )]
+    TooManyNewBands { max: usize },
+    #[error(
+        "permission denied to choose band_width (only roles that may set envelopes.band_width may)"
+    )]
+    BandWidthNotAllowed,
     #[error("SPI error while managing partitions: {0}")]
     Spi(#[from] pgrx::spi::SpiError),
 }
+
+const NAME_TAKEN_HINT: &str = "Rename or drop that table; pg_envelopes owns names of the form \
+     gateway_envelopes_{meta,blob}_o<node>[_s<start>_<end>].";
 
 impl SqlError for PartitionError {
     fn sqlstate(&self) -> PgSqlErrorCode {
@@ -74,6 +87,8 @@ impl SqlError for PartitionError {
             PartitionError::Band(BandError::NonPositiveWidth(_)) => ERRCODE_INVALID_PARAMETER_VALUE,
             PartitionError::NotAPartition { .. } => ERRCODE_DUPLICATE_TABLE,
             PartitionError::NotInstalled => ERRCODE_UNDEFINED_TABLE,
+            PartitionError::TooManyNewBands { .. } => ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+            PartitionError::BandWidthNotAllowed => ERRCODE_INSUFFICIENT_PRIVILEGE,
             PartitionError::WorkerTimeout(_) => ERRCODE_LOCK_NOT_AVAILABLE,
             PartitionError::WorkerFailed { sqlstate, .. } => PgSqlErrorCode::from(*sqlstate),
             PartitionError::WorkerLost(_) => ERRCODE_CONNECTION_FAILURE,
@@ -90,11 +105,18 @@ impl SqlError for PartitionError {
                  envelopes.partition_worker_timeout sets how long to wait."
                     .into(),
             ),
-            PartitionError::NotAPartition { .. } => Some(
-                "Rename or drop that table; pg_envelopes owns names of the form \
-                 gateway_envelopes_{meta,blob}_o<node>[_s<start>_<end>]."
+            PartitionError::TooManyNewBands { .. } => Some(
+                "Split the batch, create the bands ahead with ensure_gateway_parts, or have \
+                 the extension's owner raise the limit."
                     .into(),
             ),
+            PartitionError::NotAPartition { .. } => Some(NAME_TAKEN_HINT.into()),
+            // The worker's own NotAPartition, which arrives as its code and message.
+            PartitionError::WorkerFailed { sqlstate, .. }
+                if *sqlstate == PgSqlErrorCode::ERRCODE_DUPLICATE_TABLE as i32 =>
+            {
+                Some(NAME_TAKEN_HINT.into())
+            }
             _ => None,
         }
     }
@@ -240,6 +262,53 @@ fn forget_cache_on_abort() {
     if ABORT_HOOK_FOR.replace(lxid) != lxid {
         pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Abort, cache::forget_all);
     }
+}
+
+/// Refuses a call that would create more than `envelopes.max_new_partitions_per_call`
+/// bands for `keys` (sorted by node, then sequence id), before it creates any: the
+/// bands it would plan, given what exists now.
+pub fn check_new_bands(keys: &[(i32, i64)], width: i64) -> Result<(), PartitionError> {
+    let max = crate::gucs::max_new_partitions_per_call();
+    if keys.len() <= max {
+        return Ok(()); // one row creates at most one band
+    }
+    let mut count = 0;
+    let mut refreshed = false;
+    for run in keys.chunk_by(|a, b| a.0 == b.0) {
+        let node = run[0].0;
+        if run
+            .iter()
+            .all(|&(node, seq)| cached_routes(node, seq).is_some())
+        {
+            continue;
+        }
+        if !refreshed {
+            // SAFETY: plain call into the invalidation machinery, no arguments.
+            unsafe { pg_sys::AcceptInvalidationMessages() };
+            refreshed = true;
+        }
+        let mut existing: Vec<band::RangeBound> = Vec::new();
+        for table in Table::ALL {
+            if let Some(parts) = originator_parts(table, node)? {
+                existing.extend(parts.bands.iter().map(|(bound, _)| *bound));
+            }
+        }
+        for &(_, seq) in run {
+            if existing.iter().any(|bound| bound.contains(seq)) {
+                continue;
+            }
+            let planned = catalog::plan_band(seq, Band::containing(seq, width)?, &existing);
+            existing.push(band::RangeBound {
+                lower: Some(planned.start),
+                upper: planned.end,
+            });
+            count += 1;
+            if count > max {
+                return Err(PartitionError::TooManyNewBands { max });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Makes sure both tables have a partition for `(node, seq)`, creating the
@@ -426,7 +495,12 @@ fn ensure_gateway_parts(
     let ensure = || {
         let node = check_node(originator_node_id)?;
         let seq = check_sequence(originator_sequence_id)?;
-        let width = band_width.unwrap_or_else(crate::gucs::band_width);
+        let setting = crate::gucs::band_width();
+        let width = band_width.unwrap_or(setting);
+        // A width of the caller's choosing is a way around the setting's limit.
+        if width != setting && !crate::gucs::caller_may_set("envelopes.band_width")? {
+            return Err(PartitionError::BandWidthNotAllowed);
+        }
         ensure_band(node, seq, width)
     };
     ensure().or_raise()

@@ -15,12 +15,19 @@
 //! observable). The worker retries DDL that hits `lock_timeout`, and before
 //! committing checks that the caller's transaction is still alive, so a caller
 //! that was killed does not leave work behind it. When no worker slot is free,
-//! the caller falls back to creating in its own transaction and logs it.
+//! the caller waits for one (workers live for milliseconds, so slots free up
+//! quickly) up to `envelopes.partition_worker_timeout`, and only then falls back
+//! to creating in its own transaction, and logs it.
+//!
+//! The helpers at the end (launching with a wait for a slot, waiting for a
+//! worker, a worker's own transactions) serve the pruning worker too.
 
 use super::PartitionError;
 use crate::gucs;
 use crate::locks;
-use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BackgroundWorkerStatus};
+use pgrx::bgworkers::{
+    BackgroundWorker, BackgroundWorkerBuilder, BackgroundWorkerStatus, DynamicBackgroundWorker,
+};
 use pgrx::pg_sys::{self, Oid};
 use pgrx::prelude::*;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -98,63 +105,25 @@ pub fn create_in_worker(
     // SAFETY: the handle identifies the segment created above.
     let handle = unsafe { pg_sys::dsm_segment_handle(segment) };
 
-    let mut worker = None;
-    for _ in 0..3 {
-        let builder = BackgroundWorkerBuilder::new("pg_envelopes partition creator")
-            .set_type("pg_envelopes partition creator")
-            .set_library("pg_envelopes")
-            .set_function("envelopes_partition_worker")
-            .set_argument(Some(pg_sys::Datum::from(handle)))
-            .enable_spi_access()
-            // SAFETY: MyProcPid is this backend's pid.
-            .set_notify_pid(unsafe { pg_sys::MyProcPid });
-        match builder.load_dynamic() {
-            Ok(w) => {
-                worker = Some(w);
-                break;
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(10)),
-        }
-    }
-    let Some(worker) = worker else {
+    // No slot free: slots free up as other workers finish (each runs for
+    // milliseconds), so wait for one, up to the same deadline, before giving up.
+    let wait = gucs::partition_worker_timeout();
+    let Some(worker) = launch(
+        "pg_envelopes partition creator",
+        "envelopes_partition_worker",
+        handle,
+        wait,
+    ) else {
         // SAFETY: detaching the segment created above.
         unsafe { pg_sys::dsm_detach(segment) };
         return Ok(Err(Fallback::NoSlot));
     };
-
-    let deadline = Instant::now() + gucs::partition_worker_timeout();
-    loop {
-        match worker.pid() {
-            Err(BackgroundWorkerStatus::Stopped) => break,
-            Err(BackgroundWorkerStatus::PostmasterDied) => {
-                return Err(PartitionError::WorkerLost("the postmaster died".into()));
-            }
-            _ => {}
+    match wait_for(worker, Some(Instant::now() + wait)) {
+        Stop::Stopped => {}
+        Stop::PostmasterDied => {
+            return Err(PartitionError::WorkerLost("the postmaster died".into()));
         }
-        // SAFETY: reading flags that signal handlers set.
-        let cancelled = unsafe { pg_sys::QueryCancelPending != 0 || pg_sys::ProcDiePending != 0 };
-        if cancelled || Instant::now() > deadline {
-            // Stop the worker before giving up, so it cannot commit after we return.
-            worker.terminate().wait_for_shutdown().ok();
-            check_for_interrupts!(); // raises the cancel, if that is what it was
-            return Err(PartitionError::WorkerTimeout(
-                gucs::partition_worker_timeout(),
-            ));
-        }
-        // Other interrupts (a barrier, a cache catch-up) are handled and the wait
-        // goes on.
-        check_for_interrupts!();
-        // SAFETY: waiting on our own latch; the postmaster sets it when the worker
-        // starts or stops (notify pid), the timeout bounds each wait.
-        unsafe {
-            pg_sys::WaitLatch(
-                pg_sys::MyLatch,
-                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
-                50,
-                pg_sys::PG_WAIT_EXTENSION,
-            );
-            pg_sys::ResetLatch(pg_sys::MyLatch);
-        }
+        Stop::TimedOut => return Err(PartitionError::WorkerTimeout(wait)),
     }
 
     let outcome = match job.state.load(Ordering::Acquire) {
@@ -182,12 +151,7 @@ pub fn create_in_worker(
 #[pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn envelopes_partition_worker(arg: pg_sys::Datum) {
-    // SAFETY: runs once at worker start on the main thread: installs Postgres'
-    // own SIGTERM handler so a lock wait can be terminated, then unblocks signals.
-    unsafe {
-        pg_sys::pqsignal(pg_sys::SIGTERM as i32, Some(postgres_die));
-        pg_sys::BackgroundWorkerUnblockSignals();
-    }
+    install_sigterm();
     let handle = arg.value() as pg_sys::dsm_handle;
     // SAFETY: attaching the caller's segment by handle; NULL if it is already gone
     // (the caller gave up), in which case there is nothing to do.
@@ -260,14 +224,7 @@ fn create_once(job: &Job) {
     if let Err(e) = super::create_locked(job.node, job.seq, job.width) {
         crate::error::OrRaise::or_raise(Err::<(), _>(e));
     }
-    let caller = pg_sys::VirtualTransactionId {
-        backendId: job.caller_backend,
-        localTransactionId: job.caller_lxid,
-    };
-    // SAFETY: VirtualXactLock with wait = false only checks whether that virtual
-    // transaction still runs; false means it does.
-    let caller_ended = unsafe { pg_sys::VirtualXactLock(caller, false) };
-    if caller_ended {
+    if caller_ended(job.caller_backend, job.caller_lxid) {
         error!("the session that asked for this partition is gone; not creating it");
     }
     // SAFETY: closes the bracket opened above.
@@ -275,4 +232,143 @@ fn create_once(job: &Job) {
         pg_sys::PopActiveSnapshot();
         pg_sys::CommitTransactionCommand();
     }
+}
+
+/// Registers a dynamic worker running `function` of this library with `handle` as
+/// its argument, waiting up to `wait` for a free slot. `None` when none freed up.
+pub(super) fn launch(
+    name: &str,
+    function: &str,
+    handle: pg_sys::dsm_handle,
+    wait: Duration,
+) -> Option<DynamicBackgroundWorker> {
+    let deadline = Instant::now() + wait;
+    loop {
+        let builder = BackgroundWorkerBuilder::new(name)
+            .set_type(name)
+            .set_library("pg_envelopes")
+            .set_function(function)
+            .set_argument(Some(pg_sys::Datum::from(handle)))
+            .enable_spi_access()
+            // SAFETY: MyProcPid is this backend's pid.
+            .set_notify_pid(unsafe { pg_sys::MyProcPid });
+        if let Ok(worker) = builder.load_dynamic() {
+            return Some(worker);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        pause(Duration::from_millis(5));
+    }
+}
+
+/// How [`wait_for`] ended.
+pub(super) enum Stop {
+    Stopped,
+    TimedOut,
+    PostmasterDied,
+}
+
+/// Waits on this backend's latch until the worker has stopped, or `deadline`
+/// passed (then the worker is stopped first, so it cannot commit after we return).
+/// A cancel or termination of this backend stops the worker and is then raised.
+pub(super) fn wait_for(worker: DynamicBackgroundWorker, deadline: Option<Instant>) -> Stop {
+    loop {
+        match worker.pid() {
+            Err(BackgroundWorkerStatus::Stopped) => return Stop::Stopped,
+            Err(BackgroundWorkerStatus::PostmasterDied) => return Stop::PostmasterDied,
+            _ => {}
+        }
+        // SAFETY: reading flags that signal handlers set.
+        let cancelled = unsafe { pg_sys::QueryCancelPending != 0 || pg_sys::ProcDiePending != 0 };
+        let late = deadline.is_some_and(|d| Instant::now() > d);
+        if cancelled || late {
+            worker.terminate().wait_for_shutdown().ok();
+            check_for_interrupts!(); // raises the cancel, if that is what it was
+            return Stop::TimedOut;
+        }
+        // Other interrupts (a barrier, a cache catch-up) are handled and the wait
+        // goes on.
+        check_for_interrupts!();
+        // The postmaster sets our latch when the worker starts or stops (notify
+        // pid); the timeout bounds each wait.
+        latch_wait(Duration::from_millis(50));
+    }
+}
+
+/// Sleeps on this backend's latch for up to `duration`, interruptibly.
+pub(super) fn pause(duration: Duration) {
+    check_for_interrupts!();
+    latch_wait(duration);
+}
+
+fn latch_wait(duration: Duration) {
+    // SAFETY: waiting on our own latch with a timeout; exits if the postmaster
+    // dies.
+    unsafe {
+        pg_sys::WaitLatch(
+            pg_sys::MyLatch,
+            (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+            duration.as_millis().max(1) as std::ffi::c_long,
+            pg_sys::PG_WAIT_EXTENSION,
+        );
+        pg_sys::ResetLatch(pg_sys::MyLatch);
+    }
+}
+
+/// For a worker's entry point: installs Postgres' own SIGTERM handler, so a
+/// terminated worker stops at its next interrupt check, then unblocks signals.
+pub(super) fn install_sigterm() {
+    // SAFETY: runs once at worker start on the main thread.
+    unsafe {
+        pg_sys::pqsignal(pg_sys::SIGTERM as i32, Some(postgres_die));
+        pg_sys::BackgroundWorkerUnblockSignals();
+    }
+}
+
+/// Whether the caller's transaction (identified by its virtual transaction id)
+/// has ended.
+pub(super) fn caller_ended(backend: i32, lxid: u32) -> bool {
+    let caller = pg_sys::VirtualTransactionId {
+        backendId: backend,
+        localTransactionId: lxid,
+    };
+    // SAFETY: VirtualXactLock with wait = false only checks whether that virtual
+    // transaction still runs; false means it does.
+    unsafe { pg_sys::VirtualXactLock(caller, false) }
+}
+
+/// Runs `work` in a transaction of the worker's own and commits it; an ERROR
+/// inside aborts it and comes back as its SQLSTATE and message.
+pub(super) fn in_own_transaction(work: impl FnOnce()) -> Result<(), (i32, String)> {
+    let result = PgTryBuilder::new(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: the standard transaction bracket of a background worker; an
+        // ERROR inside unwinds to the catch below, which aborts the transaction.
+        unsafe {
+            pg_sys::SetCurrentStatementStartTimestamp();
+            pg_sys::StartTransactionCommand();
+            pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+        }
+        work();
+        // SAFETY: closes the bracket opened above.
+        unsafe {
+            pg_sys::PopActiveSnapshot();
+            pg_sys::CommitTransactionCommand();
+        }
+        Ok(())
+    }))
+    .catch_others(|error| {
+        let report = match error {
+            pgrx::pg_sys::panic::CaughtError::PostgresError(r)
+            | pgrx::pg_sys::panic::CaughtError::ErrorReport(r)
+            | pgrx::pg_sys::panic::CaughtError::RustPanic { ereport: r, .. } => r,
+        };
+        Err((report.sql_error_code() as i32, report.message().to_owned()))
+    })
+    .execute();
+    if result.is_err() {
+        // SAFETY: leaves the failed transaction.
+        unsafe { pg_sys::AbortCurrentTransaction() };
+    }
+    result
 }

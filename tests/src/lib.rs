@@ -201,3 +201,58 @@ pub fn drain_envelopes(client: &mut Client, consumer: &str) -> Vec<Handed> {
         all.extend(batch);
     }
 }
+
+/// A LOGIN role for one test, dropped afterwards (roles are cluster-wide).
+pub struct Role {
+    pub name: String,
+}
+
+impl Role {
+    pub fn new(db: &TestDb, label: &str) -> Role {
+        let name = format!("{label}_{}", db.name.trim_start_matches("t_"));
+        let name = name[..name.len().min(60)].to_owned();
+        db.connect()
+            .batch_execute(&format!("CREATE ROLE \"{name}\" LOGIN"))
+            .unwrap();
+        Role { name }
+    }
+
+    /// A connection to `db` as this role.
+    pub fn connect(&self, db: &TestDb) -> Client {
+        self.connect_with(db, "")
+    }
+
+    /// The same with server options given at connection time (`-c name=value`),
+    /// which reach the server before the extension's library is loaded.
+    pub fn connect_with(&self, db: &TestDb, options: &str) -> Client {
+        Client::connect(
+            &format!(
+                "{} dbname={} user='{}' options='{options}'",
+                db.server.replace("user=postgres", ""),
+                db.name,
+                self.name
+            ),
+            NoTls,
+        )
+        .expect("connect as the role")
+    }
+}
+
+impl Drop for Role {
+    fn drop(&mut self) {
+        if let Ok(mut c) = Client::connect(&format!("{} dbname=postgres", server()), NoTls) {
+            let _ = c.batch_execute(&format!(
+                "DROP ROLE IF EXISTS \"{}\"",
+                self.name.replace('"', "\"\"")
+            ));
+        }
+    }
+}
+
+/// The SQLSTATE of a statement, or "ok".
+pub fn outcome(c: &mut Client, sql: &str) -> String {
+    match c.batch_execute(sql) {
+        Ok(()) => "ok".into(),
+        Err(e) => sqlstate(&e),
+    }
+}

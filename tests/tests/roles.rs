@@ -1,48 +1,8 @@
 //! Least privilege, over real connections as application roles, and hostile
 //! values that must never reach SQL text.
 
-use pg_envelopes_tests::{server, sqlstate, TestDb};
-use postgres::{Client, NoTls};
-
-/// A LOGIN role for this test, dropped afterwards (roles are cluster-wide).
-struct Role {
-    name: String,
-}
-
-impl Role {
-    fn new(db: &TestDb, label: &str) -> Role {
-        let name = format!("{label}_{}", db.name.trim_start_matches("t_"));
-        let name = name[..name.len().min(60)].to_owned();
-        db.connect()
-            .batch_execute(&format!("CREATE ROLE \"{name}\" LOGIN"))
-            .unwrap();
-        Role { name }
-    }
-
-    fn connect(&self, db: &TestDb) -> Client {
-        Client::connect(
-            &format!(
-                "{} dbname={} user='{}'",
-                server().replace("user=postgres", ""),
-                db.name,
-                self.name
-            ),
-            NoTls,
-        )
-        .expect("connect as the role")
-    }
-}
-
-impl Drop for Role {
-    fn drop(&mut self) {
-        if let Ok(mut c) = Client::connect(&format!("{} dbname=postgres", server()), NoTls) {
-            let _ = c.batch_execute(&format!(
-                "DROP ROLE IF EXISTS \"{}\"",
-                self.name.replace('"', "\"\"")
-            ));
-        }
-    }
-}
+use pg_envelopes_tests::{sqlstate, Role, TestDb};
+use postgres::Client;
 
 /// The SQLSTATE of a statement, or "ok".
 fn outcome(c: &mut Client, sql: &str) -> String {
@@ -76,8 +36,14 @@ fn a_writer_inserts_and_creates_partitions_but_cannot_read_or_alter() {
         .unwrap();
     let mut c = writer.connect(&db);
     for mode in ["worker", "transaction"] {
-        c.batch_execute(&format!("SET envelopes.create_partitions_in = '{mode}'"))
+        // Where partitions are created is the owner's setting, given per role.
+        db.connect()
+            .batch_execute(&format!(
+                "ALTER ROLE \"{}\" IN DATABASE \"{}\" SET envelopes.create_partitions_in = '{mode}'",
+                writer.name, db.name
+            ))
             .unwrap();
+        c = writer.connect(&db);
         let node = if mode == "worker" { 50 } else { 51 };
         // A new originator and a new band: partitions created for a role that owns nothing.
         assert_eq!(
@@ -142,6 +108,12 @@ fn a_writer_inserts_and_creates_partitions_but_cannot_read_or_alter() {
         ),
         "42501"
     );
+    db.connect()
+        .batch_execute(&format!(
+            "ALTER ROLE \"{}\" IN DATABASE \"{}\" RESET ALL",
+            writer.name, db.name
+        ))
+        .unwrap();
     revoke_everything(&db, &writer);
 }
 
