@@ -123,15 +123,8 @@ struct Job {
     lock_timeout_ms: i32,
     count: u32,
     processed: AtomicU32,
-    state: AtomicU32,
-    sqlstate: i32,
-    message_len: u32,
-    message: [u8; 512],
+    outcome: worker::Outcome,
 }
-
-const PENDING: u32 = 0;
-const DONE: u32 = 1;
-const FAILED: u32 = 2;
 
 /// Deletes envelopes whose `expiry` (unix seconds) is before `as_of` (default:
 /// now), from meta and blob together and from the late-envelope feed, then drops
@@ -507,10 +500,7 @@ fn run_in_worker(
             lock_timeout_ms,
             count: entries.len() as u32,
             processed: AtomicU32::new(0),
-            state: AtomicU32::new(PENDING),
-            sqlstate: 0,
-            message_len: 0,
-            message: [0; 512],
+            outcome: worker::Outcome::new(),
         });
         let shared = base.add(header) as *mut Entry;
         std::ptr::copy_nonoverlapping(entries.as_ptr(), shared, entries.len());
@@ -538,17 +528,11 @@ fn run_in_worker(
     let processed = job.processed.load(Ordering::Acquire);
     // SAFETY: the worker has stopped; the entries it wrote are read back once.
     unsafe { std::ptr::copy_nonoverlapping(shared, entries.as_mut_ptr(), entries.len()) };
-    let outcome = match job.state.load(Ordering::Acquire) {
-        DONE => Ok(Ok(())),
-        FAILED => {
-            let len = (job.message_len as usize).min(job.message.len());
-            Err(PruneError::WorkerFailed {
-                sqlstate: job.sqlstate,
-                message: String::from_utf8_lossy(&job.message[..len]).into_owned(),
-            })
-        }
-        _ if processed == 0 => Ok(Err("the worker stopped before it started")),
-        _ => Err(PruneError::WorkerLost {
+    let outcome = match job.outcome.get() {
+        Some(Ok(())) => Ok(Ok(())),
+        Some(Err((sqlstate, message))) => Err(PruneError::WorkerFailed { sqlstate, message }),
+        None if processed == 0 => Ok(Err("the worker stopped before it started")),
+        None => Err(PruneError::WorkerLost {
             processed,
             total: job.count,
         }),
@@ -622,17 +606,7 @@ pub extern "C-unwind" fn envelopes_prune_worker(arg: pg_sys::Datum) {
         }
         job.processed.fetch_add(1, Ordering::Release);
     }
-    match failure {
-        None => job.state.store(DONE, Ordering::Release),
-        Some((code, message)) => {
-            let bytes = message.as_bytes();
-            let len = bytes.len().min(job.message.len());
-            job.message[..len].copy_from_slice(&bytes[..len]);
-            job.message_len = len as u32;
-            job.sqlstate = code;
-            job.state.store(FAILED, Ordering::Release);
-        }
-    }
+    job.outcome.set(failure.map_or(Ok(()), Err));
     // SAFETY: done with the segment.
     unsafe { pg_sys::dsm_detach(segment) };
 }

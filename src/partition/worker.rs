@@ -37,6 +37,57 @@ const PENDING: u32 = 0;
 const DONE: u32 = 1;
 const FAILED: u32 = 2;
 
+/// How a worker ended, as it reports it in shared memory (a worker's exit code
+/// cannot be observed). Still `PENDING` after the worker stopped means it never
+/// got to report (it could not connect, or was killed).
+#[repr(C)]
+pub(super) struct Outcome {
+    state: AtomicU32,
+    sqlstate: i32,
+    message_len: u32,
+    message: [u8; 512],
+}
+
+impl Outcome {
+    pub(super) fn new() -> Outcome {
+        Outcome {
+            state: AtomicU32::new(PENDING),
+            sqlstate: 0,
+            message_len: 0,
+            message: [0; 512],
+        }
+    }
+
+    /// For the worker, once, at its end.
+    pub(super) fn set(&mut self, result: Result<(), (i32, String)>) {
+        match result {
+            Ok(()) => self.state.store(DONE, Ordering::Release),
+            Err((code, message)) => {
+                let bytes = message.as_bytes();
+                let len = bytes.len().min(self.message.len());
+                self.message[..len].copy_from_slice(&bytes[..len]);
+                self.message_len = len as u32;
+                self.sqlstate = code;
+                self.state.store(FAILED, Ordering::Release);
+            }
+        }
+    }
+
+    /// For the caller, after the worker stopped: `None` when it never reported,
+    /// else its result (an error as SQLSTATE and message).
+    pub(super) fn get(&self) -> Option<Result<(), (i32, String)>> {
+        match self.state.load(Ordering::Acquire) {
+            DONE => Some(Ok(())),
+            FAILED => {
+                let len = (self.message_len as usize).min(self.message.len());
+                let message = String::from_utf8_lossy(&self.message[..len]).into_owned();
+                Some(Err((self.sqlstate, message)))
+            }
+            _ => None,
+        }
+    }
+}
+
 /// The job a worker runs, and its outcome, in shared memory.
 #[repr(C)]
 struct Job {
@@ -49,10 +100,7 @@ struct Job {
     width: i64,
     lock_timeout_ms: i32,
     attempts: i32,
-    state: AtomicU32,
-    sqlstate: i32,
-    message_len: u32,
-    message: [u8; 512],
+    outcome: Outcome,
 }
 
 /// Why the caller should create in its own transaction instead.
@@ -95,24 +143,21 @@ pub fn create_in_worker(
             width,
             lock_timeout_ms: gucs::partition_lock_timeout_ms(),
             attempts: gucs::partition_lock_attempts(),
-            state: AtomicU32::new(PENDING),
-            sqlstate: 0,
-            message_len: 0,
-            message: [0; 512],
+            outcome: Outcome::new(),
         });
         (segment, &*job)
     };
     // SAFETY: the handle identifies the segment created above.
     let handle = unsafe { pg_sys::dsm_segment_handle(segment) };
 
-    // No slot free: slots free up as other workers finish (each runs for
-    // milliseconds), so wait for one, up to the same deadline, before giving up.
+    // No slot free: slots free up as other workers finish (each of ours runs for
+    // milliseconds), so wait a moment for one before giving up (see SLOT_WAIT).
     let wait = gucs::partition_worker_timeout();
     let Some(worker) = launch(
         "pg_envelopes partition creator",
         "envelopes_partition_worker",
         handle,
-        wait,
+        wait.min(SLOT_WAIT),
     ) else {
         // SAFETY: detaching the segment created above.
         unsafe { pg_sys::dsm_detach(segment) };
@@ -126,17 +171,10 @@ pub fn create_in_worker(
         Stop::TimedOut => return Err(PartitionError::WorkerTimeout(wait)),
     }
 
-    let outcome = match job.state.load(Ordering::Acquire) {
-        DONE => Ok(Ok(())),
-        FAILED => {
-            let len = (job.message_len as usize).min(job.message.len());
-            let message = String::from_utf8_lossy(&job.message[..len]).into_owned();
-            Err(PartitionError::WorkerFailed {
-                sqlstate: job.sqlstate,
-                message,
-            })
-        }
-        _ => Ok(Err(Fallback::NoReport)),
+    let outcome = match job.outcome.get() {
+        Some(Ok(())) => Ok(Ok(())),
+        Some(Err((sqlstate, message))) => Err(PartitionError::WorkerFailed { sqlstate, message }),
+        None => Ok(Err(Fallback::NoReport)),
     };
     // SAFETY: the worker has stopped; nothing else uses the segment.
     unsafe { pg_sys::dsm_detach(segment) };
@@ -166,55 +204,22 @@ pub extern "C-unwind" fn envelopes_partition_worker(arg: pg_sys::Datum) {
 
     let mut result = Err((0, String::new()));
     for attempt in 1..=job.attempts.max(1) {
-        result = PgTryBuilder::new(|| {
-            create_once(job);
-            Ok(())
-        })
-        .catch_others(|error| {
-            let report = match error {
-                pgrx::pg_sys::panic::CaughtError::PostgresError(r)
-                | pgrx::pg_sys::panic::CaughtError::ErrorReport(r)
-                | pgrx::pg_sys::panic::CaughtError::RustPanic { ereport: r, .. } => r,
-            };
-            Err((report.sql_error_code() as i32, report.message().to_owned()))
-        })
-        .execute();
-        if result.is_ok() {
-            break;
-        }
-        // SAFETY: leaves the failed transaction so the next attempt starts clean.
-        unsafe { pg_sys::AbortCurrentTransaction() };
+        result = in_own_transaction(|| create_once(job));
         let lock_timeout = PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE as i32;
         if !matches!(&result, Err((code, _)) if *code == lock_timeout) || attempt == job.attempts {
             break;
         }
         std::thread::sleep(Duration::from_millis(20 * u64::from(attempt as u32)));
     }
-    match result {
-        Ok(()) => job.state.store(DONE, Ordering::Release),
-        Err((code, message)) => {
-            let bytes = message.as_bytes();
-            let len = bytes.len().min(job.message.len());
-            job.message[..len].copy_from_slice(&bytes[..len]);
-            job.message_len = len as u32;
-            job.sqlstate = code;
-            job.state.store(FAILED, Ordering::Release);
-        }
-    }
+    job.outcome.set(result);
     // SAFETY: done with the segment.
     unsafe { pg_sys::dsm_detach(segment) };
 }
 
-/// One attempt, in one transaction: create what is missing under the creation
-/// lock, and commit only if the caller is still waiting for it.
+/// One attempt, in a transaction of its own (see [`in_own_transaction`]): create
+/// what is missing under the creation lock, and commit only if the caller is
+/// still waiting for it.
 fn create_once(job: &Job) {
-    // SAFETY: the standard transaction bracket of a background worker; any ERROR
-    // inside propagates to the caller of this function, which aborts it.
-    unsafe {
-        pg_sys::SetCurrentStatementStartTimestamp();
-        pg_sys::StartTransactionCommand();
-        pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
-    }
     Spi::run(&format!(
         "SET LOCAL lock_timeout = {}",
         job.lock_timeout_ms.max(1)
@@ -227,15 +232,18 @@ fn create_once(job: &Job) {
     if caller_ended(job.caller_backend, job.caller_lxid) {
         error!("the session that asked for this partition is gone; not creating it");
     }
-    // SAFETY: closes the bracket opened above.
-    unsafe {
-        pg_sys::PopActiveSnapshot();
-        pg_sys::CommitTransactionCommand();
-    }
 }
 
+/// How long an insert waits for a background-worker slot before it creates in
+/// its own transaction. Under load our creation workers hold every slot for
+/// milliseconds each, so a slot comes free well within this; slots held for long
+/// by other workers (parallel queries, other extensions) should not hold every
+/// new band up for the whole partition_worker_timeout.
+pub(super) const SLOT_WAIT: Duration = Duration::from_secs(2);
+
 /// Registers a dynamic worker running `function` of this library with `handle` as
-/// its argument, waiting up to `wait` for a free slot. `None` when none freed up.
+/// its argument, waiting up to `wait` for a free slot (not at all on a server
+/// without worker slots). `None` when none freed up.
 pub(super) fn launch(
     name: &str,
     function: &str,
@@ -255,7 +263,9 @@ pub(super) fn launch(
         if let Ok(worker) = builder.load_dynamic() {
             return Some(worker);
         }
-        if Instant::now() >= deadline {
+        // SAFETY: reads a setting fixed at server start.
+        let no_slots = unsafe { pg_sys::max_worker_processes } == 0;
+        if no_slots || Instant::now() >= deadline {
             return None;
         }
         pause(Duration::from_millis(5));
