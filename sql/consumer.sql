@@ -197,6 +197,18 @@ BEGIN
     IF kind NOT IN ('envelope', 'outbox') THEN
         RAISE EXCEPTION 'kind must be envelope or outbox (got %)', kind USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF kind = 'envelope' AND (originator_node_id IS NULL OR originator_sequence_id IS NULL) THEN
+        RAISE EXCEPTION 'an envelope dead letter needs originator_node_id and originator_sequence_id'
+              USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF kind = 'outbox' AND outbox_id IS NULL THEN
+        RAISE EXCEPTION 'an outbox dead letter needs outbox_id' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF (kind = 'envelope' AND outbox_id IS NOT NULL)
+       OR (kind = 'outbox' AND (originator_node_id IS NOT NULL OR originator_sequence_id IS NOT NULL)) THEN
+        RAISE EXCEPTION 'a dead letter names either an envelope (originator ids) or an outbox row (outbox_id), not both'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF attempts <= 0 THEN
         RAISE EXCEPTION 'attempts must be positive (got %)', attempts USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -244,8 +256,8 @@ AS $$
 DECLARE
     c @extschema@.consumers;
 BEGIN
-    IF batch_size IS NULL THEN
-        RAISE EXCEPTION 'batch_size must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    IF consumer IS NULL OR batch_size IS NULL THEN
+        RAISE EXCEPTION 'consumer and batch_size must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     IF batch_size <= 0 THEN
         RAISE EXCEPTION 'batch_size must be positive (got %)', batch_size USING ERRCODE = 'invalid_parameter_value';

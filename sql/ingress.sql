@@ -17,12 +17,17 @@ COMMENT ON TABLE ingress_positions IS
 
 -- The stored position of a consumer on a stream (0 when it has none yet).
 CREATE FUNCTION ingress_position(consumer text, stream text)
-RETURNS bigint LANGUAGE sql STABLE SECURITY DEFINER
+RETURNS bigint LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT COALESCE((SELECT p.position FROM @extschema@.ingress_positions p
-                      WHERE p.consumer = $1 AND p.stream = $2), 0)
-$$;
+BEGIN
+    IF consumer IS NULL OR stream IS NULL THEN
+        RAISE EXCEPTION 'consumer and stream must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    RETURN COALESCE((SELECT p.position FROM @extschema@.ingress_positions p
+                      WHERE p.consumer = ingress_position.consumer
+                        AND p.stream = ingress_position.stream), 0);
+END $$;
 
 -- Moves a consumer's position forward (never backwards). Call it in the
 -- transaction that inserts the envelopes read up to that position. Refused (42501)
@@ -35,8 +40,11 @@ DECLARE
     moved bigint;
     owner oid;
 BEGIN
-    IF consumer IS NULL OR consumer = '' OR stream IS NULL OR new_position IS NULL THEN
-        RAISE EXCEPTION 'consumer, stream and position must be given' USING ERRCODE = 'null_value_not_allowed';
+    IF consumer IS NULL OR stream IS NULL OR new_position IS NULL THEN
+        RAISE EXCEPTION 'consumer, stream and position must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF consumer = '' THEN
+        RAISE EXCEPTION 'consumer name must not be empty' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF new_position < 0 THEN
         RAISE EXCEPTION 'position must not be negative (got %)', new_position USING ERRCODE = 'numeric_value_out_of_range';

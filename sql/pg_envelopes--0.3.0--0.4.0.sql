@@ -109,8 +109,8 @@ AS $$
 DECLARE
     c @extschema@.consumers;
 BEGIN
-    IF batch_size IS NULL THEN
-        RAISE EXCEPTION 'batch_size must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    IF consumer IS NULL OR batch_size IS NULL THEN
+        RAISE EXCEPTION 'consumer and batch_size must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     IF batch_size <= 0 THEN
         RAISE EXCEPTION 'batch_size must be positive (got %)', batch_size USING ERRCODE = 'invalid_parameter_value';
@@ -181,6 +181,19 @@ SELECT c.name AS consumer,
   CROSS JOIN LATERAL (
         SELECT count(*) AS dead_letters FROM @extschema@.dead_letters dl WHERE dl.consumer = c.name) d;
 COMMENT ON VIEW consumer_status IS 'Consumer positions, what is committed but not yet acknowledged, dead letters and the NOTIFY queue usage.';
+-- The stored position of a consumer on a stream (0 when it has none yet).
+CREATE OR REPLACE FUNCTION ingress_position(consumer text, stream text)
+RETURNS bigint LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF consumer IS NULL OR stream IS NULL THEN
+        RAISE EXCEPTION 'consumer and stream must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    RETURN COALESCE((SELECT p.position FROM @extschema@.ingress_positions p
+                      WHERE p.consumer = ingress_position.consumer
+                        AND p.stream = ingress_position.stream), 0);
+END $$;
 -- Moves a consumer's position forward (never backwards). Call it in the
 -- transaction that inserts the envelopes read up to that position. Refused (42501)
 -- for a consumer another role owns.
@@ -192,8 +205,11 @@ DECLARE
     moved bigint;
     owner oid;
 BEGIN
-    IF consumer IS NULL OR consumer = '' OR stream IS NULL OR new_position IS NULL THEN
-        RAISE EXCEPTION 'consumer, stream and position must be given' USING ERRCODE = 'null_value_not_allowed';
+    IF consumer IS NULL OR stream IS NULL OR new_position IS NULL THEN
+        RAISE EXCEPTION 'consumer, stream and position must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF consumer = '' THEN
+        RAISE EXCEPTION 'consumer name must not be empty' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF new_position < 0 THEN
         RAISE EXCEPTION 'position must not be negative (got %)', new_position USING ERRCODE = 'numeric_value_out_of_range';
@@ -216,6 +232,134 @@ BEGIN
                                              owner::pg_catalog.regrole);
     END IF;
 END $$;
+-- Sets a row aside for a consumer whose bus refuses it: called by the bridge
+-- after its bounded retries, before it acknowledges past the row. Recording the
+-- same row again adds the attempts and keeps the first attempt's time.
+CREATE OR REPLACE FUNCTION consumer_dead_letter(consumer text, kind text, originator_node_id integer,
+                                     originator_sequence_id bigint, outbox_id bigint,
+                                     reason text, error text, attempts integer,
+                                     first_attempt_at timestamptz DEFAULT NULL)
+RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    new_id bigint;
+BEGIN
+    IF kind IS NULL OR reason IS NULL OR attempts IS NULL THEN
+        RAISE EXCEPTION 'kind, reason and attempts must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF kind NOT IN ('envelope', 'outbox') THEN
+        RAISE EXCEPTION 'kind must be envelope or outbox (got %)', kind USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF kind = 'envelope' AND (originator_node_id IS NULL OR originator_sequence_id IS NULL) THEN
+        RAISE EXCEPTION 'an envelope dead letter needs originator_node_id and originator_sequence_id'
+              USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF kind = 'outbox' AND outbox_id IS NULL THEN
+        RAISE EXCEPTION 'an outbox dead letter needs outbox_id' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF (kind = 'envelope' AND outbox_id IS NOT NULL)
+       OR (kind = 'outbox' AND (originator_node_id IS NOT NULL OR originator_sequence_id IS NOT NULL)) THEN
+        RAISE EXCEPTION 'a dead letter names either an envelope (originator ids) or an outbox row (outbox_id), not both'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF attempts <= 0 THEN
+        RAISE EXCEPTION 'attempts must be positive (got %)', attempts USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM @extschema@._lock_consumer(consumer);
+    INSERT INTO @extschema@.dead_letters AS d
+        (consumer, kind, originator_node_id, originator_sequence_id, outbox_id, reason, error,
+         attempts, first_attempt_at, last_attempt_at)
+    VALUES (consumer, kind, originator_node_id, originator_sequence_id, outbox_id, reason, error,
+            attempts, COALESCE(first_attempt_at, now()), now())
+    ON CONFLICT ON CONSTRAINT dead_letters_once DO UPDATE
+       SET attempts = d.attempts + EXCLUDED.attempts, reason = EXCLUDED.reason, error = EXCLUDED.error,
+           last_attempt_at = now(), retry_requested_at = NULL
+    RETURNING d.id INTO new_id;
+    RETURN new_id;
+END $$;
+
+-- Each meta row looks its blob row up by key: a LATERAL probe of the primary key,
+-- which run-time partition pruning sends to the one band that holds it. So what
+-- a query asks of meta (an originator and a sequence bound, say) also decides
+-- what is read from blob; with a plain join Postgres does not carry an inequality
+-- such as originator_sequence_id > x across to blob and read every blob band of
+-- the originator. DISTINCT ON keeps the subquery from being flattened back into
+-- a join (it never removes a row: the key is unique), and the equality on the
+-- originator outside it lets a filter on the originator prune the blob side when
+-- the query is planned. A scan of the whole view pays one probe per row: count
+-- rows on gateway_envelopes_meta instead.
+CREATE OR REPLACE VIEW gateway_envelopes_view AS
+SELECT m.originator_node_id,
+       m.originator_sequence_id,
+       m.gateway_time,
+       m.topic,
+       m.payer_id,
+       m.expiry,
+       b.originator_envelope
+  FROM gateway_envelopes_meta m
+  JOIN LATERAL (SELECT DISTINCT ON (bl.originator_node_id) bl.originator_node_id, bl.originator_envelope
+                  FROM gateway_envelopes_blob bl
+                 WHERE bl.originator_node_id = m.originator_node_id
+                   AND bl.originator_sequence_id = m.originator_sequence_id) b
+    ON b.originator_node_id = m.originator_node_id;
+
+-- Every band of both tables, read from the catalog alone (no table is opened or
+-- locked, so it never waits): originator, bounds (band_end NULL = MAXVALUE) and
+-- the meta and blob leaves, NULL where one table lacks the band. prune_expired
+-- lists its work with it; partitions() adds sizes.
+CREATE FUNCTION _bands()
+RETURNS TABLE (originator_node_id integer, band_start bigint, band_end bigint,
+               meta_partition oid, blob_partition oid)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH bands AS (
+        SELECT r.kind,
+               (pg_catalog.regexp_match(pg_catalog.pg_get_expr(o.relpartbound, o.oid),
+                                        '^FOR VALUES IN \((\d+)\)$'))[1]::integer AS node,
+               b.oid AS leaf,
+               pg_catalog.regexp_match(pg_catalog.pg_get_expr(b.relpartbound, b.oid),
+                                       '^FOR VALUES FROM \((.*)\) TO \((.*)\)$') AS bound
+          FROM (VALUES ('meta', '@extschema@.gateway_envelopes_meta'::pg_catalog.regclass),
+                       ('blob', '@extschema@.gateway_envelopes_blob'::pg_catalog.regclass)) AS r(kind, root)
+          JOIN pg_catalog.pg_inherits oi ON oi.inhparent = r.root
+          JOIN pg_catalog.pg_class o ON o.oid = oi.inhrelid
+          JOIN pg_catalog.pg_inherits bi ON bi.inhparent = o.oid
+          JOIN pg_catalog.pg_class b ON b.oid = bi.inhrelid
+    ), parsed AS (
+        SELECT kind, node, leaf,
+               NULLIF(pg_catalog.btrim(bound[1], ''''), 'MINVALUE')::bigint AS lo,
+               NULLIF(pg_catalog.btrim(bound[2], ''''), 'MAXVALUE')::bigint AS hi
+          FROM bands WHERE bound IS NOT NULL AND node IS NOT NULL
+    )
+    SELECT COALESCE(m.node, b.node), COALESCE(m.lo, b.lo), COALESCE(m.hi, b.hi), m.leaf, b.leaf
+      FROM (SELECT * FROM parsed WHERE kind = 'meta') m
+      FULL JOIN (SELECT * FROM parsed WHERE kind = 'blob') b
+        ON b.node = m.node AND b.lo IS NOT DISTINCT FROM m.lo AND b.hi IS NOT DISTINCT FROM m.hi
+     ORDER BY 1, 2
+$$;
+-- Every band partition: its originator, bounds (band_end NULL = MAXVALUE), the meta
+-- and blob tables, live rows (from the statistics system, so approximate and a
+-- moment behind) and bytes on disk (both tables with their indexes and TOAST).
+CREATE OR REPLACE FUNCTION partitions()
+RETURNS TABLE (originator_node_id integer, band_start bigint, band_end bigint,
+               meta_partition regclass, blob_partition regclass,
+               row_estimate bigint, total_bytes bigint)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT b.originator_node_id, b.band_start, b.band_end,
+           b.meta_partition::pg_catalog.regclass, b.blob_partition::pg_catalog.regclass,
+           pg_catalog.pg_stat_get_live_tuples(COALESCE(b.meta_partition, b.blob_partition)),
+           COALESCE(pg_catalog.pg_total_relation_size(b.meta_partition), 0)
+             + COALESCE(pg_catalog.pg_total_relation_size(b.blob_partition), 0)
+      FROM @extschema@._bands() b
+     ORDER BY 1, 2
+$$;
+
+COMMENT ON FUNCTION partitions() IS
+    'Every band partition with its originator, bounds, live-row estimate and size.';
 
 -- prune_expired is in Rust now, with a third argument.
 DROP FUNCTION @extschema@.prune_expired(bigint, integer);
@@ -279,7 +423,7 @@ END $$;
 
 -- As in a fresh install: nothing new is usable by PUBLIC, and roles made with
 -- grant_consumer before the upgrade get what grant_consumer gives now.
-REVOKE ALL ON FUNCTION @extschema@._caller(), @extschema@._acts_for(oid),
+REVOKE ALL ON FUNCTION @extschema@._caller(), @extschema@._acts_for(oid), @extschema@._bands(),
     @extschema@._check_consumer_owner(@extschema@.consumers),
     @extschema@.consumer_set_owner(text, regrole),
     @extschema@.prune_expired(bigint, integer, boolean) FROM PUBLIC;

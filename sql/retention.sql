@@ -1,13 +1,13 @@
 -- Partition listing and retention.
 
--- Every band partition: its originator, bounds (band_end NULL = MAXVALUE), the meta
--- and blob tables, live rows (from the statistics system, so approximate and a
--- moment behind) and bytes on disk (both tables with their indexes and TOAST).
-CREATE FUNCTION partitions()
+-- Every band of both tables, read from the catalog alone (no table is opened or
+-- locked, so it never waits): originator, bounds (band_end NULL = MAXVALUE) and
+-- the meta and blob leaves, NULL where one table lacks the band. prune_expired
+-- lists its work with it; partitions() adds sizes.
+CREATE FUNCTION _bands()
 RETURNS TABLE (originator_node_id integer, band_start bigint, band_end bigint,
-               meta_partition regclass, blob_partition regclass,
-               row_estimate bigint, total_bytes bigint)
-LANGUAGE sql STABLE SECURITY DEFINER
+               meta_partition oid, blob_partition oid)
+LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
     WITH bands AS (
@@ -29,14 +29,29 @@ AS $$
                NULLIF(pg_catalog.btrim(bound[2], ''''), 'MAXVALUE')::bigint AS hi
           FROM bands WHERE bound IS NOT NULL AND node IS NOT NULL
     )
-    SELECT COALESCE(m.node, b.node), COALESCE(m.lo, b.lo), COALESCE(m.hi, b.hi),
-           m.leaf::pg_catalog.regclass, b.leaf::pg_catalog.regclass,
-           pg_catalog.pg_stat_get_live_tuples(COALESCE(m.leaf, b.leaf)),
-           COALESCE(pg_catalog.pg_total_relation_size(m.leaf), 0)
-             + COALESCE(pg_catalog.pg_total_relation_size(b.leaf), 0)
+    SELECT COALESCE(m.node, b.node), COALESCE(m.lo, b.lo), COALESCE(m.hi, b.hi), m.leaf, b.leaf
       FROM (SELECT * FROM parsed WHERE kind = 'meta') m
       FULL JOIN (SELECT * FROM parsed WHERE kind = 'blob') b
         ON b.node = m.node AND b.lo IS NOT DISTINCT FROM m.lo AND b.hi IS NOT DISTINCT FROM m.hi
+     ORDER BY 1, 2
+$$;
+
+-- Every band partition: its originator, bounds (band_end NULL = MAXVALUE), the meta
+-- and blob tables, live rows (from the statistics system, so approximate and a
+-- moment behind) and bytes on disk (both tables with their indexes and TOAST).
+CREATE FUNCTION partitions()
+RETURNS TABLE (originator_node_id integer, band_start bigint, band_end bigint,
+               meta_partition regclass, blob_partition regclass,
+               row_estimate bigint, total_bytes bigint)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT b.originator_node_id, b.band_start, b.band_end,
+           b.meta_partition::pg_catalog.regclass, b.blob_partition::pg_catalog.regclass,
+           pg_catalog.pg_stat_get_live_tuples(COALESCE(b.meta_partition, b.blob_partition)),
+           COALESCE(pg_catalog.pg_total_relation_size(b.meta_partition), 0)
+             + COALESCE(pg_catalog.pg_total_relation_size(b.blob_partition), 0)
+      FROM @extschema@._bands() b
      ORDER BY 1, 2
 $$;
 

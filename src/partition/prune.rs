@@ -245,19 +245,21 @@ fn rows_of(entries: &[Entry]) -> Vec<Row> {
 /// Every band with a meta partition, in originator and band order, with whether
 /// it may be dropped once empty.
 ///
-/// Nothing here keeps a lock on a band: the caller's transaction stays open while
-/// the worker prunes, and a lock it kept (a query planned over the partitioned
-/// tables locks every leaf until the transaction ends) would make every drop
-/// wait for it. The highest row of each originator is read with index scans of
-/// its band leaves, newest band first, which release their locks when they close.
+/// Nothing here waits for or keeps a lock on a band: the caller's transaction
+/// stays open while the worker prunes, and a lock it kept (a query planned over
+/// the partitioned tables locks every leaf until the transaction ends) would make
+/// every drop wait for it. The bands come from the catalog alone
+/// (`envelopes._bands()`); the highest row of each originator is read with index
+/// scans of its band leaves, newest band first, each asked for without waiting
+/// and released when it closes.
 fn list_bands() -> Result<Vec<Entry>, PruneError> {
     let mut entries = Spi::connect(|client| {
         let bands = client.select(
             "SELECT p.originator_node_id, p.band_start, p.band_end,
-                    p.meta_partition::pg_catalog.oid, p.blob_partition::pg_catalog.oid,
+                    p.meta_partition, p.blob_partition,
                     p.band_start = pg_catalog.max(p.band_start)
                         OVER (PARTITION BY p.originator_node_id) AS newest
-               FROM envelopes.partitions() p
+               FROM envelopes._bands() p
               WHERE p.meta_partition IS NOT NULL
               ORDER BY 1, 2",
             None,
@@ -302,12 +304,24 @@ fn highest_row(bands: &[Entry], snapshot: pg_sys::Snapshot) -> Option<i64> {
             after: i64::MIN,
             upto: i64::MAX,
         };
-        let Some(mut scan) = Scan::open(band.meta, snapshot, range, true) else {
-            continue; // gone since it was listed
-        };
-        if scan.next() {
+        let share = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+        // SAFETY: any oid is accepted; released below. A band locked exclusively
+        // right now (being dropped, so empty) is passed over: a lower answer only
+        // makes fewer bands droppable.
+        if !unsafe { pg_sys::ConditionalLockRelationOid(band.meta, share) } {
+            continue;
+        }
+        let highest = Scan::open(band.meta, snapshot, range, true).and_then(|mut scan| {
+            if !scan.next() {
+                return None;
+            }
             let attno = scan.attno("originator_sequence_id")?;
-            return scan.get::<i64>(attno);
+            scan.get::<i64>(attno)
+        });
+        // SAFETY: releases the lock granted above.
+        unsafe { pg_sys::UnlockRelationOid(band.meta, share) };
+        if highest.is_some() {
+            return highest;
         }
     }
     None
@@ -319,32 +333,71 @@ fn relation_name(relid: Oid) -> Result<Option<String>, PruneError> {
     if relid == pg_sys::InvalidOid {
         return Ok(None);
     }
-    Ok(Spi::get_one_with_args::<String>(
-        "SELECT pg_catalog.format('%s', c.oid::pg_catalog.regclass)
-           FROM pg_catalog.pg_class c WHERE c.oid = $1",
-        &[relid.into()],
-    )?)
+    Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT pg_catalog.format('%s', c.oid::pg_catalog.regclass)
+               FROM pg_catalog.pg_class c WHERE c.oid = $1",
+            None,
+            &[relid.into()],
+        )?;
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        Ok(rows.first().get_one::<String>()?)
+    })
 }
 
 /// Deletes the band's expired rows from meta, and the same keys from blob and
-/// from the late-envelope feed; records how many.
+/// from the late-envelope feed; records how many. Waits for nothing: the tables'
+/// ROW EXCLUSIVE locks are asked for without waiting (a band being dropped or
+/// altered right now is left for the next run; once held, nobody can drop it
+/// under the DELETE), and rows another transaction has locked (another pruner's,
+/// or a caller's own uncommitted update) are skipped, not waited for.
 fn delete_expired(entry: &mut Entry, cutoff: i64) -> Result<(), PruneError> {
+    let late = Spi::get_one::<Oid>(
+        "SELECT 'envelopes.late_envelopes'::pg_catalog.regclass::pg_catalog.oid",
+    )?
+    .unwrap_or(pg_sys::InvalidOid);
+    let mut tables = vec![entry.meta, late];
+    if entry.blob != pg_sys::InvalidOid {
+        tables.push(entry.blob);
+    }
+    let row_exclusive = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
+    for (taken, &table) in tables.iter().enumerate() {
+        // SAFETY: any oid is accepted; a granted lock is released below or at
+        // transaction end.
+        if !unsafe { pg_sys::ConditionalLockRelationOid(table, row_exclusive) } {
+            for &held in &tables[..taken] {
+                // SAFETY: releases a lock granted in this loop.
+                unsafe { pg_sys::UnlockRelationOid(held, row_exclusive) };
+            }
+            return Ok(());
+        }
+    }
     let Some(meta) = relation_name(entry.meta)? else {
         return Ok(()); // dropped since it was listed
     };
-    // The blob band has the same bounds; without one, the root finds the rows.
-    let blob =
-        relation_name(entry.blob)?.unwrap_or_else(|| "envelopes.gateway_envelopes_blob".to_owned());
+    // The blob band has the same bounds; without one there are no blob rows for
+    // these keys (a row can only be stored in a band).
+    let gone_blob = match relation_name(entry.blob)? {
+        Some(blob) => format!(
+            ", gone_blob AS (
+                 DELETE FROM {blob} b USING gone g
+                  WHERE b.originator_node_id = g.originator_node_id
+                    AND b.originator_sequence_id = g.originator_sequence_id)"
+        ),
+        None => String::new(),
+    };
     let sql = format!(
-        "WITH gone AS (
-             DELETE FROM {meta} m
-              WHERE m.expiry IS NOT NULL AND m.expiry < $1
+        "WITH doomed AS (
+             SELECT x.ctid FROM {meta} x
+              WHERE x.expiry IS NOT NULL AND x.expiry < $1
+                FOR UPDATE SKIP LOCKED
+         ), gone AS (
+             DELETE FROM {meta} m USING doomed d
+              WHERE m.ctid = d.ctid
              RETURNING m.originator_node_id, m.originator_sequence_id
-         ), gone_blob AS (
-             DELETE FROM {blob} b USING gone g
-              WHERE b.originator_node_id = g.originator_node_id
-                AND b.originator_sequence_id = g.originator_sequence_id
-         ), gone_late AS (
+         ){gone_blob}, gone_late AS (
              DELETE FROM envelopes.late_envelopes l USING gone g
               WHERE l.originator_node_id = g.originator_node_id
                 AND l.originator_sequence_id = g.originator_sequence_id
@@ -398,15 +451,14 @@ fn try_drop(entry: &mut Entry, lock_timeout_ms: i32) -> Result<(), PruneError> {
     let parents = Spi::connect(|client| {
         let mut parents = Vec::with_capacity(2);
         for leaf in [entry.meta, entry.blob] {
-            let parent = client
-                .select(
-                    "SELECT i.inhparent FROM pg_catalog.pg_inherits i WHERE i.inhrelid = $1",
-                    None,
-                    &[leaf.into()],
-                )?
-                .first()
-                .get_one::<Oid>()?;
-            parents.extend(parent);
+            let rows = client.select(
+                "SELECT i.inhparent FROM pg_catalog.pg_inherits i WHERE i.inhrelid = $1",
+                None,
+                &[leaf.into()],
+            )?;
+            if !rows.is_empty() {
+                parents.extend(rows.first().get_one::<Oid>()?);
+            }
         }
         Ok::<_, pgrx::spi::SpiError>(parents)
     })?;
@@ -592,7 +644,12 @@ pub extern "C-unwind" fn envelopes_prune_worker(arg: pg_sys::Datum) {
         let result = match deleted {
             // Rows locked by another transaction (the caller's own, even) for
             // longer than lock_timeout_ms: leave the band for the next run.
-            Err((code, _)) if code == PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE as i32 => Ok(()),
+            Err((code, _))
+                if code == PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE as i32
+                    || code == PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE as i32 =>
+            {
+                Ok(())
+            }
             Err(e) => Err(e),
             Ok(()) if droppable => worker::in_own_transaction(|| {
                 worker_settings(timeout);

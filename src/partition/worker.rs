@@ -226,7 +226,7 @@ fn create_once(job: &Job) {
     ))
     .unwrap_or_else(|e| error!("could not set lock_timeout: {e}"));
     locks::lock_partition_creation();
-    if let Err(e) = super::create_locked(job.node, job.seq, job.width) {
+    if let Err(e) = super::create::create_locked(job.node, job.seq, job.width) {
         crate::error::OrRaise::or_raise(Err::<(), _>(e));
     }
     if caller_ended(job.caller_backend, job.caller_lxid) {

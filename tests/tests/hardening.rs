@@ -537,3 +537,137 @@ fn a_squatted_band_name_has_the_hint() {
         );
     }
 }
+
+/// The per-call cap counts bands other sessions dropped after this session cached
+/// them: a batch that would create them all again is refused too.
+#[test]
+fn the_partition_cap_sees_bands_dropped_behind_the_cache() {
+    let db = TestDb::new("partcap_stale");
+    db.connect()
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{}\" SET envelopes.max_new_partitions_per_call = 5",
+            db.name
+        ))
+        .unwrap();
+    let mut admin = db.connect();
+    // Seven bands of expired rows below a row that stays, made a few at a time.
+    for chunk in [0i64, 5] {
+        let seqs: Vec<i64> = (chunk..(chunk + 5).min(7))
+            .map(|b| b * 1_000_000 + 1)
+            .collect();
+        let n = seqs.len() as i32;
+        admin
+            .execute(
+                "SELECT envelopes.insert_gateway_envelopes(array_fill(52, ARRAY[$1::int]), $2,
+                        array_fill('\\x01'::bytea, ARRAY[$1::int]), array_fill('\\x02'::bytea, ARRAY[$1::int]),
+                        expiries => array_fill(1::bigint, ARRAY[$1::int]))",
+                &[&n, &seqs],
+            )
+            .unwrap();
+    }
+    admin
+        .batch_execute("SELECT envelopes.insert_gateway_envelope(52, 20000001, '\\x01', '\\x02')")
+        .unwrap();
+    let w = writer(&db);
+    let mut c = w.connect(&db);
+    // The writer's cache learns the seven bands.
+    for b in 0..7i64 {
+        c.execute(
+            "SELECT envelopes.insert_gateway_envelope(52, $1, '\\x01', '\\x02', expiry => 1)",
+            &[&(b * 1_000_000 + 3)],
+        )
+        .unwrap();
+    }
+    c.batch_execute("BEGIN; SELECT 1").unwrap();
+    let dropped = admin
+        .query_one(
+            "SELECT count(*) FILTER (WHERE dropped) FROM envelopes.prune_expired()",
+            &[],
+        )
+        .unwrap()
+        .get::<_, i64>(0);
+    assert_eq!(dropped, 7);
+    let seqs: Vec<i64> = (0..7).map(|b| b * 1_000_000 + 2).collect();
+    let e = c
+        .query_one(
+            "SELECT envelopes.insert_gateway_envelopes(array_fill(52, ARRAY[7]), $1,
+                    array_fill('\\x01'::bytea, ARRAY[7]), array_fill('\\x02'::bytea, ARRAY[7]))",
+            &[&seqs],
+        )
+        .unwrap_err();
+    assert_eq!(sqlstate(&e), "54000", "{e:?}");
+    c.batch_execute("ROLLBACK").unwrap();
+}
+
+/// The codes the README's error table gives for NULL, empty and mismatched
+/// arguments of the consumer and ingress functions.
+#[test]
+fn consumer_and_ingress_argument_errors_have_the_documented_codes() {
+    let db = TestDb::new("argcodes");
+    let w = writer(&db);
+    let mut c = w.connect(&db);
+    let mut admin = db.connect();
+    admin
+        .batch_execute("SELECT envelopes.consumer_register('q1')")
+        .unwrap();
+    for (as_admin, sql, code) in [
+        (
+            true,
+            "SELECT * FROM envelopes.consumer_dead_letter_retries(NULL)",
+            "22004",
+        ),
+        (
+            true,
+            "SELECT * FROM envelopes.consumer_dead_letter_retries('q1', 0)",
+            "22023",
+        ),
+        (
+            true,
+            "SELECT envelopes.consumer_dead_letter('q1', 'outbox', NULL, NULL, NULL, 'r', 'e', 1)",
+            "22004",
+        ),
+        (
+            true,
+            "SELECT envelopes.consumer_dead_letter('q1', 'outbox', 1, 1, 1, 'r', 'e', 1)",
+            "22023",
+        ),
+        (
+            true,
+            "SELECT envelopes.consumer_dead_letter('q1', 'envelope', NULL, 1, NULL, 'r', 'e', 1)",
+            "22004",
+        ),
+        (
+            true,
+            "SELECT envelopes.consumer_dead_letter_resolved('q1', NULL)",
+            "22004",
+        ),
+        (
+            false,
+            "SELECT envelopes.ingress_position(NULL, 's')",
+            "22004",
+        ),
+        (
+            false,
+            "SELECT envelopes.ingress_store_position(NULL, 's', 1)",
+            "22004",
+        ),
+        (
+            false,
+            "SELECT envelopes.ingress_store_position('', 's', 1)",
+            "22023",
+        ),
+        (
+            false,
+            "SELECT envelopes.ingress_store_position('i', 's', -1)",
+            "22003",
+        ),
+        (
+            false,
+            "SELECT envelopes.ensure_gateway_parts(1, 1, 0)",
+            "22023",
+        ),
+    ] {
+        let client = if as_admin { &mut admin } else { &mut c };
+        assert_eq!(outcome(client, sql), code, "{sql}");
+    }
+}

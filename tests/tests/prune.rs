@@ -326,3 +326,111 @@ fn creation_and_pruning_under_load(mode: &str, duration: Duration) {
         "{mode}: no band was ever dropped; the test exercises nothing"
     );
 }
+
+/// Expired rows in `bands` bands of `node` (width 10), below a row that stays.
+fn expired_bands(db: &TestDb, node: i32, bands: i64) {
+    let mut c = db.connect();
+    c.batch_execute("SET envelopes.band_width = 10").unwrap();
+    let seqs: Vec<i64> = (0..bands).map(|s| s * 10 + 1).collect();
+    let n = seqs.len();
+    c.execute(
+        "SELECT envelopes.insert_gateway_envelopes(array_fill($1::int, ARRAY[$2::int]), $3,
+                    array_fill('\\x01'::bytea, ARRAY[$2::int]), array_fill('\\x02'::bytea, ARRAY[$2::int]),
+                    expiries => array_fill(1::bigint, ARRAY[$2::int]))",
+        &[&node, &(n as i32), &seqs],
+    )
+    .unwrap();
+    insert(&mut c, node, bands * 10 + 5, None);
+}
+
+/// Two prunes at once share the work: neither fails, every band is dropped once.
+#[test]
+fn concurrent_prunes_share_the_work() {
+    let db = TestDb::new("prune_twice");
+    expired_bands(&db, 71, 60);
+    let handles: Vec<_> = (0..2)
+        .map(|_| {
+            let url = db.url();
+            thread::spawn(move || {
+                let mut c = Client::connect(&url, NoTls).unwrap();
+                c.query(
+                    "SELECT band_start FROM envelopes.prune_expired() WHERE dropped",
+                    &[],
+                )
+                .map(|rows| rows.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>())
+                .map_err(|e| format!("{} {e}", sqlstate(&e)))
+            })
+        })
+        .collect();
+    let mut dropped = Vec::new();
+    for h in handles {
+        dropped.extend(h.join().unwrap().expect("a concurrent prune must not fail"));
+    }
+    dropped.sort();
+    let before = dropped.len();
+    dropped.dedup();
+    assert_eq!(before, dropped.len(), "a band reported dropped twice");
+    // 60 expired bands; the band of the row that stays is the newest.
+    assert_eq!(dropped.len(), 60);
+    let mut c = db.connect();
+    assert_eq!(bands(&mut c, 71), [600]);
+}
+
+/// Pruning in the caller's transaction waits for nothing: a row another session
+/// has locked is skipped, so a prune holding one originator's drop locks never
+/// waits on that session, and that session's insert into the pruned originator
+/// waits for the prune's commit instead of deadlocking with it.
+#[test]
+fn pruning_in_a_transaction_does_not_deadlock_with_row_locks() {
+    let db = TestDb::new("prune_rowlock");
+    expired_bands(&db, 84, 3);
+    expired_bands(&db, 85, 3);
+    let mut s = db.connect();
+    s.batch_execute(
+        "BEGIN;
+         UPDATE envelopes.gateway_envelopes_meta SET expiry = expiry
+          WHERE originator_node_id = 85 AND originator_sequence_id = 1",
+    )
+    .unwrap();
+    let mut p = db.connect();
+    p.batch_execute("SET statement_timeout = '10s'").unwrap();
+    let mut p_tx = p.transaction().unwrap();
+    let dropped: Vec<(i32, i64)> = p_tx
+        .query(
+            "SELECT originator_node_id, band_start FROM envelopes.prune_expired(in_transaction => true)
+              WHERE dropped ORDER BY 1, 2",
+            &[],
+        )
+        .expect("prune must not wait for the locked row")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    // 85's band 0 holds the locked row: kept; its other expired bands go.
+    assert!(
+        dropped.contains(&(84, 0)) && !dropped.contains(&(85, 0)),
+        "{dropped:?}"
+    );
+    let url = db.url();
+    let writer = thread::spawn(move || -> Result<(), String> {
+        let mut w = Client::connect(&url, NoTls).unwrap();
+        insert(&mut w, 84, 1000, None);
+        Ok(())
+    });
+    // The session holding the row lock inserts into 84 too: it waits for the
+    // prune's commit (a deadlock would fail one of them with 40P01).
+    let holder = thread::spawn(move || {
+        let result = s
+            .query_one(
+                "SELECT envelopes.insert_gateway_envelope(84, 7, '\\x01', '\\x02')",
+                &[],
+            )
+            .map(|_| ())
+            .map_err(|e| format!("{} {e}", sqlstate(&e)));
+        s.batch_execute("COMMIT").unwrap();
+        result
+    });
+    thread::sleep(Duration::from_millis(500));
+    p_tx.commit().unwrap();
+    holder.join().unwrap().expect("the holder's insert");
+    writer.join().unwrap().unwrap();
+}
