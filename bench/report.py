@@ -12,6 +12,7 @@ replacing an earlier section of the same name; the rest of RESULTS.md stays.
 import statistics
 import sys
 from collections import defaultdict
+import re
 from pathlib import Path
 
 # Absolute goals: (comparison, variant, goal, "higher"/"lower", what)
@@ -63,11 +64,11 @@ RATIOS = [
     ("prune", "max_worker", "max_steady", None, "lower",
      "longest insert, 8 writers while prune_expired drops 104 bands of their originators / no pruning"),
     ("view", "sync_lookup", "sync_join", None, "higher",
-     "100 rows of one originator after a mid-history cursor through the view, blob looked up by key / plain join (0.3.0)"),
+     "100 rows of one originator after a mid-history cursor, key-lookup view (candidate) / gateway_envelopes_view (join)"),
     ("view", "point_lookup", "point_join", None, "higher",
-     "one envelope by key through the view, blob looked up by key / plain join (0.3.0)"),
+     "one envelope by key, key-lookup view (candidate) / gateway_envelopes_view (join)"),
     ("view", "topic_lookup", "topic_join", None, "higher",
-     "newest 50 envelopes of a topic across originators through the view, blob looked up by key / plain join (0.3.0)"),
+     "newest 50 envelopes of a topic across originators, key-lookup view (candidate) / gateway_envelopes_view (join)"),
     ("read", "selector_50", "selector_5000", 1.3, "lower",
      "1,000-row cursor read, time at 5,000 leaf partitions / time at 50"),
     ("read", "selector_50", "selector_1000", 1.3, "lower",
@@ -167,9 +168,9 @@ def main(out_dir: str, results_md: str, section: str = "") -> None:
     if section:
         lines.append(SECTION_END.format(section))
         text = Path(results_md).read_text() if Path(results_md).exists() else ""
-        # The main part (and other sections) as they were, without the notes.
-        if notes_text and notes_text in text:
-            text = text[:text.index(notes_text)]
+        # The main part (and other sections) as they were, without the notes (any
+        # earlier version of them: a block from "## Notes" to the next section).
+        text = re.sub(r"(?ms)^## Notes\n.*?(?=^<!-- section: |\Z)", "", text)
         start, end = SECTION_START.format(section), SECTION_END.format(section)
         if start in text and end in text:
             text = text[:text.index(start)] + text[text.index(end) + len(end):]

@@ -59,16 +59,8 @@ CREATE TABLE gateway_envelopes_blob (
 COMMENT ON TABLE gateway_envelopes_blob IS
     'Envelope bytes, partitioned like gateway_envelopes_meta. Write through envelopes.insert_gateway_envelope(s).';
 
--- Each meta row looks its blob row up by key: a LATERAL probe of the primary key,
--- which run-time partition pruning sends to the one band that holds it. So what
--- a query asks of meta (an originator and a sequence bound, say) also decides
--- what is read from blob; with a plain join Postgres does not carry an inequality
--- such as originator_sequence_id > x across to blob and read every blob band of
--- the originator. DISTINCT ON keeps the subquery from being flattened back into
--- a join (it never removes a row: the key is unique), and the equality on the
--- originator outside it lets a filter on the originator prune the blob side when
--- the query is planned. A scan of the whole view pays one probe per row: count
--- rows on gateway_envelopes_meta instead.
+-- Equality on both keys lets the planner carry a filter on originator_node_id from
+-- one side to the other, so a query on the view prunes both tables' partitions.
 CREATE VIEW gateway_envelopes_view AS
 SELECT m.originator_node_id,
        m.originator_sequence_id,
@@ -78,11 +70,9 @@ SELECT m.originator_node_id,
        m.expiry,
        b.originator_envelope
   FROM gateway_envelopes_meta m
-  JOIN LATERAL (SELECT DISTINCT ON (bl.originator_node_id) bl.originator_node_id, bl.originator_envelope
-                  FROM gateway_envelopes_blob bl
-                 WHERE bl.originator_node_id = m.originator_node_id
-                   AND bl.originator_sequence_id = m.originator_sequence_id) b
-    ON b.originator_node_id = m.originator_node_id;
+  JOIN gateway_envelopes_blob b
+    ON b.originator_node_id = m.originator_node_id
+   AND b.originator_sequence_id = m.originator_sequence_id;
 
 COMMENT ON VIEW gateway_envelopes_view IS 'Envelopes with their bytes: meta joined with blob.';
 

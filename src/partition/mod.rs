@@ -530,12 +530,10 @@ mod tests {
             ))
             .unwrap();
         }
-        Spi::run("SELECT envelopes.insert_gateway_envelope(2, 1000012, '\\x01', '\\x02')").unwrap();
         let plan = Spi::connect(|client| {
             client
                 .select(
-                    "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF)
-                     SELECT * FROM envelopes.gateway_envelopes_view
+                    "EXPLAIN (COSTS OFF) SELECT * FROM envelopes.gateway_envelopes_view
                       WHERE originator_node_id = 2 AND originator_sequence_id = 1000012",
                     None,
                     &[],
@@ -553,15 +551,7 @@ mod tests {
             plan.contains("gateway_envelopes_blob_o2_s1000000_2000000"),
             "{plan}"
         );
-        // The blob side's other band of originator 2 is in the plan, pruned when
-        // the row's key is known: never read.
-        for line in plan.lines().filter(|l| l.contains("_o2_s0_")) {
-            assert!(
-                line.contains("never executed"),
-                "plan reads {line}:\n{plan}"
-            );
-        }
-        for other in ["_o1_", "_o3_"] {
+        for other in ["_o1_", "_o3_", "_o2_s0_"] {
             assert!(!plan.contains(other), "plan touches {other}:\n{plan}");
         }
     }
