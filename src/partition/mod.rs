@@ -276,7 +276,6 @@ pub fn check_new_bands(keys: &[(i32, i64)], width: i64) -> Result<(), PartitionE
     // the cache does not remember bands that other sessions dropped.
     unsafe { pg_sys::AcceptInvalidationMessages() };
     let mut count = 0;
-    let mut refreshed = false;
     for run in keys.chunk_by(|a, b| a.0 == b.0) {
         let node = run[0].0;
         if run
@@ -284,11 +283,6 @@ pub fn check_new_bands(keys: &[(i32, i64)], width: i64) -> Result<(), PartitionE
             .all(|&(node, seq)| cached_routes(node, seq).is_some())
         {
             continue;
-        }
-        if !refreshed {
-            // SAFETY: plain call into the invalidation machinery, no arguments.
-            unsafe { pg_sys::AcceptInvalidationMessages() };
-            refreshed = true;
         }
         let mut existing: Vec<band::RangeBound> = Vec::new();
         for table in Table::ALL {

@@ -121,6 +121,8 @@ struct Job {
     caller_lxid: u32,
     cutoff: i64,
     lock_timeout_ms: i32,
+    /// `envelopes.late_envelopes`, looked up once by the caller.
+    late: Oid,
     count: u32,
     processed: AtomicU32,
     outcome: worker::Outcome,
@@ -192,8 +194,12 @@ fn prune(
         );
         in_transaction = true;
     }
+    let late = Spi::get_one::<Oid>(
+        "SELECT 'envelopes.late_envelopes'::pg_catalog.regclass::pg_catalog.oid",
+    )?
+    .unwrap_or(pg_sys::InvalidOid);
     if !in_transaction && !entries.is_empty() {
-        match run_in_worker(&mut entries, cutoff, lock_timeout_ms)? {
+        match run_in_worker(&mut entries, cutoff, lock_timeout_ms, late)? {
             Ok(()) => return Ok(rows_of(&entries)),
             Err(why) => pgrx::warning!(
                 "pg_envelopes: pruning in the calling transaction ({why}); the partitions it \
@@ -202,7 +208,7 @@ fn prune(
         }
     }
     for entry in &mut entries {
-        delete_expired(entry, cutoff)?;
+        delete_expired(entry, cutoff, late)?;
         if entry.droppable {
             try_drop(entry, lock_timeout_ms)?;
         }
@@ -296,35 +302,54 @@ fn list_bands() -> Result<Vec<Entry>, PruneError> {
     Ok(entries)
 }
 
-/// The highest sequence id in one originator's bands (sorted by start).
+/// The highest sequence id in one originator's bands (sorted by start). A band
+/// locked exclusively right now (being dropped, so empty) is passed over: a lower
+/// answer only makes fewer bands droppable.
 fn highest_row(bands: &[Entry], snapshot: pg_sys::Snapshot) -> Option<i64> {
-    for band in bands.iter().rev() {
-        let range = Range::Envelope {
-            node: band.node,
-            after: i64::MIN,
-            upto: i64::MAX,
-        };
-        let share = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
-        // SAFETY: any oid is accepted; released below. A band locked exclusively
-        // right now (being dropped, so empty) is passed over: a lower answer only
-        // makes fewer bands droppable.
-        if !unsafe { pg_sys::ConditionalLockRelationOid(band.meta, share) } {
-            continue;
-        }
-        let highest = Scan::open(band.meta, snapshot, range, true).and_then(|mut scan| {
-            if !scan.next() {
-                return None;
-            }
-            let attno = scan.attno("originator_sequence_id")?;
-            scan.get::<i64>(attno)
-        });
-        // SAFETY: releases the lock granted above.
-        unsafe { pg_sys::UnlockRelationOid(band.meta, share) };
-        if highest.is_some() {
-            return highest;
-        }
+    bands.iter().rev().find_map(
+        |band| match edge_row(band.meta, band.node, snapshot, true) {
+            Some(Edge::Row(seq)) => seq,
+            _ => None,
+        },
+    )
+}
+
+/// What [`edge_row`] found in a band leaf.
+enum Edge {
+    /// No visible row.
+    Empty,
+    /// A row, and its sequence id (`None` only if it could not be read).
+    Row(Option<i64>),
+}
+
+/// The first row of one band leaf, lowest sequence id first (or, `backward`,
+/// highest first), read with `snapshot` under an ACCESS SHARE lock asked for
+/// without waiting and released after the read. `None` when the lock was refused
+/// or the table is gone: busy, leave it.
+fn edge_row(relid: Oid, node: i32, snapshot: pg_sys::Snapshot, backward: bool) -> Option<Edge> {
+    let share = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+    // SAFETY: any oid is accepted; the lock granted here is released below (the
+    // scan takes and releases its own).
+    if !unsafe { pg_sys::ConditionalLockRelationOid(relid, share) } {
+        return None;
     }
-    None
+    let range = Range::Envelope {
+        node,
+        after: i64::MIN,
+        upto: i64::MAX,
+    };
+    let edge = Scan::open(relid, snapshot, range, backward).map(|mut scan| {
+        if !scan.next() {
+            return Edge::Empty;
+        }
+        let seq = scan
+            .attno("originator_sequence_id")
+            .and_then(|attno| scan.get::<i64>(attno));
+        Edge::Row(seq)
+    });
+    // SAFETY: releases the ACCESS SHARE lock granted above.
+    unsafe { pg_sys::UnlockRelationOid(relid, share) };
+    edge
 }
 
 /// The relation's name as SQL can use it (quoted and qualified as needed), or
@@ -353,11 +378,7 @@ fn relation_name(relid: Oid) -> Result<Option<String>, PruneError> {
 /// altered right now is left for the next run; once held, nobody can drop it
 /// under the DELETE), and rows another transaction has locked (another pruner's,
 /// or a caller's own uncommitted update) are skipped, not waited for.
-fn delete_expired(entry: &mut Entry, cutoff: i64) -> Result<(), PruneError> {
-    let late = Spi::get_one::<Oid>(
-        "SELECT 'envelopes.late_envelopes'::pg_catalog.regclass::pg_catalog.oid",
-    )?
-    .unwrap_or(pg_sys::InvalidOid);
+fn delete_expired(entry: &mut Entry, cutoff: i64, late: Oid) -> Result<(), PruneError> {
     let mut tables = vec![entry.meta, late];
     if entry.blob != pg_sys::InvalidOid {
         tables.push(entry.blob);
@@ -418,26 +439,11 @@ fn delete_expired(entry: &mut Entry, cutoff: i64) -> Result<(), PruneError> {
 /// ACCESS SHARE lock without waiting; `None` when that was refused (or the table
 /// is gone), meaning "busy: leave it".
 fn empty_now(relid: Oid, node: i32) -> Option<bool> {
-    let share = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
-    // SAFETY: any oid is accepted; a lock granted here is released at transaction
-    // end (or earlier by the scan below, which takes its own and drops it).
-    if !unsafe { pg_sys::ConditionalLockRelationOid(relid, share) } {
-        return None;
-    }
     // SAFETY: plain call; makes this transaction's own earlier deletions visible
     // to the snapshot below (as the next statement would see them).
     unsafe { pg_sys::CommandCounterIncrement() };
     let snapshot = Latest::take();
-    let range = Range::Envelope {
-        node,
-        after: i64::MIN,
-        upto: i64::MAX,
-    };
-    let empty = Scan::open(relid, snapshot.as_ptr(), range, false).map(|mut scan| !scan.next());
-    // SAFETY: releases the ACCESS SHARE lock granted above (the scan took and
-    // released its own).
-    unsafe { pg_sys::UnlockRelationOid(relid, share) };
-    empty
+    edge_row(relid, node, snapshot.as_ptr(), false).map(|edge| matches!(edge, Edge::Empty))
 }
 
 /// Drops the band if it is empty and every lock it needs is granted within
@@ -531,6 +537,7 @@ fn run_in_worker(
     entries: &mut [Entry],
     cutoff: i64,
     lock_timeout_ms: i32,
+    late: Oid,
 ) -> Result<Result<(), &'static str>, PruneError> {
     let header = std::mem::size_of::<Job>();
     let size = header + std::mem::size_of_val(entries);
@@ -550,6 +557,7 @@ fn run_in_worker(
             caller_lxid: (*pg_sys::MyProc).lxid,
             cutoff,
             lock_timeout_ms,
+            late,
             count: entries.len() as u32,
             processed: AtomicU32::new(0),
             outcome: worker::Outcome::new(),
@@ -589,11 +597,7 @@ fn run_in_worker(
             total: job.count,
         }),
     };
-    // SAFETY: the worker has stopped; nothing else uses the segment.
-    unsafe { pg_sys::dsm_detach(segment) };
-    // Drops committed by the worker: make this backend's caches see them.
-    // SAFETY: plain call into the invalidation machinery.
-    unsafe { pg_sys::AcceptInvalidationMessages() };
+    worker::close(segment);
     outcome
 }
 
@@ -635,15 +639,15 @@ pub extern "C-unwind" fn envelopes_prune_worker(arg: pg_sys::Datum) {
             ));
             break;
         }
-        let (cutoff, timeout) = (job.cutoff, job.lock_timeout_ms);
+        let (cutoff, timeout, late) = (job.cutoff, job.lock_timeout_ms, job.late);
         let droppable = entry.droppable;
         let deleted = worker::in_own_transaction(|| {
             worker_settings(timeout);
-            delete_expired(entry, cutoff).or_raise()
+            delete_expired(entry, cutoff, late).or_raise()
         });
         let result = match deleted {
-            // Rows locked by another transaction (the caller's own, even) for
-            // longer than lock_timeout_ms: leave the band for the next run.
+            // A lock wait that outlasted lock_timeout_ms after all, or a band
+            // dropped since it was listed: leave it for the next run.
             Err((code, _))
                 if code == PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE as i32
                     || code == PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE as i32 =>
@@ -670,8 +674,9 @@ pub extern "C-unwind" fn envelopes_prune_worker(arg: pg_sys::Datum) {
 
 /// The settings of each of the worker's transactions: a pinned search_path (its
 /// SQL names everything schema-qualified, and operators resolve in pg_catalog),
-/// and a lock_timeout for the one statement that waits for locks, the DELETE,
-/// which can meet rows another transaction has locked.
+/// and a lock_timeout bounding any lock wait the statements still meet (the
+/// table and row locks they need are asked for without waiting; this bounds the
+/// rest, such as catalog and index locks).
 fn worker_settings(lock_timeout_ms: i32) {
     Spi::run("SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true)")
         .and_then(|()| {

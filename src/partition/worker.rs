@@ -176,13 +176,20 @@ pub fn create_in_worker(
         Some(Err((sqlstate, message))) => Err(PartitionError::WorkerFailed { sqlstate, message }),
         None => Ok(Err(Fallback::NoReport)),
     };
-    // SAFETY: the worker has stopped; nothing else uses the segment.
+    close(segment);
+    outcome
+}
+
+/// For the caller, once its worker has stopped: detaches the job's segment and
+/// takes in the invalidations of what the worker committed, so this backend's
+/// caches see its catalog changes even where an earlier lookup cached their
+/// absence.
+pub(super) fn close(segment: *mut pg_sys::dsm_segment) {
+    // SAFETY: the worker has stopped; nothing else uses the segment, and the
+    // caller does not touch it after this.
     unsafe { pg_sys::dsm_detach(segment) };
-    // The worker's catalog changes are committed; make sure this backend's caches
-    // see them even if an earlier lookup cached their absence.
     // SAFETY: plain call into the invalidation machinery.
     unsafe { pg_sys::AcceptInvalidationMessages() };
-    outcome
 }
 
 /// Entry point of the worker process.
