@@ -16,11 +16,13 @@
 //! its partitions are known to exist. A late row takes the other plan of each
 //! pair, which also records it in the late-envelope feed.
 
+mod direct;
+
 use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
 use crate::feed::markers::{self, Drawn, MarkerError};
 use crate::feed::{self, late};
 use crate::gucs;
-use crate::partition::{self, PartitionError};
+use crate::partition::{self, cache, PartitionError};
 use pgrx::datum::{DatumWithOid, TimestampWithTimeZone};
 use pgrx::prelude::*;
 use pgrx::spi::{OwnedPreparedStatement, Spi};
@@ -55,6 +57,8 @@ pub enum InsertError {
     Partition(#[from] PartitionError),
     #[error("{0}")]
     Marker(#[from] MarkerError),
+    #[error("{0}")]
+    Direct(#[from] direct::DirectError),
     #[error("SPI error while inserting envelopes: {0}")]
     Spi(#[from] pgrx::spi::SpiError),
 }
@@ -71,6 +75,7 @@ impl SqlError for InsertError {
             InsertError::InfiniteTime(_) => ERRCODE_DATETIME_FIELD_OVERFLOW,
             InsertError::Partition(e) => e.sqlstate(),
             InsertError::Marker(e) => e.sqlstate(),
+            InsertError::Direct(e) => e.sqlstate(),
             InsertError::Spi(_) => ERRCODE_INTERNAL_ERROR,
         }
     }
@@ -326,10 +331,32 @@ fn insert_one(
     let topic = check_topic(topic)?;
     let envelope = check_envelope(originator_envelope)?;
     check_time(gateway_time, || "gateway_time".to_owned())?;
-    partition::route(node, seq, gucs::band_width())?;
+    let routes = partition::route(node, seq, gucs::band_width())?;
     // Marker first, then the lateness check (see crate::feed).
     markers::mark_envelope(node, seq);
-    let plan = if late::committed_above(node, seq, seq)?.is_some() {
+    let late = late::committed_above(node, seq, seq)?.is_some();
+    if !late {
+        if let Some(mut writer) = direct::Writer::open(&[routes], false) {
+            let row = direct::Row {
+                node,
+                seq,
+                topic,
+                envelope,
+                payer: payer_id,
+                time: gateway_time,
+                expiry,
+            };
+            let meta_new = writer.insert_meta(routes[0].leaf, &row, false)?;
+            let new = meta_new && writer.insert_blob(routes[1].leaf, node, seq, envelope, false)?;
+            let rings = writer.rings_doorbell();
+            writer.finish()?;
+            if meta_new && rings {
+                crate::outbox::ring_for_envelopes();
+            }
+            return Ok(i64::from(new));
+        }
+    }
+    let plan = if late {
         markers::mark_drawn(Drawn::Late)?;
         Plan::OneLate
     } else {
@@ -438,6 +465,7 @@ fn insert_many(
         let seq = partition::check_sequence(Some(seq))?;
         keys.push((node, seq));
     }
+    let mut topic_values = Vec::with_capacity(n);
     for (index, topic) in topics.iter().enumerate() {
         if topic.is_none() {
             return Err(InsertError::NullElement {
@@ -445,8 +473,9 @@ fn insert_many(
                 index: index + 1,
             });
         }
-        check_topic(topic)?;
+        topic_values.push(check_topic(topic)?);
     }
+    let mut envelope_values = Vec::with_capacity(n);
     for (index, envelope) in envelopes.iter().enumerate() {
         if envelope.is_none() {
             return Err(InsertError::NullElement {
@@ -454,7 +483,7 @@ fn insert_many(
                 index: index + 1,
             });
         }
-        check_envelope(envelope)?;
+        envelope_values.push(check_envelope(envelope)?);
     }
     if let Some(times) = &gateway_times {
         for (index, time) in times.iter().enumerate() {
@@ -462,39 +491,67 @@ fn insert_many(
         }
     }
 
+    // The rows to write, in key order, each key once (its first occurrence): two
+    // batches that overlap take their index locks in the same order and cannot
+    // deadlock each other.
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by_key(|&i| (keys[i], i));
+    order.dedup_by_key(|i| keys[*i]);
+    let distinct: Vec<(i32, i64)> = order.iter().map(|&i| keys[i]).collect();
+
     let width = gucs::band_width();
-    let input_keys = keys.clone();
-    keys.sort_unstable();
-    keys.dedup();
-    partition::check_new_bands(&keys, width)?;
-    // Consecutive keys mostly share a band: lock each distinct route once.
-    let mut locked = Vec::new();
-    for &(node, seq) in &keys {
+    partition::check_new_bands(&distinct, width)?;
+    // Consecutive keys mostly share a band: lock each distinct route once. Each
+    // key's routes are kept: they stay valid once locked, whatever the cache
+    // forgets later in the call.
+    let mut locked: Vec<[cache::Route; 2]> = Vec::new();
+    let mut key_routes: Vec<[cache::Route; 2]> = Vec::with_capacity(distinct.len());
+    for &(node, seq) in &distinct {
         if let Some(routes) = partition::cached_routes(node, seq) {
             if locked.contains(&routes) {
+                key_routes.push(routes);
                 continue;
             }
         }
-        locked.push(partition::route(node, seq, width)?);
+        let routes = partition::route(node, seq, width)?;
+        locked.push(routes);
+        key_routes.push(routes);
     }
     // Per originator: the marker at its lowest sequence id (keys are sorted), then
     // the highest id another transaction has committed above it; the batch's rows
     // below that arrive late.
     let mut committed: HashMap<i32, i64> = HashMap::new();
-    for run in keys.chunk_by(|a, b| a.0 == b.0) {
+    for run in distinct.chunk_by(|a, b| a.0 == b.0) {
         let (node, lo, hi) = (run[0].0, run[0].1, run[run.len() - 1].1);
         markers::mark_envelope(node, lo);
         if let Some(above) = late::committed_above(node, lo, hi)? {
             committed.insert(node, above);
         }
     }
-    let late_flags: Option<Vec<bool>> = (!committed.is_empty()).then(|| {
-        input_keys
-            .iter()
-            .map(|(node, seq)| committed.get(node).is_some_and(|above| seq < above))
-            .collect()
-    });
+    let is_late = |(node, seq): (i32, i64)| committed.get(&node).is_some_and(|above| seq < *above);
+    let any_late = distinct.iter().any(|&key| is_late(key));
 
+    if !any_late {
+        if let Some(writer) = direct::Writer::open(&locked, n >= BULK_ROWS) {
+            let payers: Option<Vec<Option<i32>>> = payer_ids.map(|a| a.iter().collect());
+            let times: Option<Vec<Option<TimestampWithTimeZone>>> =
+                gateway_times.map(|a| a.iter().collect());
+            let expiries: Option<Vec<Option<i64>>> = expiries.map(|a| a.iter().collect());
+            let rows = order.iter().zip(&key_routes).map(|(&i, routes)| (*routes, direct::Row {
+                node: keys[i].0,
+                seq: keys[i].1,
+                topic: topic_values[i],
+                envelope: envelope_values[i],
+                payer: payers.as_ref().and_then(|p| p[i]),
+                time: times.as_ref().and_then(|t| t[i]),
+                expiry: expiries.as_ref().and_then(|e| e[i]),
+            }));
+            return write_direct(writer, rows);
+        }
+    }
+
+    let late_flags: Option<Vec<bool>> =
+        any_late.then(|| keys.iter().map(|&key| is_late(key)).collect());
     let mut args = vec![
         DatumWithOid::from(nodes),
         DatumWithOid::from(seqs),
@@ -505,13 +562,41 @@ fn insert_many(
         array_or_null(expiries),
     ];
     match late_flags {
-        Some(flags) if flags.contains(&true) => {
+        Some(flags) => {
             markers::mark_drawn(Drawn::Late)?;
             args.push(DatumWithOid::from(flags));
             execute(Plan::ManyLate, &args)
         }
-        _ => execute(Plan::Many, &args),
+        None => execute(Plan::Many, &args),
     }
+}
+
+/// Batches of at least this many rows write through a bulk-insert buffer strategy
+/// (a small ring of buffers, as `COPY` uses, instead of the shared buffer pool).
+const BULK_ROWS: usize = 1000;
+
+/// Writes a batch's rows (in key order, each key once) on the direct path and
+/// returns how many were new.
+fn write_direct<'a>(
+    mut writer: direct::Writer,
+    rows: impl Iterator<Item = ([cache::Route; 2], direct::Row<'a>)>,
+) -> Result<i64, InsertError> {
+    let mut new = 0i64;
+    let mut any_meta = false;
+    for (routes, row) in rows {
+        if writer.insert_meta(routes[0].leaf, &row, false)? {
+            any_meta = true;
+            if writer.insert_blob(routes[1].leaf, row.node, row.seq, row.envelope, true)? {
+                new += 1;
+            }
+        }
+    }
+    let rings = writer.rings_doorbell();
+    writer.finish()?;
+    if any_meta && rings {
+        crate::outbox::ring_for_envelopes();
+    }
+    Ok(new)
 }
 
 fn array_or_null<'a, T: IntoDatum>(array: Option<Array<'a, T>>) -> DatumWithOid<'a> {
@@ -785,5 +870,165 @@ mod tests {
             crossing > one,
             "band creation must show up ({crossing} vs {one})"
         );
+    }
+
+    /// Executor runs started while `sql` runs, the statement itself included: every
+    /// SPI statement a function runs is one more (ExecutorStart, counted by a hook
+    /// installed for the duration).
+    fn executor_starts(sql: &str) -> u64 {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static STARTS: AtomicU64 = AtomicU64::new(0);
+        static mut PREVIOUS: pg_sys::ExecutorStart_hook_type = None;
+
+        #[pg_guard]
+        unsafe extern "C-unwind" fn count(desc: *mut pg_sys::QueryDesc, flags: i32) {
+            STARTS.fetch_add(1, Ordering::Relaxed);
+            // SAFETY: PREVIOUS is only written by the test below, on this thread,
+            // while the hook is not being called.
+            match unsafe { PREVIOUS } {
+                // SAFETY: chaining to the hook that was installed before ours.
+                Some(previous) => unsafe { previous(desc, flags) },
+                // SAFETY: the executor's own start routine, as without a hook.
+                None => unsafe { pg_sys::standard_ExecutorStart(desc, flags) },
+            }
+        }
+
+        // SAFETY: the backend is single-threaded; the hook is installed and removed
+        // around one statement, restoring whatever was there.
+        unsafe {
+            PREVIOUS = pg_sys::ExecutorStart_hook;
+            pg_sys::ExecutorStart_hook = Some(count);
+        }
+        STARTS.store(0, Ordering::Relaxed);
+        let result = Spi::run(sql);
+        // SAFETY: as above.
+        unsafe { pg_sys::ExecutorStart_hook = PREVIOUS };
+        result.unwrap();
+        STARTS.load(Ordering::Relaxed)
+    }
+
+    #[pg_test]
+    fn hot_inserts_run_no_sql_statement() {
+        assert_eq!(insert(1, 1), 1); // creates the partitions
+        assert_eq!(insert(1, 2), 1);
+        // One executor run: the statement itself. None per row, single or batch.
+        assert_eq!(
+            executor_starts(
+                "SELECT envelopes.insert_gateway_envelope(1, s, '\\x01', '\\x02')
+                   FROM generate_series(3, 202) s"
+            ),
+            1
+        );
+        assert_eq!(
+            executor_starts(
+                "SELECT envelopes.insert_gateway_envelopes(array_agg(1), array_agg(s::bigint),
+                        array_agg('\\x01'::bytea), array_agg('\\x02'::bytea))
+                   FROM generate_series(203, 402) s"
+            ),
+            1
+        );
+        assert_eq!(rows(), (402, 402));
+
+        // The count has teeth: a row trigger (cloned onto the leaves) sends the rows
+        // through the SQL path, which runs statements, and the trigger fires there.
+        Spi::run(
+            "CREATE FUNCTION pg_temp.tag_payer() RETURNS trigger LANGUAGE plpgsql AS
+                 $$ BEGIN NEW.payer_id := 99; RETURN NEW; END $$;
+             CREATE TRIGGER tag_payer BEFORE INSERT ON envelopes.gateway_envelopes_meta
+                 FOR EACH ROW EXECUTE FUNCTION pg_temp.tag_payer()",
+        )
+        .unwrap();
+        let with_trigger = executor_starts(
+            "SELECT envelopes.insert_gateway_envelope(1, s, '\\x01', '\\x02')
+               FROM generate_series(403, 412) s",
+        );
+        assert!(with_trigger > 10, "the SQL path ran {with_trigger} executors");
+        assert_eq!(
+            int8("SELECT count(*) FROM envelopes.gateway_envelopes_meta WHERE payer_id = 99"),
+            10
+        );
+        // So does a statement trigger on the root other than the doorbell.
+        Spi::run(
+            "DROP TRIGGER tag_payer ON envelopes.gateway_envelopes_meta;
+             CREATE FUNCTION pg_temp.note() RETURNS trigger LANGUAGE plpgsql AS
+                 $$ BEGIN CREATE TEMP TABLE IF NOT EXISTS noted (); RETURN NULL; END $$;
+             CREATE TRIGGER note AFTER INSERT ON envelopes.gateway_envelopes_blob
+                 FOR EACH STATEMENT EXECUTE FUNCTION pg_temp.note()",
+        )
+        .unwrap();
+        assert_eq!(insert(1, 413), 1);
+        assert_eq!(
+            int8("SELECT count(*) FROM pg_catalog.pg_class WHERE relname = 'noted' AND relpersistence = 't'"),
+            1
+        );
+    }
+
+    #[pg_test]
+    fn batches_with_existing_and_repeated_keys_across_bands_and_originators() {
+        Spi::run("SET LOCAL envelopes.band_width = 10").unwrap();
+        // Existing keys in two originators and two bands.
+        assert_eq!(insert(1, 5), 1);
+        assert_eq!(insert(2, 15), 1);
+        let inserted = int8(
+            "SELECT envelopes.insert_gateway_envelopes(
+                 ARRAY[2, 1, 1, 3, 2, 1, 3, 1, 2],
+                 ARRAY[15, 5, 25, 9, 16, 25, 9, 6, 31]::bigint[],
+                 ARRAY['\\x01', '\\x02', '\\x03', '\\x04', '\\x05', '\\x06', '\\x07', '\\x08', '\\x09']::bytea[],
+                 ARRAY['\\xa1', '\\xa2', '\\xa3', '\\xa4', '\\xa5', '\\xa6', '\\xa7', '\\xa8', '\\xa9']::bytea[],
+                 payer_ids => ARRAY[1, 2, 3, 4, 5, 6, 7, 8, 9])",
+        );
+        // New: (1,25) (3,9) (2,16) (1,6) (2,31); (2,15) and (1,5) existed; (1,25) and
+        // (3,9) repeat, their first occurrence wins.
+        assert_eq!(inserted, 5);
+        assert_eq!(rows(), (7, 7));
+        let firsts = Spi::get_one::<String>(
+            "SELECT string_agg(format('%s/%s:%s:%s:%s', m.originator_node_id, m.originator_sequence_id,
+                                      m.payer_id, m.topic, b.originator_envelope), ' '
+                               ORDER BY m.originator_node_id, m.originator_sequence_id)
+               FROM envelopes.gateway_envelopes_meta m
+               JOIN envelopes.gateway_envelopes_blob b USING (originator_node_id, originator_sequence_id)
+              WHERE m.payer_id IS NOT NULL",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            firsts,
+            "1/6:8:\\x08:\\xa8 1/25:3:\\x03:\\xa3 2/16:5:\\x05:\\xa5 2/31:9:\\x09:\\xa9 3/9:4:\\x04:\\xa4"
+        );
+        // Each row is in its band's leaf (the view joins them all back).
+        assert_eq!(band_names("meta").len(), 5);
+        assert_eq!(
+            int8("SELECT count(*) FROM envelopes.gateway_envelopes_view"),
+            7
+        );
+    }
+
+    #[pg_test]
+    fn large_batches_write_every_row_once() {
+        // More rows than one multi-insert buffer holds, several leaves, a repeat of
+        // every tenth key and envelopes large enough to be toasted.
+        Spi::run("SET LOCAL envelopes.band_width = 1000").unwrap();
+        let inserted = int8(
+            "SELECT envelopes.insert_gateway_envelopes(array_agg(1 + s % 3), array_agg((s / 3 + 1)::bigint),
+                    array_agg(pg_catalog.int4send(s)),
+                    array_agg(CASE WHEN s % 500 = 0 THEN pg_catalog.convert_to(repeat(md5(s::text), 300), 'UTF8')
+                                   ELSE pg_catalog.int8send(s::bigint) END))
+               FROM (SELECT s FROM generate_series(0, 5999) s
+                     UNION ALL SELECT s FROM generate_series(0, 5999, 10) s) g",
+        );
+        assert_eq!(inserted, 6000);
+        assert_eq!(rows(), (6000, 6000));
+        assert_eq!(
+            int8(
+                "SELECT count(*) FROM envelopes.gateway_envelopes_view
+                  WHERE topic = pg_catalog.int4send(((originator_sequence_id - 1) * 3 + originator_node_id - 1)::int)"
+            ),
+            6000
+        );
+        assert_eq!(
+            int8("SELECT count(*) FROM envelopes.gateway_envelopes_blob WHERE length(originator_envelope) > 9000"),
+            12
+        );
+        assert_eq!(int8("SELECT count(*) FROM envelopes.orphaned_envelopes()"), 0);
     }
 }

@@ -1,0 +1,697 @@
+//! The direct write path: envelope rows written into their band leaves through the
+//! table access method and the executor's index routines, with no SPI, no plan and
+//! no executor run.
+//!
+//! What an `INSERT ... ON CONFLICT DO NOTHING` into the leaf would do, step by step,
+//! and nothing else (the leaves have no triggers, CHECK constraints, foreign keys,
+//! generated columns or row security for the owner, which [`Writer::open`]
+//! verifies before each call):
+//!
+//! - **meta** rows by speculative insertion, as `ExecInsert` does for `ON CONFLICT
+//!   DO NOTHING`: look for a conflicting key first (waiting for a transaction that
+//!   is inserting it), insert the heap tuple with a speculative-insertion token,
+//!   insert the index entries reporting conflicts instead of raising them, then
+//!   confirm the tuple, or kill it and start again when another transaction got
+//!   there in between. A key that exists is skipped and counted as 0, never an
+//!   error, never a duplicate. At REPEATABLE READ and above, a conflicting row the
+//!   caller's snapshot cannot see raises 40001, as the executor does.
+//! - **blob** rows only for meta rows that were new. Any other inserter of the same
+//!   key waits behind the meta row (its own conflict check waits for this
+//!   transaction), so a blob key is probed once and inserted without speculation;
+//!   the probe keeps the rule that a blob row already there (its meta row dropped
+//!   by hand) is kept and the envelope counted as not new. Batches buffer the blob
+//!   rows of each leaf and write them with the access method's multi-insert (one
+//!   WAL record per page, as `COPY` does).
+//!
+//! Heap and index inserts write WAL, move the `pg_stat` counters and are undone by a
+//! rollback like any insert, and logical decoding sees them as it sees
+//! `ON CONFLICT` inserts. The statement trigger on meta does not fire (no statement
+//! runs on the root), so the caller rings the doorbell itself
+//! ([`Writer::rings_doorbell`] tells whether the trigger would have).
+
+use crate::partition::band::Table;
+use crate::partition::cache::Route;
+use pgrx::datum::TimestampWithTimeZone;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::ffi::CStr;
+use std::ptr;
+
+/// Errors of the direct path.
+#[derive(Debug, thiserror::Error)]
+pub enum DirectError {
+    #[error("could not serialize access due to concurrent update")]
+    Serialization,
+    #[error("the table access method of {0} lacks a routine the direct write path needs")]
+    AccessMethod(&'static str),
+}
+
+impl crate::error::SqlError for DirectError {
+    fn sqlstate(&self) -> crate::error::PgSqlErrorCode {
+        use crate::error::PgSqlErrorCode::*;
+        match self {
+            DirectError::Serialization => ERRCODE_T_R_SERIALIZATION_FAILURE,
+            DirectError::AccessMethod(_) => ERRCODE_FEATURE_NOT_SUPPORTED,
+        }
+    }
+}
+
+/// One envelope as the direct path writes it.
+pub struct Row<'a> {
+    pub node: i32,
+    pub seq: i64,
+    pub topic: &'a [u8],
+    pub envelope: &'a [u8],
+    pub payer: Option<i32>,
+    pub time: Option<TimestampWithTimeZone>,
+    pub expiry: Option<i64>,
+}
+
+/// The columns each table must have, in order, for the direct path to form its
+/// tuples positionally: (name, type).
+const META_COLUMNS: [(&str, pg_sys::Oid); 8] = [
+    ("originator_node_id", pg_sys::INT4OID),
+    ("originator_sequence_id", pg_sys::INT8OID),
+    ("gateway_time", pg_sys::TIMESTAMPTZOID),
+    ("topic", pg_sys::BYTEAOID),
+    ("payer_id", pg_sys::INT4OID),
+    ("expiry", pg_sys::INT8OID),
+    ("inserted_xid", pg_sys::XID8OID),
+    ("late", pg_sys::BOOLOID),
+];
+const BLOB_COLUMNS: [(&str, pg_sys::Oid); 3] = [
+    ("originator_node_id", pg_sys::INT4OID),
+    ("originator_sequence_id", pg_sys::INT8OID),
+    ("originator_envelope", pg_sys::BYTEAOID),
+];
+
+/// The statement trigger on the meta root that rings the doorbell; the only insert
+/// trigger the direct path may pass by (it rings instead).
+const DOORBELL_TRIGGER: &CStr = c"notify_envelopes";
+
+/// Blob rows buffered per leaf before a multi-insert, and their bytes: the limits
+/// `COPY` uses for its buffers.
+const BUFFERED_ROWS: usize = 1000;
+const BUFFERED_BYTES: usize = 65535;
+
+/// One band leaf opened for inserting.
+struct Leaf {
+    oid: pg_sys::Oid,
+    rel: pg_sys::Relation,
+    info: *mut pg_sys::ResultRelInfo,
+    /// The slot a single row goes through.
+    slot: *mut pg_sys::TupleTableSlot,
+    /// Blob rows waiting for a multi-insert, and their bytes.
+    buffer: Vec<*mut pg_sys::TupleTableSlot>,
+    buffered: usize,
+    buffered_bytes: usize,
+    /// The leaf's bulk-insert state (a buffer ring and the page being filled; one
+    /// per relation, it remembers a buffer of its relation), or null.
+    bulk: *mut pg_sys::BulkInsertStateData,
+}
+
+/// The direct writer of one insert call: an executor state, the leaves it has
+/// opened, and the blob rows it has buffered. Dropped without [`Writer::finish`]
+/// only when an ERROR unwinds, in which case the aborting transaction releases
+/// the relations and memory.
+pub struct Writer {
+    estate: *mut pg_sys::EState,
+    cid: pg_sys::CommandId,
+    inserted_xid: pg_sys::Datum,
+    now: pg_sys::Datum,
+    /// Whether leaves get a bulk-insert buffer strategy.
+    bulk: bool,
+    leaves: Vec<Leaf>,
+    /// A slot of the leaf's own type for reading a conflicting row back, made on
+    /// first need (REPEATABLE READ conflicts only).
+    conflict_slot: *mut pg_sys::TupleTableSlot,
+    doorbell: bool,
+}
+
+impl Writer {
+    /// A writer for rows routed to `routes`, or `None` when a table has something
+    /// the direct path does not reproduce (a trigger other than the doorbell, a
+    /// column layout other than the extension's, row security forced on the
+    /// owner): the caller then takes the SQL path. The routes are locked already.
+    /// `bulk` asks for a bulk-insert buffer strategy (large batches).
+    pub fn open(routes: &[[Route; 2]], bulk: bool) -> Option<Writer> {
+        let first = routes.first()?;
+        let doorbell = root_triggers_allow(first[Table::Meta as usize].root, true)?;
+        root_triggers_allow(first[Table::Blob as usize].root, false)?;
+        // SAFETY: creating an executor state has no preconditions; it allocates
+        // its own memory context under the current one.
+        let estate = unsafe { pg_sys::CreateExecutorState() };
+        // SAFETY: estate was just created. The active snapshot is the caller's
+        // statement snapshot (a function always runs with one); it outlives this
+        // call. GetCurrentCommandId(true) marks the command as writing, as the
+        // executor does for an INSERT; the transaction id is assigned here (its
+        // first write), and now() is the transaction's start.
+        let (cid, inserted_xid, now) = unsafe {
+            (*estate).es_snapshot = pg_sys::GetActiveSnapshot();
+            let cid = pg_sys::GetCurrentCommandId(true);
+            (*estate).es_output_cid = cid;
+            let xid = pg_sys::GetTopFullTransactionId();
+            (
+                cid,
+                pg_sys::Datum::from(xid.value),
+                pg_sys::Datum::from(pg_sys::GetCurrentTransactionStartTimestamp()),
+            )
+        };
+        let mut writer = Writer {
+            estate,
+            cid,
+            inserted_xid,
+            now,
+            bulk,
+            leaves: Vec::with_capacity(routes.len() * 2),
+            conflict_slot: ptr::null_mut(),
+            doorbell,
+        };
+        for pair in routes {
+            for (table, route) in Table::ALL.into_iter().zip(pair) {
+                if writer.leaf_index(route.leaf).is_none() && !writer.open_leaf(table, route.leaf)
+                {
+                    writer.close();
+                    return None;
+                }
+            }
+        }
+        Some(writer)
+    }
+
+    /// Whether the doorbell trigger would have fired for these rows (it is enabled
+    /// for this session's replication role).
+    pub fn rings_doorbell(&self) -> bool {
+        self.doorbell
+    }
+
+    fn leaf_index(&self, oid: pg_sys::Oid) -> Option<usize> {
+        self.leaves.iter().position(|leaf| leaf.oid == oid)
+    }
+
+    /// Opens a leaf (already locked by the caller) and its indexes; false if the
+    /// leaf is not one the direct path can write.
+    fn open_leaf(&mut self, table: Table, oid: pg_sys::Oid) -> bool {
+        // SAFETY: the caller holds ROW EXCLUSIVE on the leaf (partition::route), so
+        // table_open only takes the relcache reference. Everything allocated here
+        // lives in the executor state's memory context.
+        unsafe {
+            let rel = pg_sys::table_open(oid, pg_sys::NoLock as pg_sys::LOCKMODE);
+            if !leaf_is_plain(rel, table) {
+                pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+                return false;
+            }
+            let old = pg_sys::MemoryContextSwitchTo((*self.estate).es_query_cxt);
+            let info = pg_sys::palloc0(std::mem::size_of::<pg_sys::ResultRelInfo>())
+                .cast::<pg_sys::ResultRelInfo>();
+            pg_sys::InitResultRelInfo(info, rel, 0, ptr::null_mut(), 0);
+            // Speculative: builds the unique-check data the conflict probe needs.
+            pg_sys::ExecOpenIndices(info, true);
+            let slot = pg_sys::MakeSingleTupleTableSlot((*rel).rd_att, &pg_sys::TTSOpsHeapTuple);
+            let bulk = if self.bulk {
+                pg_sys::GetBulkInsertState()
+            } else {
+                ptr::null_mut()
+            };
+            pg_sys::MemoryContextSwitchTo(old);
+            self.leaves.push(Leaf {
+                oid,
+                rel,
+                info,
+                slot,
+                buffer: Vec::new(),
+                buffered: 0,
+                buffered_bytes: 0,
+                bulk,
+            });
+        }
+        true
+    }
+
+    /// Inserts one meta row into `leaf` unless its key exists; true if it was new.
+    pub fn insert_meta(
+        &mut self,
+        leaf: pg_sys::Oid,
+        row: &Row<'_>,
+        late: bool,
+    ) -> Result<bool, DirectError> {
+        let index = self.leaf_index(leaf).expect("leaf opened in Writer::open");
+        let mut values = [pg_sys::Datum::from(0); 8];
+        let mut nulls = [false; 8];
+        values[0] = pg_sys::Datum::from(row.node);
+        values[1] = pg_sys::Datum::from(row.seq);
+        values[2] = match row.time {
+            Some(time) => time.into_datum().expect("a timestamp is never NULL"),
+            None => self.now,
+        };
+        values[4] = match row.payer {
+            Some(payer) => pg_sys::Datum::from(payer),
+            None => {
+                nulls[4] = true;
+                pg_sys::Datum::from(0)
+            }
+        };
+        values[5] = match row.expiry {
+            Some(expiry) => pg_sys::Datum::from(expiry),
+            None => {
+                nulls[5] = true;
+                pg_sys::Datum::from(0)
+            }
+        };
+        values[6] = self.inserted_xid;
+        values[7] = pg_sys::Datum::from(late);
+        let estate = self.estate;
+        let cid = self.cid;
+        let leaf = &self.leaves[index];
+        let bulk = leaf.bulk;
+        // SAFETY: the leaf's relation, result info and slot were set up in
+        // open_leaf and stay valid for the writer's life; the tuple is formed from
+        // datums valid for this call (the topic varlena is made in the per-tuple
+        // context, reset after the row).
+        unsafe {
+            let cxt = per_tuple_memory(estate);
+            let old = pg_sys::MemoryContextSwitchTo(cxt);
+            values[3] = bytea_datum(row.topic);
+            let tuple = pg_sys::heap_form_tuple((*leaf.rel).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
+            pg_sys::MemoryContextSwitchTo(old);
+            pg_sys::ExecStoreHeapTuple(tuple, leaf.slot, true);
+            let inserted = self.speculative_insert(index, estate, cid, bulk);
+            clear_slot(self.leaves[index].slot);
+            pg_sys::MemoryContextReset(cxt);
+            inserted
+        }
+    }
+
+    /// The speculative insertion of the row in the leaf's slot (see the module
+    /// documentation); true if it was inserted.
+    ///
+    /// # Safety
+    /// The leaf's slot holds the row; `estate`, `cid` and `bulk` are this writer's.
+    unsafe fn speculative_insert(
+        &mut self,
+        index: usize,
+        estate: *mut pg_sys::EState,
+        cid: pg_sys::CommandId,
+        bulk: *mut pg_sys::BulkInsertStateData,
+    ) -> Result<bool, DirectError> {
+        // SAFETY: the caller upholds this function's # Safety contract.
+        unsafe {
+            let (rel, info, slot) = {
+                let leaf = &self.leaves[index];
+                (leaf.rel, leaf.info, leaf.slot)
+            };
+            let am = (*rel).rd_tableam;
+            let insert = (*am)
+                .tuple_insert_speculative
+                .ok_or(DirectError::AccessMethod("meta"))?;
+            let complete = (*am)
+                .tuple_complete_speculative
+                .ok_or(DirectError::AccessMethod("meta"))?;
+            loop {
+                check_for_interrupts!();
+                let mut conflict = pg_sys::ItemPointerData::default();
+                if !pg_sys::ExecCheckIndexConstraints(info, slot, estate, &mut conflict, ptr::null_mut())
+                {
+                    self.check_visible(rel, &mut conflict)?;
+                    return Ok(false);
+                }
+                let xid = pg_sys::GetCurrentTransactionId();
+                let token = pg_sys::SpeculativeInsertionLockAcquire(xid);
+                insert(rel, slot, cid, 0, bulk, token);
+                let mut spec_conflict = false;
+                let recheck = pg_sys::ExecInsertIndexTuples(
+                    info,
+                    slot,
+                    estate,
+                    false,
+                    true,
+                    &mut spec_conflict,
+                    ptr::null_mut(),
+                );
+                complete(rel, slot, token, !spec_conflict);
+                pg_sys::SpeculativeInsertionLockRelease(xid);
+                pg_sys::list_free(recheck);
+                if !spec_conflict {
+                    return Ok(true);
+                }
+                // Another transaction inserted the key between the probe and ours: our
+                // tuple is dead; the probe now waits for that transaction and decides.
+            }
+        }
+    }
+
+    /// Inserts (or buffers, in a batch) the blob row of a new meta row unless its
+    /// key exists; true if it was new.
+    pub fn insert_blob(
+        &mut self,
+        leaf: pg_sys::Oid,
+        node: i32,
+        seq: i64,
+        envelope: &[u8],
+        buffered: bool,
+    ) -> Result<bool, DirectError> {
+        let index = self.leaf_index(leaf).expect("leaf opened in Writer::open");
+        let estate = self.estate;
+        // SAFETY: as in insert_meta. A buffered tuple is formed in the executor
+        // state's query context, so it lives until the buffer is flushed.
+        unsafe {
+            let (rel, info, single) = {
+                let leaf = &self.leaves[index];
+                (leaf.rel, leaf.info, leaf.slot)
+            };
+            let cxt = if buffered {
+                (*estate).es_query_cxt
+            } else {
+                per_tuple_memory(estate)
+            };
+            let old = pg_sys::MemoryContextSwitchTo(cxt);
+            let mut values = [
+                pg_sys::Datum::from(node),
+                pg_sys::Datum::from(seq),
+                bytea_datum(envelope),
+            ];
+            let mut nulls = [false; 3];
+            let tuple = pg_sys::heap_form_tuple((*rel).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
+            pg_sys::pfree(values[2].cast_mut_ptr());
+            let slot = if buffered {
+                self.buffer_slot(index)
+            } else {
+                single
+            };
+            pg_sys::MemoryContextSwitchTo(old);
+            pg_sys::ExecStoreHeapTuple(tuple, slot, true);
+            let mut conflict = pg_sys::ItemPointerData::default();
+            if !pg_sys::ExecCheckIndexConstraints(info, slot, estate, &mut conflict, ptr::null_mut())
+            {
+                clear_slot(slot);
+                self.check_visible(rel, &mut conflict)?;
+                return Ok(false);
+            }
+            if buffered {
+                let leaf = &mut self.leaves[index];
+                leaf.buffered += 1;
+                leaf.buffered_bytes += envelope.len();
+                if leaf.buffered >= BUFFERED_ROWS || leaf.buffered_bytes >= BUFFERED_BYTES {
+                    self.flush(index)?;
+                }
+                return Ok(true);
+            }
+            let insert = (*(*rel).rd_tableam)
+                .tuple_insert
+                .ok_or(DirectError::AccessMethod("blob"))?;
+            insert(rel, slot, self.cid, 0, self.leaves[index].bulk);
+            let recheck =
+                pg_sys::ExecInsertIndexTuples(info, slot, estate, false, false, ptr::null_mut(), ptr::null_mut());
+            pg_sys::list_free(recheck);
+            clear_slot(slot);
+            pg_sys::MemoryContextReset(per_tuple_memory(estate));
+            Ok(true)
+        }
+    }
+
+    /// The next free buffer slot of a leaf, made on first use.
+    ///
+    /// # Safety
+    /// Runs in the executor state's query context.
+    unsafe fn buffer_slot(&mut self, index: usize) -> *mut pg_sys::TupleTableSlot {
+        // SAFETY: the caller upholds this function's # Safety contract.
+        unsafe {
+            let leaf = &mut self.leaves[index];
+            if leaf.buffered == leaf.buffer.len() {
+                leaf.buffer.push(pg_sys::MakeSingleTupleTableSlot(
+                    (*leaf.rel).rd_att,
+                    &pg_sys::TTSOpsHeapTuple,
+                ));
+            }
+            leaf.buffer[leaf.buffered]
+        }
+    }
+
+    /// Writes a leaf's buffered blob rows with one multi-insert, then their index
+    /// entries.
+    fn flush(&mut self, index: usize) -> Result<(), DirectError> {
+        let estate = self.estate;
+        let leaf = &mut self.leaves[index];
+        if leaf.buffered == 0 {
+            return Ok(());
+        }
+        // SAFETY: the first `buffered` slots hold formed tuples; the relation and
+        // result info are the leaf's.
+        unsafe {
+            let multi = (*(*leaf.rel).rd_tableam)
+                .multi_insert
+                .ok_or(DirectError::AccessMethod("blob"))?;
+            let count = i32::try_from(leaf.buffered).expect("at most BUFFERED_ROWS");
+            multi(leaf.rel, leaf.buffer.as_mut_ptr(), count, self.cid, 0, leaf.bulk);
+            for &slot in &leaf.buffer[..leaf.buffered] {
+                let recheck = pg_sys::ExecInsertIndexTuples(
+                    leaf.info,
+                    slot,
+                    estate,
+                    false,
+                    false,
+                    ptr::null_mut(),
+                    ptr::null_mut(),
+                );
+                pg_sys::list_free(recheck);
+                clear_slot(slot);
+                pg_sys::MemoryContextReset(per_tuple_memory(estate));
+            }
+        }
+        leaf.buffered = 0;
+        leaf.buffered_bytes = 0;
+        Ok(())
+    }
+
+    /// Flushes every buffer.
+    pub fn flush_all(&mut self) -> Result<(), DirectError> {
+        for index in 0..self.leaves.len() {
+            self.flush(index)?;
+        }
+        Ok(())
+    }
+
+    /// What `ON CONFLICT DO NOTHING` checks at REPEATABLE READ and SERIALIZABLE: a
+    /// conflicting row must be visible to the transaction's snapshot, or have been
+    /// written by this transaction; otherwise 40001.
+    ///
+    /// # Safety
+    /// `rel` is an open leaf of this writer, `conflict` a tid the probe returned.
+    unsafe fn check_visible(
+        &mut self,
+        rel: pg_sys::Relation,
+        conflict: &mut pg_sys::ItemPointerData,
+    ) -> Result<(), DirectError> {
+        // SAFETY: the caller upholds this function's # Safety contract.
+        unsafe {
+            if pg_sys::XactIsoLevel < pg_sys::XACT_REPEATABLE_READ as i32 {
+                return Ok(());
+            }
+            let am = (*rel).rd_tableam;
+            let fetch = (*am)
+                .tuple_fetch_row_version
+                .ok_or(DirectError::AccessMethod("a leaf"))?;
+            let satisfies = (*am)
+                .tuple_satisfies_snapshot
+                .ok_or(DirectError::AccessMethod("a leaf"))?;
+            if self.conflict_slot.is_null() {
+                let old = pg_sys::MemoryContextSwitchTo((*self.estate).es_query_cxt);
+                self.conflict_slot = pg_sys::table_slot_create(rel, ptr::null_mut());
+                pg_sys::MemoryContextSwitchTo(old);
+            }
+            let slot = self.conflict_slot;
+            // Both tables' leaves are heap tables of the same slot type; a slot made
+            // for one serves the other only if the descriptor matches, so re-make it.
+            if (*slot).tts_tupleDescriptor != (*rel).rd_att {
+                pg_sys::ExecDropSingleTupleTableSlot(slot);
+                let old = pg_sys::MemoryContextSwitchTo((*self.estate).es_query_cxt);
+                self.conflict_slot = pg_sys::table_slot_create(rel, ptr::null_mut());
+                pg_sys::MemoryContextSwitchTo(old);
+            }
+            let slot = self.conflict_slot;
+            if !fetch(rel, conflict, &raw mut pg_sys::SnapshotAnyData, slot) {
+                // The executor raises an internal error here; the row was seen a moment
+                // ago and cannot have been vacuumed away (we hold our snapshot).
+                pgrx::error!("failed to fetch conflicting tuple for ON CONFLICT");
+            }
+            let visible = satisfies(rel, slot, (*self.estate).es_snapshot);
+            let mut ours = false;
+            if !visible {
+                let mut isnull = false;
+                let getsysattr = (*(*slot).tts_ops)
+                    .getsysattr
+                    .ok_or(DirectError::AccessMethod("a leaf"))?;
+                let xmin = getsysattr(
+                    slot,
+                    pg_sys::MinTransactionIdAttributeNumber as i32,
+                    &mut isnull,
+                );
+                ours = pg_sys::TransactionIdIsCurrentTransactionId(pg_sys::TransactionId::from(
+                    xmin.value() as u32,
+                ));
+            }
+            clear_slot(slot);
+            if visible || ours {
+                Ok(())
+            } else {
+                Err(DirectError::Serialization)
+            }
+        }
+    }
+
+    /// Flushes what is buffered and closes everything the writer opened.
+    pub fn finish(mut self) -> Result<(), DirectError> {
+        let flushed = self.flush_all();
+        self.close();
+        flushed
+    }
+
+    /// Closes everything the writer opened, dropping whatever is still buffered.
+    fn close(&mut self) {
+        // SAFETY: each leaf was opened in open_leaf; its slots were made there or
+        // in buffer_slot. The relation stays locked until the transaction ends.
+        unsafe {
+            for leaf in self.leaves.drain(..) {
+                pg_sys::ExecDropSingleTupleTableSlot(leaf.slot);
+                for slot in leaf.buffer {
+                    pg_sys::ExecDropSingleTupleTableSlot(slot);
+                }
+                if !leaf.bulk.is_null() {
+                    pg_sys::FreeBulkInsertState(leaf.bulk);
+                }
+                pg_sys::ExecCloseIndices(leaf.info);
+                pg_sys::table_close(leaf.rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+            }
+            if !self.conflict_slot.is_null() {
+                pg_sys::ExecDropSingleTupleTableSlot(self.conflict_slot);
+                self.conflict_slot = ptr::null_mut();
+            }
+            pg_sys::FreeExecutorState(self.estate);
+        }
+        self.estate = ptr::null_mut();
+    }
+}
+
+/// The per-tuple memory context of an executor state, made on first use.
+///
+/// # Safety
+/// `estate` is a live executor state.
+unsafe fn per_tuple_memory(estate: *mut pg_sys::EState) -> pg_sys::MemoryContext {
+    // SAFETY: the caller upholds this function's # Safety contract.
+    unsafe {
+        (*pg_sys::MakePerTupleExprContext(estate)).ecxt_per_tuple_memory
+    }
+}
+
+/// A bytea datum holding `bytes`, allocated in the current memory context.
+///
+/// # Safety
+/// The caller frees it or lets its context go.
+unsafe fn bytea_datum(bytes: &[u8]) -> pg_sys::Datum {
+    // SAFETY: the caller upholds this function's # Safety contract.
+    unsafe {
+        let len = bytes.len() + pg_sys::VARHDRSZ;
+        let varlena = pg_sys::palloc(len).cast::<u8>();
+        // Four-byte header: length in the upper 30 bits, little-endian layout as
+        // SET_VARSIZE writes it.
+        pgrx::set_varsize_4b(varlena.cast(), i32::try_from(len).expect("checked size"));
+        ptr::copy_nonoverlapping(bytes.as_ptr(), varlena.add(pg_sys::VARHDRSZ), bytes.len());
+        pg_sys::Datum::from(varlena)
+    }
+}
+
+/// Empties a slot (ExecClearTuple, a static inline in C).
+///
+/// # Safety
+/// `slot` is a live slot.
+unsafe fn clear_slot(slot: *mut pg_sys::TupleTableSlot) {
+    // SAFETY: the caller upholds this function's # Safety contract.
+    unsafe {
+        if let Some(clear) = (*(*slot).tts_ops).clear {
+            clear(slot);
+        }
+    }
+}
+
+/// Whether a leaf is what the extension created: the expected columns in order,
+/// no triggers, no row security forced on its owner, no CHECK constraints.
+///
+/// # Safety
+/// `rel` is an open relation.
+unsafe fn leaf_is_plain(rel: pg_sys::Relation, table: Table) -> bool {
+    // SAFETY: the caller upholds this function's # Safety contract.
+    unsafe {
+        let form = (*rel).rd_rel;
+        if !(*rel).trigdesc.is_null() || (*form).relforcerowsecurity {
+            return false;
+        }
+        let desc = (*rel).rd_att;
+        let constr = (*desc).constr;
+        if !constr.is_null() && ((*constr).num_check > 0 || (*constr).has_generated_stored) {
+            return false;
+        }
+        let expected: &[(&str, pg_sys::Oid)] = match table {
+            Table::Meta => &META_COLUMNS,
+            Table::Blob => &BLOB_COLUMNS,
+        };
+        if usize::try_from((*desc).natts).ok() != Some(expected.len()) {
+            return false;
+        }
+        let attrs = (*desc).attrs.as_slice(expected.len());
+        attrs.iter().zip(expected).all(|(attr, (name, typid))| {
+            !attr.attisdropped
+                && attr.atttypid == *typid
+                && CStr::from_ptr(attr.attname.data.as_ptr()).to_bytes() == name.as_bytes()
+        })
+    }
+}
+
+/// Checks the insert triggers of a root: none on blob; on meta only the doorbell.
+/// `Some(fires)` says whether the doorbell trigger would fire in this session;
+/// `None` means the direct path would skip a trigger.
+fn root_triggers_allow(root: pg_sys::Oid, doorbell_allowed: bool) -> Option<bool> {
+    // SAFETY: the root is locked (partition::route); RelationIdGetRelation takes a
+    // relcache reference that RelationClose drops. The trigger descriptor belongs
+    // to the relcache entry and is read while the reference is held.
+    unsafe {
+        let rel = pg_sys::RelationIdGetRelation(root);
+        if rel.is_null() {
+            return None;
+        }
+        let mut answer = Some(false);
+        let desc = (*rel).trigdesc;
+        if !desc.is_null() {
+            let count = usize::try_from((*desc).numtriggers).unwrap_or(0);
+            for trigger in std::slice::from_raw_parts((*desc).triggers, count) {
+                if trigger.tgtype & pg_sys::TRIGGER_TYPE_INSERT as i16 == 0 {
+                    continue;
+                }
+                let name = CStr::from_ptr(trigger.tgname);
+                if doorbell_allowed
+                    && name == DOORBELL_TRIGGER
+                    && trigger.tgtype & pg_sys::TRIGGER_TYPE_ROW as i16 == 0
+                {
+                    answer = answer.map(|_| trigger_fires(trigger.tgenabled as u8));
+                } else {
+                    answer = None;
+                }
+            }
+        }
+        pg_sys::RelationClose(rel);
+        answer
+    }
+}
+
+/// Whether a trigger with this `tgenabled` fires under the session's replication
+/// role (as `TriggerEnabled` decides in trigger.c).
+fn trigger_fires(enabled: u8) -> bool {
+    // SAFETY: reads a backend-global setting.
+    let replica = unsafe { pg_sys::SessionReplicationRole }
+        == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32;
+    match enabled {
+        b'D' => false,
+        b'A' => true,
+        b'R' => replica,
+        _ => !replica, // 'O': fires on origin and local
+    }
+}
