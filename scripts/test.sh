@@ -40,7 +40,7 @@ scripts/run_pg_test.sh
 
 step "integration tests"
 port=$(free_port)
-cluster_start itest "$port"
+cluster_start itest "$port" "wal_level = logical" "max_replication_slots = 10"
 trap 'cluster_stop itest_standby; cluster_stop itest; cluster_stop noworkers' EXIT
 cluster_enable_tls itest
 export ENVELOPES_TEST_PG="host=127.0.0.1 port=$port user=postgres"

@@ -189,9 +189,9 @@ fn eight_writers_racing_on_the_same_keys_store_each_once() {
                                     chunk.iter().chain(chunk).map(|k| k.1).collect();
                                 client
                                     .query_one(
-                                        "SELECT envelopes.insert_gateway_envelopes($1, $2,
-                                             array_fill(pg_catalog.convert_to($3, 'UTF8'), ARRAY[pg_catalog.cardinality($1)]),
-                                             array_fill('\\x02'::bytea, ARRAY[pg_catalog.cardinality($1)]))",
+                                        "SELECT envelopes.insert_gateway_envelopes($1::int[], $2::bigint[],
+                                             array_fill(pg_catalog.convert_to($3::text, 'UTF8'), ARRAY[pg_catalog.cardinality($1::int[])]),
+                                             array_fill('\\x02'::bytea, ARRAY[pg_catalog.cardinality($1::int[])]))",
                                         &[&nodes, &seqs, &tag],
                                     )
                                     .map(|row| row.get::<_, i64>(0))
@@ -215,7 +215,7 @@ fn eight_writers_racing_on_the_same_keys_store_each_once() {
                         };
                         match result {
                             Ok(n) => new += n,
-                            Err(e) => errors.push(format!("writer {w}: {} {e}", sqlstate(&e))),
+                            Err(e) => errors.push(format!("writer {w}: {} {e:?}", sqlstate(&e))),
                         }
                     }
                     (new, errors)
@@ -291,7 +291,7 @@ fn repeatable_read_callers_see_serialization_failures_for_unseen_conflicts() {
             rr.query_one("SELECT envelopes.insert_gateway_envelope(1, $1, '\\x01', '\\x02')", &[&seq])
         } else {
             rr.query_one(
-                "SELECT envelopes.insert_gateway_envelopes(ARRAY[1, 1], ARRAY[$1, $1 + 1]::bigint[],
+                "SELECT envelopes.insert_gateway_envelopes(ARRAY[1, 1], ARRAY[$1::bigint, $1::bigint + 1],
                      ARRAY['\\x01', '\\x01']::bytea[], ARRAY['\\x02', '\\x02']::bytea[])",
                 &[&seq],
             )
