@@ -417,3 +417,11 @@ BEGIN
     END LOOP;
 END
 $upgrade$;
+
+-- The insert functions no longer carry SET search_path, which Postgres applies on
+-- every call: their hot path runs no SQL, and what does run SQL pins the path
+-- itself (src/definer.rs).
+ALTER FUNCTION @extschema@.insert_gateway_envelope(integer, bigint, bytea, bytea, integer,
+    timestamp with time zone, bigint) RESET search_path;
+ALTER FUNCTION @extschema@.insert_gateway_envelopes(integer[], bigint[], bytea[], bytea[], integer[],
+    timestamp with time zone[], bigint[]) RESET search_path;

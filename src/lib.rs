@@ -10,6 +10,7 @@
 use pgrx::prelude::*;
 
 mod consumer;
+mod definer;
 mod error;
 mod feed;
 mod gucs;

@@ -136,6 +136,10 @@ impl Writer {
     /// `bulk` asks for a bulk-insert buffer strategy (large batches).
     pub fn open(routes: &[[Route; 2]], bulk: bool) -> Option<Writer> {
         let first = routes.first()?;
+        // SAFETY: reads the snapshot stack's state.
+        if !unsafe { pg_sys::ActiveSnapshotSet() } {
+            return None; // not seen from SQL calls; the SQL path copes with it
+        }
         let doorbell = root_triggers_allow(first[Table::Meta as usize].root, true)?;
         root_triggers_allow(first[Table::Blob as usize].root, false)?;
         // SAFETY: creating an executor state has no preconditions; it allocates
@@ -169,8 +173,7 @@ impl Writer {
         };
         for pair in routes {
             for (table, route) in Table::ALL.into_iter().zip(pair) {
-                if writer.leaf_index(route.leaf).is_none() && !writer.open_leaf(table, route.leaf)
-                {
+                if writer.leaf_index(route.leaf).is_none() && !writer.open_leaf(table, route.leaf) {
                     writer.close();
                     return None;
                 }
@@ -272,7 +275,11 @@ impl Writer {
             let cxt = per_tuple_memory(estate);
             let old = pg_sys::MemoryContextSwitchTo(cxt);
             values[3] = bytea_datum(row.topic);
-            let tuple = pg_sys::heap_form_tuple((*leaf.rel).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
+            let tuple = pg_sys::heap_form_tuple(
+                (*leaf.rel).rd_att,
+                values.as_mut_ptr(),
+                nulls.as_mut_ptr(),
+            );
             pg_sys::MemoryContextSwitchTo(old);
             pg_sys::ExecStoreHeapTuple(tuple, leaf.slot, true);
             let inserted = self.speculative_insert(index, estate, cid, bulk);
@@ -310,8 +317,13 @@ impl Writer {
             loop {
                 check_for_interrupts!();
                 let mut conflict = pg_sys::ItemPointerData::default();
-                if !pg_sys::ExecCheckIndexConstraints(info, slot, estate, &mut conflict, ptr::null_mut())
-                {
+                if !pg_sys::ExecCheckIndexConstraints(
+                    info,
+                    slot,
+                    estate,
+                    &mut conflict,
+                    ptr::null_mut(),
+                ) {
                     self.check_visible(rel, &mut conflict)?;
                     return Ok(false);
                 }
@@ -371,7 +383,8 @@ impl Writer {
                 bytea_datum(envelope),
             ];
             let mut nulls = [false; 3];
-            let tuple = pg_sys::heap_form_tuple((*rel).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
+            let tuple =
+                pg_sys::heap_form_tuple((*rel).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
             pg_sys::pfree(values[2].cast_mut_ptr());
             let slot = if buffered {
                 self.buffer_slot(index)
@@ -381,8 +394,13 @@ impl Writer {
             pg_sys::MemoryContextSwitchTo(old);
             pg_sys::ExecStoreHeapTuple(tuple, slot, true);
             let mut conflict = pg_sys::ItemPointerData::default();
-            if !pg_sys::ExecCheckIndexConstraints(info, slot, estate, &mut conflict, ptr::null_mut())
-            {
+            if !pg_sys::ExecCheckIndexConstraints(
+                info,
+                slot,
+                estate,
+                &mut conflict,
+                ptr::null_mut(),
+            ) {
                 clear_slot(slot);
                 self.check_visible(rel, &mut conflict)?;
                 return Ok(false);
@@ -400,8 +418,15 @@ impl Writer {
                 .tuple_insert
                 .ok_or(DirectError::AccessMethod("blob"))?;
             insert(rel, slot, self.cid, 0, self.leaves[index].bulk);
-            let recheck =
-                pg_sys::ExecInsertIndexTuples(info, slot, estate, false, false, ptr::null_mut(), ptr::null_mut());
+            let recheck = pg_sys::ExecInsertIndexTuples(
+                info,
+                slot,
+                estate,
+                false,
+                false,
+                ptr::null_mut(),
+                ptr::null_mut(),
+            );
             pg_sys::list_free(recheck);
             clear_slot(slot);
             pg_sys::MemoryContextReset(per_tuple_memory(estate));
@@ -442,7 +467,14 @@ impl Writer {
                 .multi_insert
                 .ok_or(DirectError::AccessMethod("blob"))?;
             let count = i32::try_from(leaf.buffered).expect("at most BUFFERED_ROWS");
-            multi(leaf.rel, leaf.buffer.as_mut_ptr(), count, self.cid, 0, leaf.bulk);
+            multi(
+                leaf.rel,
+                leaf.buffer.as_mut_ptr(),
+                count,
+                self.cid,
+                0,
+                leaf.bulk,
+            );
             for &slot in &leaf.buffer[..leaf.buffered] {
                 let recheck = pg_sys::ExecInsertIndexTuples(
                     leaf.info,
@@ -523,7 +555,7 @@ impl Writer {
                     .ok_or(DirectError::AccessMethod("a leaf"))?;
                 let xmin = getsysattr(
                     slot,
-                    pg_sys::MinTransactionIdAttributeNumber as i32,
+                    pg_sys::MinTransactionIdAttributeNumber,
                     &mut isnull,
                 );
                 ours = pg_sys::TransactionIdIsCurrentTransactionId(pg_sys::TransactionId::from(
@@ -578,9 +610,7 @@ impl Writer {
 /// `estate` is a live executor state.
 unsafe fn per_tuple_memory(estate: *mut pg_sys::EState) -> pg_sys::MemoryContext {
     // SAFETY: the caller upholds this function's # Safety contract.
-    unsafe {
-        (*pg_sys::MakePerTupleExprContext(estate)).ecxt_per_tuple_memory
-    }
+    unsafe { (*pg_sys::MakePerTupleExprContext(estate)).ecxt_per_tuple_memory }
 }
 
 /// A bytea datum holding `bytes`, allocated in the current memory context.
@@ -646,7 +676,8 @@ unsafe fn leaf_is_plain(rel: pg_sys::Relation, table: Table) -> bool {
     }
 }
 
-/// Checks the insert triggers of a root: none on blob; on meta only the doorbell.
+/// Checks the insert triggers of a root (none on blob; on meta only the doorbell)
+/// and that row security is not forced on its owner.
 /// `Some(fires)` says whether the doorbell trigger would fire in this session;
 /// `None` means the direct path would skip a trigger.
 fn root_triggers_allow(root: pg_sys::Oid, doorbell_allowed: bool) -> Option<bool> {
@@ -658,7 +689,12 @@ fn root_triggers_allow(root: pg_sys::Oid, doorbell_allowed: bool) -> Option<bool
         if rel.is_null() {
             return None;
         }
-        let mut answer = Some(false);
+        let form = (*rel).rd_rel;
+        let mut answer = if (*form).relrowsecurity && (*form).relforcerowsecurity {
+            None // row security forced on the owner: the SQL path applies it
+        } else {
+            Some(false)
+        };
         let desc = (*rel).trigdesc;
         if !desc.is_null() {
             let count = usize::try_from((*desc).numtriggers).unwrap_or(0);

@@ -269,6 +269,10 @@ impl Plan {
 /// Runs one of the two insert plans, preparing it on first use, and returns the
 /// number of rows it inserted into the blob table (= new envelopes).
 fn execute(plan: Plan, args: &[DatumWithOid<'_>]) -> Result<i64, InsertError> {
+    crate::definer::pinned(|| execute_pinned(plan, args))
+}
+
+fn execute_pinned(plan: Plan, args: &[DatumWithOid<'_>]) -> Result<i64, InsertError> {
     Spi::connect_mut(|client| {
         // The borrow is released before executing: a trigger may call back in.
         let cached = PLANS.with(|plans| plans.borrow()[plan as usize].clone());
@@ -292,8 +296,10 @@ fn execute(plan: Plan, args: &[DatumWithOid<'_>]) -> Result<i64, InsertError> {
 /// Inserts one envelope. Returns 1 if it was new, 0 if
 /// `(originator_node_id, originator_sequence_id)` already existed. Missing
 /// partitions are created first.
+///
+/// `SECURITY DEFINER` without a `SET search_path` clause: the hot path runs no
+/// SQL, and what does run SQL pins the path itself (see [`crate::definer`]).
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
-#[search_path(pg_catalog, pg_temp)]
 #[allow(clippy::too_many_arguments)]
 fn insert_gateway_envelope(
     originator_node_id: Option<i32>,
@@ -401,8 +407,10 @@ fn check_len(name: &'static str, len: Option<usize>, expected: usize) -> Result<
 /// Inserts a batch of envelopes given as parallel arrays (one element per
 /// envelope). Returns how many were new. `payer_ids`, `gateway_times` and
 /// `expiries` may be NULL as a whole; NULL elements mean no payer, now(), never.
+///
+/// `SECURITY DEFINER` without a `SET search_path` clause: the hot path runs no
+/// SQL, and what does run SQL pins the path itself (see [`crate::definer`]).
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
-#[search_path(pg_catalog, pg_temp)]
 #[allow(clippy::too_many_arguments)]
 fn insert_gateway_envelopes(
     originator_node_ids: Option<Array<'_, i32>>,
@@ -537,15 +545,20 @@ fn insert_many(
             let times: Option<Vec<Option<TimestampWithTimeZone>>> =
                 gateway_times.map(|a| a.iter().collect());
             let expiries: Option<Vec<Option<i64>>> = expiries.map(|a| a.iter().collect());
-            let rows = order.iter().zip(&key_routes).map(|(&i, routes)| (*routes, direct::Row {
-                node: keys[i].0,
-                seq: keys[i].1,
-                topic: topic_values[i],
-                envelope: envelope_values[i],
-                payer: payers.as_ref().and_then(|p| p[i]),
-                time: times.as_ref().and_then(|t| t[i]),
-                expiry: expiries.as_ref().and_then(|e| e[i]),
-            }));
+            let rows = order.iter().zip(&key_routes).map(|(&i, routes)| {
+                (
+                    *routes,
+                    direct::Row {
+                        node: keys[i].0,
+                        seq: keys[i].1,
+                        topic: topic_values[i],
+                        envelope: envelope_values[i],
+                        payer: payers.as_ref().and_then(|p| p[i]),
+                        time: times.as_ref().and_then(|t| t[i]),
+                        expiry: expiries.as_ref().and_then(|e| e[i]),
+                    },
+                )
+            });
             return write_direct(writer, rows);
         }
     }
@@ -942,7 +955,10 @@ mod tests {
             "SELECT envelopes.insert_gateway_envelope(1, s, '\\x01', '\\x02')
                FROM generate_series(403, 412) s",
         );
-        assert!(with_trigger > 10, "the SQL path ran {with_trigger} executors");
+        assert!(
+            with_trigger > 10,
+            "the SQL path ran {with_trigger} executors"
+        );
         assert_eq!(
             int8("SELECT count(*) FROM envelopes.gateway_envelopes_meta WHERE payer_id = 99"),
             10
@@ -1029,6 +1045,9 @@ mod tests {
             int8("SELECT count(*) FROM envelopes.gateway_envelopes_blob WHERE length(originator_envelope) > 9000"),
             12
         );
-        assert_eq!(int8("SELECT count(*) FROM envelopes.orphaned_envelopes()"), 0);
+        assert_eq!(
+            int8("SELECT count(*) FROM envelopes.orphaned_envelopes()"),
+            0
+        );
     }
 }

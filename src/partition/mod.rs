@@ -214,7 +214,8 @@ pub fn lock_routes(routes: &[Route; 2]) {
 pub fn route(node: i32, seq: i64, width: i64) -> Result<[Route; 2], PartitionError> {
     for _ in 0..ROUTE_ATTEMPTS {
         let Some(routes) = cached_routes(node, seq) else {
-            ensure_band(node, seq, width)?;
+            // The insert functions pin search_path only around what runs SQL.
+            crate::definer::pinned(|| ensure_band(node, seq, width))?;
             continue;
         };
         lock_routes(&routes);

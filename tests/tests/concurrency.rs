@@ -238,8 +238,14 @@ fn eight_writers_racing_on_the_same_keys_store_each_once() {
         assert!(errors.is_empty(), "round {round}: {errors:#?}");
         let distinct = keys.len() as i64;
         assert_eq!(new, distinct, "round {round}: the returned counts");
-        assert_eq!(db.int8("SELECT count(*) FROM envelopes.gateway_envelopes_meta"), distinct);
-        assert_eq!(db.int8("SELECT count(*) FROM envelopes.gateway_envelopes_blob"), distinct);
+        assert_eq!(
+            db.int8("SELECT count(*) FROM envelopes.gateway_envelopes_meta"),
+            distinct
+        );
+        assert_eq!(
+            db.int8("SELECT count(*) FROM envelopes.gateway_envelopes_blob"),
+            distinct
+        );
         assert_eq!(
             db.int8(
                 "SELECT count(DISTINCT (originator_node_id, originator_sequence_id))
@@ -247,13 +253,12 @@ fn eight_writers_racing_on_the_same_keys_store_each_once() {
             ),
             distinct
         );
-        assert_eq!(db.int8("SELECT count(*) FROM envelopes.orphaned_envelopes()"), 0);
-        // Every writer won some keys: the race really was one.
-        assert!(
-            db.int8(
-                "SELECT count(DISTINCT topic) FROM envelopes.gateway_envelopes_meta"
-            ) > 1
+        assert_eq!(
+            db.int8("SELECT count(*) FROM envelopes.orphaned_envelopes()"),
+            0
         );
+        // Every writer won some keys: the race really was one.
+        assert!(db.int8("SELECT count(DISTINCT topic) FROM envelopes.gateway_envelopes_meta") > 1);
     }
 }
 
@@ -278,20 +283,29 @@ fn repeatable_read_callers_see_serialization_failures_for_unseen_conflicts() {
             .unwrap();
         // Visible conflict: 0.
         let visible: i64 = rr
-            .query_one("SELECT envelopes.insert_gateway_envelope(1, 1, '\\x01', '\\x02')", &[])
+            .query_one(
+                "SELECT envelopes.insert_gateway_envelope(1, 1, '\\x01', '\\x02')",
+                &[],
+            )
             .unwrap()
             .get(0);
         assert_eq!(visible, 0);
         // Own row: 0 the second time.
         for expected in [1i64, 0] {
             let got: i64 = rr
-                .query_one("SELECT envelopes.insert_gateway_envelope(1, 50, '\\x01', '\\x02')", &[])
+                .query_one(
+                    "SELECT envelopes.insert_gateway_envelope(1, 50, '\\x01', '\\x02')",
+                    &[],
+                )
                 .unwrap()
                 .get(0);
             assert_eq!(got, expected);
         }
         setup
-            .query_one("SELECT envelopes.insert_gateway_envelope(1, $1, '\\x01', '\\x02')", &[&seq])
+            .query_one(
+                "SELECT envelopes.insert_gateway_envelope(1, $1, '\\x01', '\\x02')",
+                &[&seq],
+            )
             .unwrap();
         let err = if single {
             rr.query_one("SELECT envelopes.insert_gateway_envelope(1, $1, '\\x01', '\\x02')", &[&seq])
@@ -306,5 +320,8 @@ fn repeatable_read_callers_see_serialization_failures_for_unseen_conflicts() {
         assert_eq!(sqlstate(&err), "40001", "{err}");
         rr.batch_execute("ROLLBACK").unwrap();
     }
-    assert_eq!(db.int8("SELECT count(*) FROM envelopes.gateway_envelopes_meta"), 3);
+    assert_eq!(
+        db.int8("SELECT count(*) FROM envelopes.gateway_envelopes_meta"),
+        3
+    );
 }

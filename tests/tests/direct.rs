@@ -15,8 +15,12 @@ fn logical_decoding_sees_direct_path_rows() {
     let db = TestDb::new("decoding");
     let mut c = db.connect();
     let level: String = c.query_one("SHOW wal_level", &[]).unwrap().get(0);
-    assert_eq!(level, "logical", "scripts/test.sh starts this server with wal_level = logical");
-    c.batch_execute("SELECT envelopes.ensure_gateway_parts(7, 1, 10)").unwrap();
+    assert_eq!(
+        level, "logical",
+        "scripts/test.sh starts this server with wal_level = logical"
+    );
+    c.batch_execute("SELECT envelopes.ensure_gateway_parts(7, 1, 10)")
+        .unwrap();
     let slot = format!("s_{}", db.url().len() + std::process::id() as usize);
     c.execute(
         "SELECT pg_catalog.pg_create_logical_replication_slot($1, 'test_decoding')",
@@ -51,12 +55,18 @@ fn logical_decoding_sees_direct_path_rows() {
     let inserts = |table: &str| {
         changes
             .iter()
-            .filter(|c| c.contains(&format!("gateway_envelopes_{table}_o7_s")) && c.contains(": INSERT:"))
+            .filter(|c| {
+                c.contains(&format!("gateway_envelopes_{table}_o7_s")) && c.contains(": INSERT:")
+            })
             .count()
     };
     assert_eq!(inserts("meta"), 3, "{changes:#?}");
     assert_eq!(inserts("blob"), 3, "{changes:#?}");
-    assert_eq!(changes.len(), 6, "only inserts, no speculative leftovers: {changes:#?}");
+    assert_eq!(
+        changes.len(),
+        6,
+        "only inserts, no speculative leftovers: {changes:#?}"
+    );
     for (seq, envelope) in [(1, "b1"), (2, "b2"), (3, "b3")] {
         assert!(
             changes.iter().any(|c| c.contains("blob")
@@ -95,7 +105,8 @@ fn statistics_count_direct_path_rows() {
             return;
         }
         std::thread::sleep(Duration::from_millis(100));
-        c.batch_execute("SELECT pg_catalog.pg_stat_clear_snapshot()").unwrap();
+        c.batch_execute("SELECT pg_catalog.pg_stat_clear_snapshot()")
+            .unwrap();
     }
     panic!("pg_stat_user_tables never counted the 18 rows");
 }
@@ -138,5 +149,8 @@ fn the_doorbell_rings_for_direct_path_rows() {
         .unwrap();
     let mut notes = listener.notifications();
     let mut it = notes.timeout_iter(Duration::from_millis(500));
-    assert!(it.next().unwrap().is_none(), "a duplicate rang the doorbell");
+    assert!(
+        it.next().unwrap().is_none(),
+        "a duplicate rang the doorbell"
+    );
 }

@@ -671,3 +671,72 @@ fn consumer_and_ingress_argument_errors_have_the_documented_codes() {
         assert_eq!(outcome(client, sql), code, "{sql}");
     }
 }
+
+/// The insert functions pin `search_path` only around what runs SQL (see
+/// src/definer.rs). A writer that puts an operator of its own in front of the
+/// built-in `=` and then inserts rows that take every SQL path (a new originator,
+/// so partitions are created; late rows, which go through the SQL insert) never
+/// gets that operator called: the check has teeth, since the same writer's own
+/// query does call it.
+#[test]
+fn a_writers_search_path_never_reaches_the_functions_sql() {
+    let db = TestDb::new("hostile_path");
+    let role = writer(&db);
+    db.connect()
+        .batch_execute(&format!(
+            "GRANT CREATE ON DATABASE \"{}\" TO \"{}\"",
+            db.name, role.name
+        ))
+        .unwrap();
+    let mut w = role.connect(&db);
+    w.batch_execute(
+        "CREATE SCHEMA evil;
+         CREATE FUNCTION evil.spy4(integer, integer) RETURNS boolean LANGUAGE plpgsql AS
+             $$ BEGIN PERFORM pg_catalog.set_config('spy.ran', 'yes', false);
+                      RETURN $1 OPERATOR(pg_catalog.=) $2; END $$;
+         CREATE FUNCTION evil.spy8(bigint, bigint) RETURNS boolean LANGUAGE plpgsql AS
+             $$ BEGIN PERFORM pg_catalog.set_config('spy.ran', 'yes', false);
+                      RETURN $1 OPERATOR(pg_catalog.=) $2; END $$;
+         CREATE OPERATOR evil.= (LEFTARG = integer, RIGHTARG = integer, FUNCTION = evil.spy4);
+         CREATE OPERATOR evil.= (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = evil.spy8);
+         SET search_path = evil, pg_catalog;",
+    )
+    .unwrap();
+    let spied = |w: &mut Client| -> String {
+        w.query_one(
+            "SELECT COALESCE(pg_catalog.current_setting('spy.ran', true), '')",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+    };
+    w.batch_execute("SELECT 1::int = 1::int").unwrap();
+    assert_eq!(
+        spied(&mut w),
+        "yes",
+        "the planted operator is the one the path finds"
+    );
+    w.batch_execute("SELECT pg_catalog.set_config('spy.ran', '', false)")
+        .unwrap();
+
+    for sql in [
+        // A new originator: partitions created in the call.
+        "SELECT envelopes.insert_gateway_envelope(9, 10, '\\x01', '\\x02')",
+        // Late rows (below 10, committed): the SQL insert path, single and batch.
+        "SELECT envelopes.insert_gateway_envelope(9, 4, '\\x01', '\\x02')",
+        "SELECT envelopes.insert_gateway_envelopes(ARRAY[9, 9], ARRAY[5, 6]::bigint[],
+             ARRAY['\\x01', '\\x01']::bytea[], ARRAY['\\x02', '\\x02']::bytea[])",
+        // In order: the direct path; and a batch that creates another originator.
+        "SELECT envelopes.insert_gateway_envelopes(ARRAY[9, 10], ARRAY[11, 1]::bigint[],
+             ARRAY['\\x01', '\\x01']::bytea[], ARRAY['\\x02', '\\x02']::bytea[])",
+    ] {
+        w.batch_execute(sql)
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+        assert_eq!(spied(&mut w), "", "the writer's operator ran inside: {sql}");
+    }
+    assert_eq!(
+        db.int8("SELECT count(*) FROM envelopes.gateway_envelopes_view"),
+        6
+    );
+    assert_eq!(db.int8("SELECT count(*) FROM envelopes.late_envelopes"), 3);
+}
