@@ -7,8 +7,12 @@
 #
 # Comparisons: insert (single-row: extension, plain INSERT into pre-created
 # partitions with and without ON CONFLICT DO NOTHING, unpartitioned tables, xmtpd's
-# SAVEPOINT pattern, pg_partman), batch (100 rows: the same variants but
-# pg_partman), notify (doorbell on/off, 2 and 8 writers),
+# SAVEPOINT pattern, pg_partman; and the first three at 8 clients), batch (100
+# rows: the same variants but pg_partman; the first three at 8 clients), bulk
+# (10,000-row calls: the batch function, COPY of meta and blob, the idempotent
+# INSERT ... SELECT FROM unnest, driven by bridge/examples/bulk_load.rs),
+# instructions (instructions per inserted row counted by callgrind,
+# bench/instructions.sh), notify (doorbell on/off, 2 and 8 writers),
 # crossing (p99 latency crossing bands, worker vs transaction vs existing bands),
 # prune (p99 latency of 8 writers while prune_expired drops 104 bands of their
 # originators, in its worker or in one transaction, vs no pruning), view
@@ -62,9 +66,11 @@ if ! python3 -c "import matplotlib" 2>/dev/null; then
         || log "matplotlib unavailable: no plot"
 fi
 install_extension release
-cargo build --quiet --release -p envelopes-bridge --bin envelopes-bridge --example latency_probe
+cargo build --quiet --release -p envelopes-bridge --bin envelopes-bridge --example latency_probe \
+    --example bulk_load
 BRIDGE=target/release/envelopes-bridge
 PROBE=target/release/examples/latency_probe
+BULK=target/release/examples/bulk_load
 NATS_URL=${ENVELOPES_BENCH_NATS:-nats://127.0.0.1:4222}
 
 OUT=bench/out
@@ -190,6 +196,9 @@ for durability in off on; do
             plain_idempotent=bench/sql/insert_plain_idempotent.sql \
             flat=bench/sql/insert_flat.sql savepoint=bench/sql/insert_savepoint.sql \
             partman=bench/sql/insert_partman.sql
+        interleave insert8 "$durability" 8 bench \
+            extension=bench/sql/insert_extension.sql plain=bench/sql/insert_plain.sql \
+            plain_idempotent=bench/sql/insert_plain_idempotent.sql
     fi
 
     if selected batch; then
@@ -201,6 +210,34 @@ for durability in off on; do
             extension=bench/sql/batch_extension.sql plain=bench/sql/batch_plain.sql \
             plain_idempotent=bench/sql/batch_plain_idempotent.sql \
             savepoint=bench/sql/batch_savepoint.sql flat=bench/sql/batch_flat.sql
+        interleave batch8 "$durability" 8 bench \
+            extension=bench/sql/batch_extension.sql plain=bench/sql/batch_plain.sql \
+            plain_idempotent=bench/sql/batch_plain_idempotent.sql
+    fi
+
+    if selected bulk; then
+        # 10,000-row calls, 2 clients, each client its own originator: the batch
+        # function; COPY of meta then blob in one transaction (the fastest way
+        # into these tables Postgres has, not idempotent); the idempotent
+        # INSERT ... SELECT FROM unnest(...) ON CONFLICT DO NOTHING.
+        for run in $(seq "$RUNS"); do
+            for variant in extension copy insert_idempotent; do
+                reset_tables bench
+                rate=$("$BULK" "host=127.0.0.1 port=$PORT user=postgres dbname=bench" \
+                    "$variant" 2 "$SECONDS_PER_RUN" 10000)
+                record bulk "$variant" "$durability" "$run" "$rate" rows/s
+                log "bulk [$durability] $variant run $run: $rate rows/s"
+            done
+        done
+    fi
+
+    if selected instructions && [ "$durability" = off ]; then
+        # Instructions per inserted row (callgrind, single-user backend): exact,
+        # so one run each.
+        bench/instructions.sh "$OUT/instructions.tsv"
+        while IFS=$'\t' read -r variant per_row; do
+            record instructions "$variant" "$durability" 1 "$per_row" instructions/row
+        done <"$OUT/instructions.tsv"
     fi
 
     if selected notify; then

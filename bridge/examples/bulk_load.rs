@@ -1,0 +1,120 @@
+//! Benchmark helper: loads envelopes in large batches for a fixed time and prints
+//! the rows per second, so the extension's batch function can be compared with
+//! `COPY` (which pgbench cannot drive) and with a plain idempotent
+//! `INSERT ... SELECT FROM unnest(...)` into the same pre-created partitions.
+//!
+//! usage: bulk_load DATABASE_URL MODE CLIENTS SECONDS ROWS_PER_CALL
+//!   MODE: extension | copy | insert_idempotent
+//! Client i writes originator i + 1 from sequence id 1 upwards (the tables are
+//! emptied before each run by bench/sql/reset.sql), one call per transaction;
+//! the topic (32 bytes) and envelope (272 bytes) are those of the pgbench scripts.
+//! Prints one line: rows per second over all clients.
+
+use futures_util::SinkExt;
+use std::time::{Duration, Instant};
+use tokio_postgres::NoTls;
+
+const TOPIC: [u8; 32] = [
+    0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, 0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef,
+    0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, 0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef,
+];
+const ENVELOPE: [u8; 272] = [0xa5; 272];
+
+const EXTENSION: &str = "SELECT envelopes.insert_gateway_envelopes($1, $2, $3, $4)";
+const INSERT_IDEMPOTENT: &str = "
+WITH rows AS (
+    SELECT * FROM ROWS FROM (pg_catalog.unnest($1::int[]), pg_catalog.unnest($2::bigint[]),
+                             pg_catalog.unnest($3::bytea[]), pg_catalog.unnest($4::bytea[]))
+        AS u(node, seq, topic, envelope)
+), m AS (
+    INSERT INTO envelopes.gateway_envelopes_meta (originator_node_id, originator_sequence_id, topic)
+    SELECT node, seq, topic FROM rows
+    ON CONFLICT DO NOTHING
+    RETURNING originator_node_id, originator_sequence_id
+)
+INSERT INTO envelopes.gateway_envelopes_blob (originator_node_id, originator_sequence_id, originator_envelope)
+SELECT m.originator_node_id, m.originator_sequence_id, rows.envelope
+  FROM m JOIN rows ON rows.node = m.originator_node_id AND rows.seq = m.originator_sequence_id";
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+async fn client_loop(url: String, mode: String, node: i32, deadline: Instant, per_call: i64) -> i64 {
+    let (client, connection) = tokio_postgres::connect(&url, NoTls).await.expect("connect");
+    tokio::spawn(connection);
+    let topic_hex = hex(&TOPIC);
+    let envelope_hex = hex(&ENVELOPE);
+    let prepared = match mode.as_str() {
+        "extension" => Some(client.prepare(EXTENSION).await.expect("prepare")),
+        "insert_idempotent" => Some(client.prepare(INSERT_IDEMPOTENT).await.expect("prepare")),
+        "copy" => None,
+        other => panic!("unknown mode {other}"),
+    };
+    let topics = vec![TOPIC.to_vec(); per_call as usize];
+    let envelopes = vec![ENVELOPE.to_vec(); per_call as usize];
+    let nodes = vec![node; per_call as usize];
+    let mut next = 1i64;
+    let mut rows = 0i64;
+    while Instant::now() < deadline {
+        let seqs: Vec<i64> = (next..next + per_call).collect();
+        next += per_call;
+        match &prepared {
+            Some(statement) => {
+                client
+                    .execute(statement, &[&nodes, &seqs, &topics, &envelopes])
+                    .await
+                    .expect("insert");
+            }
+            None => {
+                client.batch_execute("BEGIN").await.expect("begin");
+                let mut meta = String::with_capacity(per_call as usize * 100);
+                let mut blob = String::with_capacity(per_call as usize * 600);
+                for seq in &seqs {
+                    meta.push_str(&format!("{node}\t{seq}\t\\\\x{topic_hex}\n"));
+                    blob.push_str(&format!("{node}\t{seq}\t\\\\x{envelope_hex}\n"));
+                }
+                for (sql, data) in [
+                    (
+                        "COPY envelopes.gateway_envelopes_meta (originator_node_id, originator_sequence_id, topic) FROM STDIN",
+                        meta,
+                    ),
+                    (
+                        "COPY envelopes.gateway_envelopes_blob (originator_node_id, originator_sequence_id, originator_envelope) FROM STDIN",
+                        blob,
+                    ),
+                ] {
+                    let sink = client.copy_in::<_, bytes::Bytes>(sql).await.expect("copy");
+                    futures_util::pin_mut!(sink);
+                    sink.send(bytes::Bytes::from(data.into_bytes())).await.expect("copy data");
+                    sink.finish().await.expect("copy finish");
+                }
+                client.batch_execute("COMMIT").await.expect("commit");
+            }
+        }
+        rows += per_call;
+    }
+    rows
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() != 6 {
+        eprintln!("usage: bulk_load DATABASE_URL MODE CLIENTS SECONDS ROWS_PER_CALL");
+        std::process::exit(2);
+    }
+    let clients: i32 = args[3].parse().expect("CLIENTS");
+    let seconds: f64 = args[4].parse().expect("SECONDS");
+    let per_call: i64 = args[5].parse().expect("ROWS_PER_CALL");
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs_f64(seconds);
+    let tasks: Vec<_> = (0..clients)
+        .map(|i| tokio::spawn(client_loop(args[1].clone(), args[2].clone(), i + 1, deadline, per_call)))
+        .collect();
+    let mut rows = 0;
+    for task in tasks {
+        rows += task.await.expect("client task");
+    }
+    println!("{:.0}", rows as f64 / started.elapsed().as_secs_f64());
+}
