@@ -36,6 +36,8 @@
 #   --only      run only the named comparisons
 #   --baseline  git ref of the baseline build for feedcost and idle (default: the
 #               last commit before the change feed of 0.3.0)
+# ENVELOPES_BENCH_RUNS and ENVELOPES_BENCH_SECONDS override the runs per variant
+# and their length.
 set -euo pipefail
 COMMAND="bench/run.sh $*"
 cd "$(dirname "$0")/.."
@@ -52,6 +54,9 @@ while [ $# -gt 0 ]; do
     shift
 done
 if $quick; then RUNS=2 SECONDS_PER_RUN=3; else RUNS=5 SECONDS_PER_RUN=15; fi
+# A run shorter than the full one but longer than --quick (recorded in the results).
+RUNS=${ENVELOPES_BENCH_RUNS:-$RUNS}
+SECONDS_PER_RUN=${ENVELOPES_BENCH_SECONDS:-$SECONDS_PER_RUN}
 
 scripts/setup.sh
 # The report plots with matplotlib: the first python3 on PATH if it has it, else
