@@ -68,22 +68,40 @@ pub struct Row<'a> {
 }
 
 /// The columns each table must have, in order, for the direct path to form its
-/// tuples positionally: (name, type).
-const META_COLUMNS: [(&str, pg_sys::Oid); 8] = [
-    ("originator_node_id", pg_sys::INT4OID),
-    ("originator_sequence_id", pg_sys::INT8OID),
-    ("gateway_time", pg_sys::TIMESTAMPTZOID),
-    ("topic", pg_sys::BYTEAOID),
-    ("payer_id", pg_sys::INT4OID),
-    ("expiry", pg_sys::INT8OID),
-    ("inserted_xid", pg_sys::XID8OID),
-    ("late", pg_sys::BOOLOID),
+/// tuples positionally: (name, type, may the direct path leave it NULL). A column
+/// it may leave NULL must not have been made NOT NULL (the direct path does not
+/// run the executor's constraint checks; the SQL path does).
+const META_COLUMNS: [(&str, pg_sys::Oid, bool); 8] = [
+    ("originator_node_id", pg_sys::INT4OID, false),
+    ("originator_sequence_id", pg_sys::INT8OID, false),
+    ("gateway_time", pg_sys::TIMESTAMPTZOID, false),
+    ("topic", pg_sys::BYTEAOID, false),
+    ("payer_id", pg_sys::INT4OID, true),
+    ("expiry", pg_sys::INT8OID, true),
+    ("inserted_xid", pg_sys::XID8OID, false),
+    ("late", pg_sys::BOOLOID, false),
 ];
-const BLOB_COLUMNS: [(&str, pg_sys::Oid); 3] = [
-    ("originator_node_id", pg_sys::INT4OID),
-    ("originator_sequence_id", pg_sys::INT8OID),
-    ("originator_envelope", pg_sys::BYTEAOID),
+const BLOB_COLUMNS: [(&str, pg_sys::Oid, bool); 3] = [
+    ("originator_node_id", pg_sys::INT4OID, false),
+    ("originator_sequence_id", pg_sys::INT8OID, false),
+    ("originator_envelope", pg_sys::BYTEAOID, false),
 ];
+const LATE_COLUMNS: [(&str, pg_sys::Oid, bool); 4] = [
+    ("id", pg_sys::INT8OID, false),
+    ("originator_node_id", pg_sys::INT4OID, false),
+    ("originator_sequence_id", pg_sys::INT8OID, false),
+    ("recorded_at", pg_sys::TIMESTAMPTZOID, false),
+];
+
+/// What a table of the store must look like (see [`META_COLUMNS`]).
+type Columns = [(&'static str, pg_sys::Oid, bool)];
+
+fn columns_of(table: Table) -> &'static Columns {
+    match table {
+        Table::Meta => &META_COLUMNS,
+        Table::Blob => &BLOB_COLUMNS,
+    }
+}
 
 /// The statement trigger on the meta root that rings the doorbell; the only insert
 /// trigger the direct path may pass by (it rings instead).
@@ -126,6 +144,9 @@ pub struct Writer {
     /// first need (REPEATABLE READ conflicts only).
     conflict_slot: *mut pg_sys::TupleTableSlot,
     doorbell: bool,
+    /// `late_envelopes` (index into `leaves`) and its id sequence, opened on the
+    /// first late row.
+    late: Option<(usize, pg_sys::Oid)>,
 }
 
 impl Writer {
@@ -170,6 +191,7 @@ impl Writer {
             leaves: Vec::with_capacity(routes.len() * 2),
             conflict_slot: ptr::null_mut(),
             doorbell,
+            late: None,
         };
         for pair in routes {
             for (table, route) in Table::ALL.into_iter().zip(pair) {
@@ -195,12 +217,111 @@ impl Writer {
     /// Opens a leaf (already locked by the caller) and its indexes; false if the
     /// leaf is not one the direct path can write.
     fn open_leaf(&mut self, table: Table, oid: pg_sys::Oid) -> bool {
+        self.open_relation(oid, |rel| {
+            // SAFETY: rel is the relation just opened.
+            unsafe { leaf_is_plain(rel, columns_of(table)) }
+        })
+    }
+
+    /// Opens `envelopes.late_envelopes` for the late-envelope feed's rows, and
+    /// finds its id sequence; false if either is missing or not as the extension
+    /// made it (the caller then takes the SQL path).
+    pub fn open_late(&mut self) -> bool {
+        if self.late.is_some() {
+            return true;
+        }
+        // SAFETY: syscache lookups by name; InvalidOid when missing.
+        let (table, sequence) = unsafe {
+            let schema = pg_sys::get_namespace_oid(c"envelopes".as_ptr(), true);
+            if schema == pg_sys::InvalidOid {
+                return false;
+            }
+            (
+                pg_sys::get_relname_relid(c"late_envelopes".as_ptr(), schema),
+                pg_sys::get_relname_relid(c"late_envelopes_id_seq".as_ptr(), schema),
+            )
+        };
+        if table == pg_sys::InvalidOid || sequence == pg_sys::InvalidOid {
+            return false;
+        }
+        // SAFETY: locks the feed table as an INSERT would (ROW EXCLUSIVE, held to
+        // the end of the transaction); the relation is opened below.
+        unsafe { pg_sys::LockRelationOid(table, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE) };
+        let opened = self.open_relation(table, |rel| {
+            // SAFETY: rel is the relation just opened.
+            unsafe { leaf_is_plain(rel, &LATE_COLUMNS) }
+        });
+        if opened {
+            self.late = Some((self.leaves.len() - 1, sequence));
+        }
+        opened
+    }
+
+    /// Records a new late row in `late_envelopes` (after [`Writer::open_late`]):
+    /// its id drawn from the table's sequence, `recorded_at` = now().
+    pub fn insert_late(&mut self, node: i32, seq: i64) -> Result<(), DirectError> {
+        let (index, sequence) = self.late.expect("open_late before insert_late");
+        let estate = self.estate;
+        // SAFETY: as in insert_blob; nextval_oid draws from the identity sequence
+        // the functions' owner owns, given its valid oid (the marker naming the
+        // last drawn id is held, see crate::feed::markers).
+        unsafe {
+            let (rel, info, slot) = {
+                let leaf = &self.leaves[index];
+                (leaf.rel, leaf.info, leaf.slot)
+            };
+            // nextval(regclass): the built-in behind nextval(), called directly.
+            let id = pgrx::fcinfo::direct_function_call::<i64>(
+                pg_sys::nextval_oid,
+                &[sequence.into_datum()],
+            )
+            .ok_or(DirectError::AccessMethod("late_envelopes_id_seq"))?;
+            let cxt = per_tuple_memory(estate);
+            let old = pg_sys::MemoryContextSwitchTo(cxt);
+            let mut values = [
+                pg_sys::Datum::from(id),
+                pg_sys::Datum::from(node),
+                pg_sys::Datum::from(seq),
+                self.now,
+            ];
+            let mut nulls = [false; 4];
+            let tuple =
+                pg_sys::heap_form_tuple((*rel).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
+            pg_sys::MemoryContextSwitchTo(old);
+            pg_sys::ExecStoreHeapTuple(tuple, slot, true);
+            let insert = (*(*rel).rd_tableam)
+                .tuple_insert
+                .ok_or(DirectError::AccessMethod("late_envelopes"))?;
+            insert(rel, slot, self.cid, 0, ptr::null_mut());
+            let recheck = pg_sys::ExecInsertIndexTuples(
+                info,
+                slot,
+                estate,
+                false,
+                false,
+                ptr::null_mut(),
+                ptr::null_mut(),
+            );
+            pg_sys::list_free(recheck);
+            clear_slot(slot);
+            pg_sys::MemoryContextReset(cxt);
+        }
+        Ok(())
+    }
+
+    /// Opens a relation (already locked by the caller) and its indexes; false,
+    /// and nothing kept open, if `plain` says the direct path cannot write it.
+    fn open_relation(
+        &mut self,
+        oid: pg_sys::Oid,
+        plain: impl FnOnce(pg_sys::Relation) -> bool,
+    ) -> bool {
         // SAFETY: the caller holds ROW EXCLUSIVE on the leaf (partition::route), so
         // table_open only takes the relcache reference. Everything allocated here
         // lives in the executor state's memory context.
         unsafe {
             let rel = pg_sys::table_open(oid, pg_sys::NoLock as pg_sys::LOCKMODE);
-            if !leaf_is_plain(rel, table) {
+            if !plain(rel) {
                 pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
                 return false;
             }
@@ -553,11 +674,7 @@ impl Writer {
                 let getsysattr = (*(*slot).tts_ops)
                     .getsysattr
                     .ok_or(DirectError::AccessMethod("a leaf"))?;
-                let xmin = getsysattr(
-                    slot,
-                    pg_sys::MinTransactionIdAttributeNumber,
-                    &mut isnull,
-                );
+                let xmin = getsysattr(slot, pg_sys::MinTransactionIdAttributeNumber, &mut isnull);
                 ours = pg_sys::TransactionIdIsCurrentTransactionId(pg_sys::TransactionId::from(
                     xmin.value() as u32,
                 ));
@@ -648,7 +765,7 @@ unsafe fn clear_slot(slot: *mut pg_sys::TupleTableSlot) {
 ///
 /// # Safety
 /// `rel` is an open relation.
-unsafe fn leaf_is_plain(rel: pg_sys::Relation, table: Table) -> bool {
+unsafe fn leaf_is_plain(rel: pg_sys::Relation, expected: &Columns) -> bool {
     // SAFETY: the caller upholds this function's # Safety contract.
     unsafe {
         let form = (*rel).rd_rel;
@@ -660,19 +777,19 @@ unsafe fn leaf_is_plain(rel: pg_sys::Relation, table: Table) -> bool {
         if !constr.is_null() && ((*constr).num_check > 0 || (*constr).has_generated_stored) {
             return false;
         }
-        let expected: &[(&str, pg_sys::Oid)] = match table {
-            Table::Meta => &META_COLUMNS,
-            Table::Blob => &BLOB_COLUMNS,
-        };
         if usize::try_from((*desc).natts).ok() != Some(expected.len()) {
             return false;
         }
         let attrs = (*desc).attrs.as_slice(expected.len());
-        attrs.iter().zip(expected).all(|(attr, (name, typid))| {
-            !attr.attisdropped
-                && attr.atttypid == *typid
-                && CStr::from_ptr(attr.attname.data.as_ptr()).to_bytes() == name.as_bytes()
-        })
+        attrs
+            .iter()
+            .zip(expected)
+            .all(|(attr, (name, typid, nullable))| {
+                !attr.attisdropped
+                    && attr.atttypid == *typid
+                    && !(*nullable && attr.attnotnull)
+                    && CStr::from_ptr(attr.attname.data.as_ptr()).to_bytes() == name.as_bytes()
+            })
     }
 }
 

@@ -1,20 +1,23 @@
 //! `insert_gateway_envelope` and `insert_gateway_envelopes`.
 //!
-//! Both write meta and blob in one statement (a data-modifying CTE), so a row is
-//! either in both tables or in neither, and return how many envelopes were new:
-//! an existing `(originator_node_id, originator_sequence_id)` is skipped, which
-//! makes replays idempotent.
+//! Both write meta and blob in the caller's transaction, so a row is either in
+//! both tables or in neither, and return how many envelopes were new: an existing
+//! `(originator_node_id, originator_sequence_id)` is skipped, which makes replays
+//! idempotent.
 //!
 //! The hot path (partitions already known) validates the input, asks the
 //! partition cache for the row's route, locks it, takes the change feed's
 //! envelope marker, checks whether the row arrives late (below a sequence id of
 //! its originator that another transaction has committed, see [`crate::feed`]),
-//! and executes a plan prepared once per backend. No subtransaction is opened and
-//! no catalog query runs; only a cache miss pays for the catalog read, the
-//! advisory lock and the DDL (see [`crate::partition`]). There is no "no
-//! partition found" error to recover from, because a row is only inserted once
-//! its partitions are known to exist. A late row takes the other plan of each
-//! pair, which also records it in the late-envelope feed.
+//! and writes the rows straight into their band leaves ([`direct`]): no SQL
+//! statement, no subtransaction, no catalog query. A late row is flagged and
+//! recorded in the late-envelope feed on the same path. Only a cache miss pays
+//! for the catalog read, the advisory lock and the DDL (see [`crate::partition`]);
+//! there is no "no partition found" error to recover from, because a row is only
+//! inserted once its partitions are known to exist. Tables the direct path does
+//! not reproduce (a trigger, a changed layout, see [`direct::Writer::open`]) get
+//! the SQL statements below, a data-modifying CTE per call, with its own plans
+//! for late rows.
 
 mod direct;
 
@@ -341,8 +344,11 @@ fn insert_one(
     // Marker first, then the lateness check (see crate::feed).
     markers::mark_envelope(node, seq);
     let late = late::committed_above(node, seq, seq)?.is_some();
-    if !late {
-        if let Some(mut writer) = direct::Writer::open(&[routes], false) {
+    if let Some(mut writer) = direct::Writer::open(&[routes], false) {
+        if !late || writer.open_late() {
+            if late {
+                markers::mark_drawn(Drawn::Late)?;
+            }
             let row = direct::Row {
                 node,
                 seq,
@@ -352,7 +358,10 @@ fn insert_one(
                 time: gateway_time,
                 expiry,
             };
-            let meta_new = writer.insert_meta(routes[0].leaf, &row, false)?;
+            let meta_new = writer.insert_meta(routes[0].leaf, &row, late)?;
+            if meta_new && late {
+                writer.insert_late(node, seq)?;
+            }
             let new = meta_new && writer.insert_blob(routes[1].leaf, node, seq, envelope, false)?;
             let rings = writer.rings_doorbell();
             writer.finish()?;
@@ -361,6 +370,7 @@ fn insert_one(
             }
             return Ok(i64::from(new));
         }
+        writer.finish()?; // nothing was written
     }
     let plan = if late {
         markers::mark_drawn(Drawn::Late)?;
@@ -539,28 +549,30 @@ fn insert_many(
     let is_late = |(node, seq): (i32, i64)| committed.get(&node).is_some_and(|above| seq < *above);
     let any_late = distinct.iter().any(|&key| is_late(key));
 
-    if !any_late {
-        if let Some(writer) = direct::Writer::open(&locked, n >= BULK_ROWS) {
+    if let Some(mut writer) = direct::Writer::open(&locked, n >= BULK_ROWS) {
+        if !any_late || writer.open_late() {
+            if any_late {
+                markers::mark_drawn(Drawn::Late)?;
+            }
             let payers: Option<Vec<Option<i32>>> = payer_ids.map(|a| a.iter().collect());
             let times: Option<Vec<Option<TimestampWithTimeZone>>> =
                 gateway_times.map(|a| a.iter().collect());
             let expiries: Option<Vec<Option<i64>>> = expiries.map(|a| a.iter().collect());
             let rows = order.iter().zip(&key_routes).map(|(&i, routes)| {
-                (
-                    *routes,
-                    direct::Row {
-                        node: keys[i].0,
-                        seq: keys[i].1,
-                        topic: topic_values[i],
-                        envelope: envelope_values[i],
-                        payer: payers.as_ref().and_then(|p| p[i]),
-                        time: times.as_ref().and_then(|t| t[i]),
-                        expiry: expiries.as_ref().and_then(|e| e[i]),
-                    },
-                )
+                let row = direct::Row {
+                    node: keys[i].0,
+                    seq: keys[i].1,
+                    topic: topic_values[i],
+                    envelope: envelope_values[i],
+                    payer: payers.as_ref().and_then(|p| p[i]),
+                    time: times.as_ref().and_then(|t| t[i]),
+                    expiry: expiries.as_ref().and_then(|e| e[i]),
+                };
+                (*routes, is_late(keys[i]), row)
             });
             return write_direct(writer, rows);
         }
+        writer.finish()?; // nothing was written
     }
 
     let late_flags: Option<Vec<bool>> =
@@ -588,17 +600,20 @@ fn insert_many(
 /// (a small ring of buffers, as `COPY` uses, instead of the shared buffer pool).
 const BULK_ROWS: usize = 1000;
 
-/// Writes a batch's rows (in key order, each key once) on the direct path and
-/// returns how many were new.
+/// Writes a batch's rows (in key order, each key once, with whether each arrives
+/// late) on the direct path and returns how many were new.
 fn write_direct<'a>(
     mut writer: direct::Writer,
-    rows: impl Iterator<Item = ([cache::Route; 2], direct::Row<'a>)>,
+    rows: impl Iterator<Item = ([cache::Route; 2], bool, direct::Row<'a>)>,
 ) -> Result<i64, InsertError> {
     let mut new = 0i64;
     let mut any_meta = false;
-    for (routes, row) in rows {
-        if writer.insert_meta(routes[0].leaf, &row, false)? {
+    for (routes, late, row) in rows {
+        if writer.insert_meta(routes[0].leaf, &row, late)? {
             any_meta = true;
+            if late {
+                writer.insert_late(row.node, row.seq)?;
+            }
             if writer.insert_blob(routes[1].leaf, row.node, row.seq, row.envelope, true)? {
                 new += 1;
             }
@@ -1049,5 +1064,34 @@ mod tests {
             int8("SELECT count(*) FROM envelopes.orphaned_envelopes()"),
             0
         );
+    }
+
+    #[pg_test]
+    fn tables_changed_by_hand_get_what_an_insert_gives() {
+        assert_eq!(insert(1, 1), 1); // creates the partitions
+                                     // A column added with a default: the SQL path fills it in.
+        Spi::run(
+            "ALTER TABLE envelopes.gateway_envelopes_meta ADD COLUMN note text DEFAULT 'noted'",
+        )
+        .unwrap();
+        assert_eq!(insert(1, 2), 1);
+        assert_eq!(
+            int8("SELECT count(*) FROM envelopes.gateway_envelopes_meta WHERE note = 'noted'"),
+            2
+        );
+        Spi::run("ALTER TABLE envelopes.gateway_envelopes_meta DROP COLUMN note").unwrap();
+        // A NOT NULL the direct path would not check: the SQL path raises 23502.
+        Spi::run("ALTER TABLE envelopes.gateway_envelopes_meta ALTER COLUMN payer_id SET NOT NULL")
+            .unwrap();
+        assert_eq!(
+            sqlstate_of("SELECT envelopes.insert_gateway_envelope(1, 3, '\\x01', '\\x02')")
+                .as_deref(),
+            Some("23502")
+        );
+        assert_eq!(
+            int8("SELECT envelopes.insert_gateway_envelope(1, 3, '\\x01', '\\x02', payer_id => 5)"),
+            1
+        );
+        assert_eq!(rows(), (3, 3));
     }
 }
