@@ -8,7 +8,9 @@
 # Comparisons: insert (single-row: extension, plain INSERT into pre-created
 # partitions with and without ON CONFLICT DO NOTHING, unpartitioned tables, xmtpd's
 # SAVEPOINT pattern, pg_partman; and the first three at 8 clients), batch (100
-# rows: the same variants but pg_partman; the first three at 8 clients), bulk
+# rows: the same variants but pg_partman; the first three at 8 clients), inorder
+# (the first three of each again, each client on its own originator, at 2 and 8
+# clients), bulk
 # (10,000-row calls: the batch function, COPY of meta and blob, the idempotent
 # INSERT ... SELECT FROM unnest, driven by bridge/examples/bulk_load.rs),
 # instructions (instructions per inserted row counted by callgrind,
@@ -218,6 +220,24 @@ for durability in off on; do
         interleave batch8 "$durability" 8 bench \
             extension=bench/sql/batch_extension.sql plain=bench/sql/batch_plain.sql \
             plain_idempotent=bench/sql/batch_plain_idempotent.sql
+    fi
+
+    if selected inorder; then
+        # The same single-row and 100-row inserts in order: each client writes its
+        # own originator, as each xmtpd node writes its own. In the insert and
+        # batch cells clients pick originators at random and draw ids from one
+        # sequence, so a row often commits below an id another client committed
+        # first: a late arrival, which the extension must flag and record (and
+        # the plain INSERTs do not).
+        for clients in 2 8; do
+            interleave "inorder$clients" "$durability" "$clients" bench \
+                extension=bench/sql/inorder_extension.sql plain=bench/sql/inorder_plain.sql \
+                plain_idempotent=bench/sql/inorder_plain_idempotent.sql
+            interleave "inorder_batch$clients" "$durability" "$clients" bench \
+                extension=bench/sql/inorder_batch_extension.sql \
+                plain=bench/sql/inorder_batch_plain.sql \
+                plain_idempotent=bench/sql/inorder_batch_plain_idempotent.sql
+        done
     fi
 
     if selected bulk; then

@@ -24,7 +24,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 packages=(postgresql-15 postgresql-server-dev-15 postgresql-contrib libclang-dev clang sudo
-          spin nats-server redis-server mosquitto mosquitto-clients python3
+          spin nats-server redis-server mosquitto mosquitto-clients rabbitmq-server python3
           postgresql-15-partman)
 missing=()
 for p in "${packages[@]}"; do
@@ -67,8 +67,14 @@ if ! port_open 1883; then
     log "starting mosquitto on 1883"
     mosquitto -d -c /etc/mosquitto/mosquitto.conf
 fi
-for port in 4222 6379 1883; do
-    for _ in $(seq 50); do port_open "$port" && break; sleep 0.2; done
+if ! port_open 5672; then
+    # Debian's package starts the broker where there is an init system; start it
+    # here otherwise (the default guest/guest user may log in from localhost).
+    log "starting rabbitmq-server on 5672"
+    (rabbitmq-server >/var/log/rabbitmq-ci.log 2>&1 &)
+fi
+for port in 4222 6379 1883 5672; do
+    for _ in $(seq 150); do port_open "$port" && break; sleep 0.2; done
     port_open "$port" || { log "nothing listens on 127.0.0.1:$port"; exit 1; }
 done
 log "ready"

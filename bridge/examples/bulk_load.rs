@@ -40,7 +40,13 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-async fn client_loop(url: String, mode: String, node: i32, deadline: Instant, per_call: i64) -> i64 {
+async fn client_loop(
+    url: String,
+    mode: String,
+    node: i32,
+    deadline: Instant,
+    per_call: i64,
+) -> i64 {
     let (client, connection) = tokio_postgres::connect(&url, NoTls).await.expect("connect");
     tokio::spawn(connection);
     let topic_hex = hex(&TOPIC);
@@ -110,7 +116,15 @@ async fn main() {
     let started = Instant::now();
     let deadline = started + Duration::from_secs_f64(seconds);
     let tasks: Vec<_> = (0..clients)
-        .map(|i| tokio::spawn(client_loop(args[1].clone(), args[2].clone(), i + 1, deadline, per_call)))
+        .map(|i| {
+            tokio::spawn(client_loop(
+                args[1].clone(),
+                args[2].clone(),
+                i + 1,
+                deadline,
+                per_call,
+            ))
+        })
         .collect();
     let mut rows = 0;
     for task in tasks {

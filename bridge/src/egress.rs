@@ -389,13 +389,31 @@ async fn deliver(
                 crash::reached("after_publish");
                 return Ok(dead);
             }
-            Err(e @ SinkError::Unavailable { .. }) => {
+            Err(
+                e @ SinkError::Unavailable {
+                    retry_after,
+                    permanent,
+                    ..
+                },
+            ) => {
                 metrics.retried.inc();
-                tracing::warn!(error = %e, first_id = %rest[0].dedup_id(),
-                               last_id = %rest[rest.len() - 1].dedup_id(), rows = rest.len(),
-                               "publish failed, retrying the batch");
+                let (first_id, last_id) = (rest[0].dedup_id(), rest[rest.len() - 1].dedup_id());
                 state.sink = None;
-                if backoff.wait(shutdown).await {
+                let stop = if permanent {
+                    tracing::error!(error = %e, first_id = %first_id, last_id = %last_id,
+                                    rows = rest.len(),
+                                    "the bus refuses the request; retrying at the longest backoff \
+                                     until it is fixed (nothing is skipped)");
+                    backoff.wait_longest(shutdown).await
+                } else {
+                    tracing::warn!(error = %e, first_id = %first_id, last_id = %last_id,
+                                   rows = rest.len(), retry_after_ms = retry_after.map(|d| d.as_millis() as u64),
+                                   "publish failed, retrying the batch");
+                    backoff
+                        .wait_at_least(retry_after.unwrap_or_default(), shutdown)
+                        .await
+                };
+                if stop {
                     return Err(Failure::Shutdown);
                 }
             }

@@ -139,6 +139,24 @@ struct BusArgs {
     /// MQTT client id (default: envelopes-bridge-NAME).
     #[arg(long, env = "ENVELOPES_MQTT_CLIENT_ID")]
     mqtt_client_id: Option<String>,
+    /// AMQP topic exchange the messages are published to (declared durable if
+    /// missing); the routing keys are the NATS subjects.
+    #[arg(long, env = "ENVELOPES_AMQP_EXCHANGE", default_value = "envelopes")]
+    amqp_exchange: String,
+    /// Webhook body: a JSON array of the messages, or a CBOR array.
+    #[arg(
+        long,
+        env = "ENVELOPES_WEBHOOK_FORMAT",
+        value_enum,
+        default_value = "json"
+    )]
+    webhook_format: sink::WebhookFormat,
+    /// Key of the webhook's X-Envelopes-Signature header (HMAC-SHA256 of the body).
+    #[arg(long, env = "ENVELOPES_WEBHOOK_SECRET", hide_env_values = true)]
+    webhook_secret: Option<String>,
+    /// Webhook request timeout, in milliseconds.
+    #[arg(long, env = "ENVELOPES_WEBHOOK_TIMEOUT_MS", default_value_t = 10_000)]
+    webhook_timeout_ms: u64,
 }
 
 impl BusArgs {
@@ -161,6 +179,10 @@ impl BusArgs {
                 .mqtt_client_id
                 .clone()
                 .unwrap_or_else(|| format!("envelopes-bridge-{name}")),
+            amqp_exchange: self.amqp_exchange.clone(),
+            webhook_format: self.webhook_format,
+            webhook_secret: self.webhook_secret.clone(),
+            webhook_timeout: Duration::from_millis(self.webhook_timeout_ms),
         }
     }
 }

@@ -90,7 +90,12 @@ impl Message {
     /// One JSON object for a line of stdout/JSONL output, with the dedup id as
     /// `"id"` and bytes in hex.
     pub fn to_json_line(&self) -> String {
-        let value = match self {
+        self.to_json_value().to_string()
+    }
+
+    /// The JSON object of [`Message::to_json_line`] (also the webhook's elements).
+    pub fn to_json_value(&self) -> serde_json::Value {
+        match self {
             Message::Envelope(e) => serde_json::json!({
                 "id": self.dedup_id(),
                 "kind": "envelope",
@@ -111,8 +116,7 @@ impl Message {
                 "headers": o.headers,
                 "created_at_us": o.created_at_us,
             }),
-        };
-        value.to_string()
+        }
     }
 }
 

@@ -49,6 +49,18 @@ impl Backoff {
         sleep_or_shutdown(delay, shutdown).await
     }
 
+    /// Sleeps for the next delay, or for `floor` if that is longer (a bus's own
+    /// `Retry-After`); returns true if shutdown was requested meanwhile.
+    pub async fn wait_at_least(
+        &mut self,
+        floor: Duration,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> bool {
+        let delay = self.peek().max(floor);
+        self.next = (self.peek() * 2).min(LONGEST_DELAY);
+        sleep_or_shutdown(delay, shutdown).await
+    }
+
     /// Sleeps the longest delay (and stays there); for permanent errors.
     pub async fn wait_longest(&mut self, shutdown: &mut watch::Receiver<bool>) -> bool {
         self.next = LONGEST_DELAY;

@@ -1,5 +1,5 @@
-//! Where egress publishes: stdout, a JSONL file, NATS JetStream, Redis Streams or
-//! MQTT. `publish` returns only once the bus has acknowledged every message of the
+//! Where egress publishes: stdout, a JSONL file, NATS JetStream, Redis Streams,
+//! MQTT, RabbitMQ (AMQP 0-9-1) or an HTTP webhook. `publish` returns only once the bus has acknowledged every message of the
 //! batch, so the caller may then move its cursor. It fails in one of two ways:
 //! the bus is unavailable (nothing of the batch counts; publish it again, dedup
 //! ids make the replays harmless), or the bus refuses one message of the batch
@@ -8,10 +8,14 @@
 //! before it were acknowledged and the caller decides what to do with it (after
 //! bounded attempts, set it aside as a dead letter: see `egress.rs`).
 
+mod amqp;
 mod file;
 mod mqtt;
 mod nats;
 mod redis;
+mod webhook;
+
+pub use webhook::WebhookFormat;
 
 use crate::message::Message;
 use std::fmt;
@@ -31,6 +35,10 @@ pub enum SinkSpec {
         username: Option<String>,
         password: Option<String>,
     },
+    /// `amqp://user:pass@host:port/vhost` (or `amqps://`), as lapin takes it.
+    Amqp(String),
+    /// `http://` or `https://` URL the batches are POSTed to.
+    Webhook(String),
 }
 
 impl fmt::Debug for SinkSpec {
@@ -46,7 +54,12 @@ impl fmt::Display for SinkSpec {
         match self {
             SinkSpec::Stdout => write!(f, "stdout"),
             SinkSpec::Jsonl(path) => write!(f, "jsonl:{}", path.display()),
-            SinkSpec::Nats(url) | SinkSpec::Redis(url) => write!(f, "{}", crate::redact::url(url)),
+            SinkSpec::Nats(url)
+            | SinkSpec::Redis(url)
+            | SinkSpec::Amqp(url)
+            | SinkSpec::Webhook(url) => {
+                write!(f, "{}", crate::redact::url(url))
+            }
             SinkSpec::Mqtt { host, port, .. } => write!(f, "mqtt://{host}:{port}"),
         }
     }
@@ -55,7 +68,7 @@ impl fmt::Display for SinkSpec {
 /// Why a sink argument is not understood.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SinkParseError {
-    #[error("unknown sink {0:?}: expected stdout, jsonl:PATH, nats://HOST:PORT, redis://HOST:PORT or mqtt://HOST:PORT")]
+    #[error("unknown sink {0:?}: expected stdout, jsonl:PATH, nats://HOST:PORT, redis://HOST:PORT, mqtt://HOST:PORT, amqp://HOST:PORT/VHOST or http(s)://HOST:PORT/PATH")]
     Unknown(String),
     #[error("jsonl sink needs a path: jsonl:PATH")]
     EmptyPath,
@@ -85,7 +98,8 @@ impl FromStr for SinkSpec {
             Some((u, h)) => (Some(u), h),
             None => (None, rest),
         };
-        let hostport = hostport.trim_end_matches('/');
+        // What follows host:port (an AMQP vhost, a Redis database) is the client's.
+        let hostport = hostport.split_once('/').map_or(hostport, |(h, _)| h);
         let (host, port) = hostport
             .rsplit_once(':')
             .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
@@ -94,6 +108,8 @@ impl FromStr for SinkSpec {
         match scheme {
             "nats" | "tls" => Ok(SinkSpec::Nats(s.to_owned())),
             "redis" | "rediss" => Ok(SinkSpec::Redis(s.to_owned())),
+            "amqp" | "amqps" => Ok(SinkSpec::Amqp(s.to_owned())),
+            "http" | "https" => Ok(SinkSpec::Webhook(s.to_owned())),
             "mqtt" => {
                 let (username, password) = match userinfo {
                     Some(u) => match u.split_once(':') {
@@ -123,15 +139,28 @@ pub struct SinkOptions {
     pub redis_stream: String,
     pub nats_auth: crate::nats::NatsAuth,
     pub mqtt_client_id: String,
+    /// The AMQP exchange (declared as a durable topic exchange if missing).
+    pub amqp_exchange: String,
+    pub webhook_format: WebhookFormat,
+    /// The HMAC-SHA256 key of the webhook's signature header, if any.
+    pub webhook_secret: Option<String>,
+    pub webhook_timeout: std::time::Duration,
 }
 
 /// A failed publish.
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
     /// The bus could not be reached or did not acknowledge in time: publish the
-    /// whole batch again.
+    /// whole batch again, not before `retry_after` if the bus named a time. When
+    /// `permanent`, the bus said the request itself is wrong (an HTTP 4xx): it is
+    /// retried at the longest backoff until someone fixes it.
     #[error("{sink}: {message}")]
-    Unavailable { sink: &'static str, message: String },
+    Unavailable {
+        sink: &'static str,
+        message: String,
+        retry_after: Option<std::time::Duration>,
+        permanent: bool,
+    },
     /// The bus refuses message `index` of the batch, and would again: the
     /// messages before it were acknowledged.
     #[error("{sink} refuses message {index} of the batch ({code}): {reason}")]
@@ -149,6 +178,32 @@ impl SinkError {
         SinkError::Unavailable {
             sink,
             message: message.to_string(),
+            retry_after: None,
+            permanent: false,
+        }
+    }
+
+    /// Unavailable, and asking not to be tried again before `retry_after`.
+    pub fn unavailable_for(
+        sink: &'static str,
+        message: impl ToString,
+        retry_after: Option<std::time::Duration>,
+    ) -> SinkError {
+        SinkError::Unavailable {
+            sink,
+            message: message.to_string(),
+            retry_after,
+            permanent: false,
+        }
+    }
+
+    /// The bus refuses the request as such, and will until someone changes it.
+    pub fn permanent(sink: &'static str, message: impl ToString) -> SinkError {
+        SinkError::Unavailable {
+            sink,
+            message: message.to_string(),
+            retry_after: None,
+            permanent: true,
         }
     }
 
@@ -173,6 +228,8 @@ pub enum Sink {
     Nats(nats::Nats),
     Redis(redis::Redis),
     Mqtt(mqtt::Mqtt),
+    Amqp(amqp::Amqp),
+    Webhook(webhook::Webhook),
 }
 
 impl Sink {
@@ -191,6 +248,13 @@ impl Sink {
                 mqtt::Mqtt::connect(host, *port, username.clone(), password.clone(), options)
                     .await?,
             ),
+            SinkSpec::Amqp(url) => Sink::Amqp(amqp::Amqp::connect(url, options).await?),
+            SinkSpec::Webhook(url) => Sink::Webhook(webhook::Webhook::new(
+                url,
+                options.webhook_format,
+                options.webhook_secret.as_deref(),
+                options.webhook_timeout,
+            )?),
         })
     }
 
@@ -202,6 +266,8 @@ impl Sink {
             Sink::Nats(s) => s.publish(batch).await,
             Sink::Redis(s) => s.publish(batch).await,
             Sink::Mqtt(s) => s.publish(batch).await,
+            Sink::Amqp(s) => s.publish(batch).await,
+            Sink::Webhook(s) => s.publish(batch).await,
         }
     }
 }
@@ -264,6 +330,12 @@ mod tests {
         assert_eq!(
             "redis://127.0.0.1:6379".parse(),
             Ok(SinkSpec::Redis("redis://127.0.0.1:6379".into()))
+        );
+        assert_eq!(
+            "amqp://guest:guest@127.0.0.1:5672/%2f".parse(),
+            Ok(SinkSpec::Amqp(
+                "amqp://guest:guest@127.0.0.1:5672/%2f".into()
+            ))
         );
         assert_eq!(
             "mqtt://u:p@localhost:1883".parse(),

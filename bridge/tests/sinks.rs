@@ -1,0 +1,711 @@
+//! One conformance suite for every sink: the same test functions run against
+//! stdout-like JSONL, JetStream, Redis Streams, MQTT, RabbitMQ and an HTTP
+//! webhook, each read back with that bus's own client (a JetStream consumer,
+//! XRANGE, an MQTT subscription, an AMQP queue bound to the exchange, the
+//! webhook's own receiver). Envelopes, late arrivals and outbox rows are written
+//! while the bridge is killed with SIGKILL at random moments; every committed row
+//! must arrive with its dedup id, and where the bus deduplicates (JetStream), once.
+//! Then what each new sink does when its bus says no: a webhook answering 503
+//! with Retry-After, or 400, for a while; a RabbitMQ exchange with no queue bound
+//! for a while (unroutable messages are returned).
+
+mod common;
+
+use common::*;
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+fn amqp_url() -> String {
+    std::env::var("ENVELOPES_TEST_AMQP")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+const WEBHOOK_SECRET: &str = "conformance-secret";
+
+/// A webhook receiver on a free port: records every request's body and headers,
+/// answers with the status `status` holds (and `Retry-After: 1` for 503).
+struct Receiver {
+    port: u16,
+    requests: Arc<Mutex<Vec<Request>>>,
+    status: Arc<AtomicU16>,
+    stop: Arc<AtomicBool>,
+}
+
+#[derive(Clone)]
+struct Request {
+    body: Vec<u8>,
+    signature: Option<String>,
+    idempotency_key: Option<String>,
+    answered: u16,
+}
+
+impl Receiver {
+    fn start() -> Receiver {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let status = Arc::new(AtomicU16::new(200));
+        let stop = Arc::new(AtomicBool::new(false));
+        {
+            let (requests, status, stop) = (requests.clone(), status.clone(), stop.clone());
+            thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    match listener.accept() {
+                        Ok((stream, _)) => {
+                            let (requests, status) = (requests.clone(), status.clone());
+                            thread::spawn(move || serve(stream, &requests, &status));
+                        }
+                        Err(_) => thread::sleep(Duration::from_millis(5)),
+                    }
+                }
+            });
+        }
+        Receiver {
+            port,
+            requests,
+            status,
+            stop,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/hook", self.port)
+    }
+
+    fn requests(&self) -> Vec<Request> {
+        self.requests.lock().unwrap().clone()
+    }
+
+    /// Dedup ids of the batches answered 2xx, with repeats.
+    fn acknowledged_ids(&self) -> Vec<String> {
+        self.requests()
+            .iter()
+            .filter(|r| (200..300).contains(&r.answered))
+            .flat_map(|r| {
+                serde_json::from_slice::<Vec<serde_json::Value>>(&r.body)
+                    .expect("a JSON array")
+                    .into_iter()
+                    .filter_map(|v| v["id"].as_str().map(str::to_owned))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// One HTTP/1.1 connection: requests with a Content-Length body, keep-alive.
+fn serve(stream: std::net::TcpStream, requests: &Mutex<Vec<Request>>, status: &AtomicU16) {
+    stream.set_nonblocking(false).unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut writer = stream;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let mut length = 0usize;
+        let (mut signature, mut key) = (None, None);
+        loop {
+            let mut header = String::new();
+            if reader.read_line(&mut header).unwrap_or(0) == 0 {
+                return;
+            }
+            let header = header.trim_end();
+            if header.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = header.split_once(':') {
+                let value = value.trim().to_owned();
+                match name.to_ascii_lowercase().as_str() {
+                    "content-length" => length = value.parse().unwrap_or(0),
+                    "x-envelopes-signature" => signature = Some(value),
+                    "idempotency-key" => key = Some(value),
+                    _ => {}
+                }
+            }
+        }
+        let mut body = vec![0; length];
+        if reader.read_exact(&mut body).is_err() {
+            return;
+        }
+        let answer = status.load(Ordering::Relaxed);
+        requests.lock().unwrap().push(Request {
+            body,
+            signature,
+            idempotency_key: key,
+            answered: answer,
+        });
+        let extra = if answer == 503 {
+            "Retry-After: 1\r\n"
+        } else {
+            ""
+        };
+        let text = if answer == 400 { "bad batch" } else { "" };
+        let response = format!(
+            "HTTP/1.1 {answer} X\r\n{extra}Content-Length: {}\r\n\r\n{text}",
+            text.len()
+        );
+        if writer.write_all(response.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+/// The buses of the suite.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Bus {
+    Jsonl,
+    JetStream,
+    Redis,
+    Mqtt,
+    Amqp,
+    Webhook,
+}
+
+/// A sink under test and a way to read back what reached it.
+struct Target {
+    bus: Bus,
+    sink: String,
+    args: Vec<String>,
+    path: std::path::PathBuf,
+    name: String,
+    receiver: Option<Receiver>,
+    mqtt_ids: Arc<Mutex<Vec<String>>>,
+    runtime: tokio::runtime::Runtime,
+    amqp: Option<(lapin::Connection, lapin::Channel)>,
+}
+
+impl Target {
+    fn new(bus: Bus) -> Target {
+        let name = unique("conf");
+        let path = std::env::temp_dir().join(format!("{name}.jsonl"));
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let mut target = Target {
+            bus,
+            sink: String::new(),
+            args: vec!["--subject-prefix".into(), name.clone()],
+            path,
+            name,
+            receiver: None,
+            mqtt_ids: Arc::new(Mutex::new(Vec::new())),
+            runtime,
+            amqp: None,
+        };
+        match bus {
+            Bus::Jsonl => target.sink = format!("jsonl:{}", target.path.display()),
+            Bus::JetStream => {
+                target.sink = nats_url();
+                target
+                    .args
+                    .extend(["--nats-stream".into(), target.name.to_uppercase()]);
+            }
+            Bus::Redis => {
+                target.sink = redis_url();
+                target
+                    .args
+                    .extend(["--redis-stream".into(), target.name.clone()]);
+            }
+            Bus::Mqtt => {
+                target.sink = mqtt_url();
+                target.subscribe_mqtt();
+            }
+            Bus::Amqp => {
+                target.sink = amqp_url();
+                target
+                    .args
+                    .extend(["--amqp-exchange".into(), target.name.clone()]);
+                target.bind_amqp_queue();
+            }
+            Bus::Webhook => {
+                let receiver = Receiver::start();
+                target.sink = receiver.url();
+                target.receiver = Some(receiver);
+                target
+                    .args
+                    .extend(["--webhook-secret".into(), WEBHOOK_SECRET.into()]);
+            }
+        }
+        target
+    }
+
+    fn args(&self) -> Vec<&str> {
+        let mut a: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        a.extend(["--batch-size", "20"]);
+        a
+    }
+
+    /// An MQTT subscription to PREFIX/# at QoS 1, made before the bridge publishes
+    /// (the broker keeps nothing for a subscriber that was not there).
+    fn subscribe_mqtt(&mut self) {
+        use rumqttc::v5::mqttbytes::v5::Packet;
+        use rumqttc::v5::mqttbytes::QoS;
+        use rumqttc::v5::{Client, Event, MqttOptions};
+        let url = mqtt_url();
+        let hostport = url.trim_start_matches("mqtt://");
+        let (host, port) = hostport.rsplit_once(':').unwrap();
+        let mut options = MqttOptions::new(unique("sub"), host, port.parse().unwrap());
+        options.set_keep_alive(Duration::from_secs(30));
+        let (client, mut connection) = Client::new(options, 1000);
+        client
+            .subscribe(format!("{}/#", self.name), QoS::AtLeastOnce)
+            .unwrap();
+        let ids = self.mqtt_ids.clone();
+        let subscribed = Arc::new(AtomicBool::new(false));
+        let seen = subscribed.clone();
+        thread::spawn(move || {
+            let _client = client;
+            for event in connection.iter() {
+                match event {
+                    Ok(Event::Incoming(Packet::SubAck(_))) => seen.store(true, Ordering::Relaxed),
+                    Ok(Event::Incoming(Packet::Publish(p))) => {
+                        let id = p.properties.as_ref().and_then(|props| {
+                            props
+                                .user_properties
+                                .iter()
+                                .find(|(k, _)| k == "id")
+                                .map(|(_, v)| v.clone())
+                        });
+                        if let Some(id) = id {
+                            ids.lock().unwrap().push(id);
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(_) => thread::sleep(Duration::from_millis(100)),
+                }
+            }
+        });
+        wait_until("the MQTT subscription", Duration::from_secs(10), || {
+            subscribed.load(Ordering::Relaxed)
+        });
+    }
+
+    /// A queue bound to the exchange for every routing key under the prefix,
+    /// declared before the bridge publishes.
+    fn bind_amqp_queue(&mut self) {
+        use lapin::options::*;
+        use lapin::types::FieldTable;
+        let (exchange, queue) = (self.name.clone(), self.name.clone());
+        let url = amqp_url();
+        let (connection, channel) = self.runtime.block_on(async move {
+            let connection =
+                lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
+                    .await
+                    .expect("connect to RabbitMQ");
+            let channel = connection.create_channel().await.unwrap();
+            channel
+                .exchange_declare(
+                    exchange.as_str().into(),
+                    lapin::ExchangeKind::Topic,
+                    ExchangeDeclareOptions {
+                        durable: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+            channel
+                .queue_declare(
+                    queue.as_str().into(),
+                    QueueDeclareOptions {
+                        auto_delete: false,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+            channel
+                .queue_bind(
+                    queue.as_str().into(),
+                    exchange.as_str().into(),
+                    format!("{exchange}.#").as_str().into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+            (connection, channel)
+        });
+        self.amqp = Some((connection, channel));
+    }
+
+    /// Dedup ids delivered so far, with repeats, read with the bus's own client.
+    fn delivered(&self) -> Vec<String> {
+        match self.bus {
+            Bus::Jsonl => std::fs::read_to_string(&self.path)
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .filter_map(|v| v["id"].as_str().map(str::to_owned))
+                .collect(),
+            Bus::JetStream => self
+                .runtime
+                .block_on(read_stream(&nats_url(), &self.name.to_uppercase()))
+                .into_iter()
+                .map(|(id, _)| id)
+                .collect(),
+            Bus::Redis => {
+                let client = redis::Client::open(redis_url()).unwrap();
+                let stream = self.name.clone();
+                self.runtime.block_on(async move {
+                    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+                    let entries: Vec<(String, Vec<(String, redis::Value)>)> = redis::cmd("XRANGE")
+                        .arg(&stream)
+                        .arg("-")
+                        .arg("+")
+                        .query_async(&mut c)
+                        .await
+                        .unwrap();
+                    entries
+                        .into_iter()
+                        .filter_map(|(_, fields)| {
+                            fields
+                                .into_iter()
+                                .find(|(k, _)| k == "id")
+                                .and_then(|(_, v)| redis::from_redis_value::<String>(v).ok())
+                        })
+                        .collect()
+                })
+            }
+            Bus::Mqtt => self.mqtt_ids.lock().unwrap().clone(),
+            Bus::Amqp => {
+                use lapin::options::BasicGetOptions;
+                let (_, channel) = self.amqp.as_ref().unwrap();
+                let queue = self.name.clone();
+                self.runtime.block_on(async {
+                    let mut ids = Vec::new();
+                    while let Some(message) = channel
+                        .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true })
+                        .await
+                        .unwrap()
+                    {
+                        let props = &message.delivery.properties;
+                        assert_eq!(props.delivery_mode(), &Some(2), "persistent");
+                        ids.push(props.message_id().as_ref().unwrap().to_string());
+                    }
+                    ids
+                })
+            }
+            Bus::Webhook => self.receiver.as_ref().unwrap().acknowledged_ids(),
+        }
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+        match self.bus {
+            Bus::JetStream => {
+                let stream = self.name.to_uppercase();
+                self.runtime.block_on(delete_stream(&nats_url(), &stream));
+            }
+            Bus::Redis => {
+                if let Ok(client) = redis::Client::open(redis_url()) {
+                    let key = self.name.clone();
+                    self.runtime.block_on(async move {
+                        if let Ok(mut c) = client.get_multiplexed_async_connection().await {
+                            let _: Result<i64, _> =
+                                redis::cmd("DEL").arg(&key).query_async(&mut c).await;
+                        }
+                    });
+                }
+            }
+            Bus::Amqp => {
+                if let Some((_, channel)) = self.amqp.take() {
+                    let name = self.name.clone();
+                    self.runtime.block_on(async move {
+                        use lapin::options::*;
+                        let _ = channel
+                            .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+                            .await;
+                        let _ = channel
+                            .exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default())
+                            .await;
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+fn insert(c: &mut impl postgres::GenericClient, node: i32, seq: i64) -> i64 {
+    c.query_one(
+        "SELECT envelopes.insert_gateway_envelope($1, $2, '\\x01', '\\x0203')",
+        &[&node, &seq],
+    )
+    .expect("insert")
+    .get(0)
+}
+
+/// Envelopes (each tenth arriving late) and outbox rows in the same transactions
+/// are written while the bridge is killed with SIGKILL at random moments; then a
+/// last bridge drains the backlog. Every committed row reaches the bus with its
+/// dedup id; JetStream (which deduplicates) holds each once; the others hold at
+/// most the unconfirmed batches twice.
+fn survives_kill_9(bus: Bus) {
+    let db = TestDb::new("conformance");
+    let target = Target::new(bus);
+    db.client()
+        .execute("SELECT envelopes.consumer_register('conf')", &[])
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let conninfo = db.conninfo();
+        let stop = stop.clone();
+        thread::spawn(move || {
+            let mut c = postgres::Client::connect(&conninfo, postgres::NoTls).unwrap();
+            let mut base = 1i64;
+            while !stop.load(Ordering::Relaxed) || base < 150 {
+                {
+                    let mut tx = c.transaction().unwrap();
+                    insert(&mut tx, 3, base);
+                    tx.rollback().unwrap();
+                }
+                for seq in base + 1..base + 10 {
+                    let mut tx = c.transaction().unwrap();
+                    insert(&mut tx, 3, seq);
+                    tx.execute("SELECT envelopes.publish('conf.created', '\\x01')", &[])
+                        .unwrap();
+                    tx.commit().unwrap();
+                    thread::sleep(Duration::from_millis(3));
+                }
+                thread::sleep(Duration::from_millis(20));
+                assert_eq!(insert(&mut c, 3, base), 1); // arrives late
+                base += 10;
+            }
+        })
+    };
+    let mut rng = fastrand::Rng::with_seed(17);
+    let kills = 6;
+    for _ in 0..kills {
+        let mut bridge = Bridge::egress(&db, "conf", &target.sink, &target.args(), &[]);
+        thread::sleep(Duration::from_millis(rng.u64(200..800)));
+        bridge.kill9();
+    }
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    let mut bridge = Bridge::egress(&db, "conf", &target.sink, &target.args(), &[]);
+    wait_until("the backlog to drain", Duration::from_secs(90), || {
+        lag(&db, "conf") == 0
+    });
+    // What the last batch published reaches a subscriber a moment later.
+    thread::sleep(Duration::from_millis(500));
+    bridge.terminate();
+
+    let committed = committed_ids(&db);
+    let delivered = target.delivered();
+    let set: BTreeSet<String> = delivered.iter().cloned().collect();
+    let lost: Vec<&String> = committed.iter().filter(|id| !set.contains(*id)).collect();
+    assert!(
+        lost.is_empty(),
+        "{bus:?}: {} of {} committed rows lost: {:?}",
+        lost.len(),
+        committed.len(),
+        &lost[..lost.len().min(20)]
+    );
+    assert!(committed.len() > 250, "{bus:?}: too little was written");
+    let duplicates = delivered.len() - set.len();
+    if bus == Bus::JetStream {
+        assert_eq!(duplicates, 0, "JetStream kept duplicates");
+    } else {
+        // Only batches published but not acknowledged before a kill come twice:
+        // at most one batch of each (at most 20 rows of envelopes, 20 of outbox).
+        assert!(
+            duplicates <= (kills + 1) * 40,
+            "{bus:?}: {duplicates} duplicates for {kills} kills"
+        );
+    }
+    if bus == Bus::Webhook {
+        for request in target.receiver.as_ref().unwrap().requests() {
+            let expected = envelopes_bridge_test_signature(&request.body);
+            assert_eq!(request.signature.as_deref(), Some(expected.as_str()));
+            let ids: Vec<String> = serde_json::from_slice::<Vec<serde_json::Value>>(&request.body)
+                .unwrap()
+                .into_iter()
+                .map(|v| v["id"].as_str().unwrap().to_owned())
+                .collect();
+            assert_eq!(
+                request.idempotency_key.as_deref(),
+                Some(format!("{}..{}", ids[0], ids[ids.len() - 1]).as_str())
+            );
+        }
+    }
+}
+
+/// HMAC-SHA256 of a body with the suite's secret, computed independently of the
+/// bridge's code.
+fn envelopes_bridge_test_signature(body: &[u8]) -> String {
+    use hmac::{Hmac, Mac};
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(WEBHOOK_SECRET.as_bytes()).unwrap();
+    mac.update(body);
+    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+#[test]
+fn jsonl_survives_kill_9() {
+    survives_kill_9(Bus::Jsonl);
+}
+
+#[test]
+fn jetstream_survives_kill_9() {
+    survives_kill_9(Bus::JetStream);
+}
+
+#[test]
+fn redis_survives_kill_9() {
+    survives_kill_9(Bus::Redis);
+}
+
+#[test]
+fn mqtt_survives_kill_9() {
+    survives_kill_9(Bus::Mqtt);
+}
+
+#[test]
+fn rabbitmq_survives_kill_9() {
+    survives_kill_9(Bus::Amqp);
+}
+
+#[test]
+fn webhook_survives_kill_9() {
+    survives_kill_9(Bus::Webhook);
+}
+
+/// A webhook answering 503 (with Retry-After: 1) and then 400 for a while gets the
+/// same batches again until it answers 200: nothing is skipped, the retry
+/// counter moves, the 400 is logged as a permanent error with the body.
+#[test]
+fn a_webhook_that_says_no_gets_everything_once_it_says_yes() {
+    let db = TestDb::new("hook_no");
+    let target = Target::new(Bus::Webhook);
+    let receiver = target.receiver.as_ref().unwrap();
+    db.client()
+        .execute("SELECT envelopes.consumer_register('hook')", &[])
+        .unwrap();
+    let metrics_port = free_port();
+    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+    let mut args = target.args();
+    args.extend(["--metrics-addr", &metrics_addr]);
+    receiver.status.store(503, Ordering::Relaxed);
+    let mut bridge = Bridge::egress(&db, "hook", &target.sink, &args, &[]);
+    let mut c = db.client();
+    for seq in 1..=50 {
+        insert(&mut c, 4, seq);
+    }
+    wait_until("503 answers", Duration::from_secs(10), || {
+        receiver
+            .requests()
+            .iter()
+            .filter(|r| r.answered == 503)
+            .count()
+            >= 2
+    });
+    receiver.status.store(400, Ordering::Relaxed);
+    wait_until("a 400 answer", Duration::from_secs(15), || {
+        receiver.requests().iter().any(|r| r.answered == 400)
+    });
+    assert!(lag(&db, "hook") > 0, "nothing may be acknowledged yet");
+    let retried = metric(&scrape(metrics_port), "envelopes_bridge_retried_total");
+    receiver.status.store(200, Ordering::Relaxed);
+    wait_until("the backlog to drain", Duration::from_secs(30), || {
+        lag(&db, "hook") == 0
+    });
+    bridge.terminate();
+    assert!(retried >= 3.0, "retry counter: {retried}");
+    let log = bridge.log_text();
+    assert!(log.contains("bad batch"), "the 400's body is logged: {log}");
+    let ids: BTreeSet<String> = receiver.acknowledged_ids().into_iter().collect();
+    assert_eq!(ids, committed_ids(&db));
+    // Retry-After: 1 was honoured: the 503 answers came at least a second apart.
+    let answers_503 = receiver
+        .requests()
+        .iter()
+        .filter(|r| r.answered == 503)
+        .count();
+    assert!(
+        answers_503 <= 12,
+        "{answers_503} requests in about 2 s of 503s"
+    );
+}
+
+/// Messages no queue is bound for are returned by RabbitMQ (published
+/// `mandatory`): the bridge fails the batch and publishes it again, never skips
+/// it, and once a queue is bound everything arrives.
+#[test]
+fn rabbitmq_unroutable_messages_are_retried_until_a_queue_is_bound() {
+    let db = TestDb::new("amqp_unroutable");
+    let target = Target::new(Bus::Amqp);
+    // Unbind: the exchange exists, nothing is routed.
+    {
+        use lapin::types::FieldTable;
+        let (_, channel) = target.amqp.as_ref().unwrap();
+        let name = target.name.clone();
+        target.runtime.block_on(async {
+            channel
+                .queue_unbind(
+                    name.as_str().into(),
+                    name.as_str().into(),
+                    format!("{name}.#").as_str().into(),
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+        });
+    }
+    db.client()
+        .execute("SELECT envelopes.consumer_register('rabbit')", &[])
+        .unwrap();
+    let mut bridge = Bridge::egress(&db, "rabbit", &target.sink, &target.args(), &[]);
+    let mut c = db.client();
+    for seq in 1..=30 {
+        insert(&mut c, 6, seq);
+    }
+    wait_until(
+        "a returned message in the log",
+        Duration::from_secs(15),
+        || bridge.log_text().contains("returned by the broker"),
+    );
+    thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        lag(&db, "rabbit"),
+        30,
+        "nothing unroutable may count as delivered"
+    );
+    // Bind again: the retries get through.
+    {
+        use lapin::options::*;
+        use lapin::types::FieldTable;
+        let (_, channel) = target.amqp.as_ref().unwrap();
+        let name = target.name.clone();
+        target.runtime.block_on(async {
+            channel
+                .queue_bind(
+                    name.as_str().into(),
+                    name.as_str().into(),
+                    format!("{name}.#").as_str().into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+        });
+    }
+    wait_until("the backlog to drain", Duration::from_secs(30), || {
+        lag(&db, "rabbit") == 0
+    });
+    bridge.terminate();
+    let ids: BTreeSet<String> = target.delivered().into_iter().collect();
+    assert_eq!(ids, committed_ids(&db));
+}
