@@ -45,7 +45,12 @@ struct Request {
 
 impl Receiver {
     fn start() -> Receiver {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        Receiver::start_on(0)
+    }
+
+    /// The same on a given port (0: any free one).
+    fn start_on(port: u16) -> Receiver {
+        let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
         listener.set_nonblocking(true).unwrap();
         let port = listener.local_addr().unwrap().port();
         let requests = Arc::new(Mutex::new(Vec::new()));
@@ -57,8 +62,9 @@ impl Receiver {
                 while !stop.load(Ordering::Relaxed) {
                     match listener.accept() {
                         Ok((stream, _)) => {
-                            let (requests, status) = (requests.clone(), status.clone());
-                            thread::spawn(move || serve(stream, &requests, &status));
+                            let (requests, status, stop) =
+                                (requests.clone(), status.clone(), stop.clone());
+                            thread::spawn(move || serve(stream, &requests, &status, &stop));
                         }
                         Err(_) => thread::sleep(Duration::from_millis(5)),
                     }
@@ -103,8 +109,15 @@ impl Drop for Receiver {
     }
 }
 
-/// One HTTP/1.1 connection: requests with a Content-Length body, keep-alive.
-fn serve(stream: std::net::TcpStream, requests: &Mutex<Vec<Request>>, status: &AtomicU16) {
+/// One HTTP/1.1 connection: requests with a Content-Length body, keep-alive;
+/// once the receiver is stopped, a request gets the connection closed instead of
+/// an answer.
+fn serve(
+    stream: std::net::TcpStream,
+    requests: &Mutex<Vec<Request>>,
+    status: &AtomicU16,
+    stop: &AtomicBool,
+) {
     stream.set_nonblocking(false).unwrap();
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     let mut writer = stream;
@@ -136,6 +149,9 @@ fn serve(stream: std::net::TcpStream, requests: &Mutex<Vec<Request>>, status: &A
         }
         let mut body = vec![0; length];
         if reader.read_exact(&mut body).is_err() {
+            return;
+        }
+        if stop.load(Ordering::Relaxed) {
             return;
         }
         let answer = status.load(Ordering::Relaxed);
@@ -708,4 +724,193 @@ fn rabbitmq_unroutable_messages_are_retried_until_a_queue_is_bound() {
     bridge.terminate();
     let ids: BTreeSet<String> = target.delivered().into_iter().collect();
     assert_eq!(ids, committed_ids(&db));
+}
+
+/// How long the outage tests keep a bus away (the 30 s by default).
+fn outage() -> Duration {
+    Duration::from_secs(
+        std::env::var("ENVELOPES_TEST_SINK_OUTAGE_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(30),
+    )
+}
+
+/// Rows commit while the sink is away; none may count as delivered meanwhile;
+/// when it is back the backlog drains, every row arrives, and the retry counter
+/// moved. `down` takes the sink away, `up` brings it back, `delivered` reads
+/// what reached it with the bus's own client.
+fn survives_outage(
+    label: &str,
+    sink: &str,
+    args: &[&str],
+    down: &mut dyn FnMut(),
+    up: &mut dyn FnMut(),
+    delivered: &dyn Fn() -> Vec<String>,
+) {
+    let db = TestDb::new(label);
+    db.client()
+        .execute("SELECT envelopes.consumer_register('away')", &[])
+        .unwrap();
+    let metrics_port = free_port();
+    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+    let mut all_args = args.to_vec();
+    all_args.extend(["--batch-size", "20", "--metrics-addr", &metrics_addr]);
+    let mut bridge = Bridge::egress(&db, "away", sink, &all_args, &[]);
+    let mut c = db.client();
+    let mut seq = 0i64;
+    let mut write = |n: i64, c: &mut postgres::Client| {
+        for _ in 0..n {
+            seq += 1;
+            insert(c, 8, seq);
+        }
+        c.execute("SELECT envelopes.publish('away.note', '\\x01')", &[])
+            .unwrap();
+    };
+    write(30, &mut c);
+    wait_until("the first rows on the bus", Duration::from_secs(20), || {
+        lag(&db, "away") == 0
+    });
+    down();
+    let started = std::time::Instant::now();
+    while started.elapsed() < outage() {
+        write(5, &mut c);
+        thread::sleep(Duration::from_millis(250));
+    }
+    assert!(
+        lag(&db, "away") > 0,
+        "{label}: rows must wait while the bus is away"
+    );
+    let retried = metric(&scrape(metrics_port), "envelopes_bridge_retried_total");
+    assert!(retried >= 1.0, "{label}: the retry counter did not move");
+    up();
+    wait_until("the backlog to drain", Duration::from_secs(90), || {
+        lag(&db, "away") == 0
+    });
+    thread::sleep(Duration::from_millis(300));
+    bridge.terminate();
+    let set: BTreeSet<String> = delivered().into_iter().collect();
+    let committed = committed_ids(&db);
+    let lost: Vec<&String> = committed.iter().filter(|id| !set.contains(*id)).collect();
+    assert!(lost.is_empty(), "{label}: lost {lost:?}");
+}
+
+/// A private redis-server on its own port goes away and comes back.
+#[test]
+fn a_redis_outage_loses_nothing() {
+    let port = free_port();
+    let start = move || {
+        let child = std::process::Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+            ])
+            .args(["--appendonly", "yes", "--dir"])
+            .arg(std::env::temp_dir())
+            .args(["--appendfilename", &format!("outage{port}.aof")])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("start redis-server");
+        wait_for_port(port);
+        child
+    };
+    let server = Arc::new(Mutex::new(Some(start())));
+    let url = format!("redis://127.0.0.1:{port}");
+    let stream = unique("away");
+    let (s1, s2) = (server.clone(), server.clone());
+    let read_url = url.clone();
+    let read_stream_key = stream.clone();
+    survives_outage(
+        "redis_outage",
+        &url,
+        &["--redis-stream", &stream],
+        &mut move || {
+            // SHUTDOWN writes the append-only file: what Redis acknowledged stays.
+            let _ = std::process::Command::new("redis-cli")
+                .args(["-p", &port.to_string(), "shutdown"])
+                .status();
+            if let Some(mut child) = s1.lock().unwrap().take() {
+                let _ = child.wait();
+            }
+        },
+        &mut move || {
+            *s2.lock().unwrap() = Some(start());
+        },
+        &move || {
+            let client = redis::Client::open(read_url.clone()).unwrap();
+            let key = read_stream_key.clone();
+            tokio::runtime::Runtime::new()
+                .unwrap()
+                .block_on(async move {
+                    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+                    let entries: Vec<(String, Vec<(String, redis::Value)>)> = redis::cmd("XRANGE")
+                        .arg(&key)
+                        .arg("-")
+                        .arg("+")
+                        .query_async(&mut c)
+                        .await
+                        .unwrap();
+                    entries
+                        .into_iter()
+                        .filter_map(|(_, fields)| {
+                            fields
+                                .into_iter()
+                                .find(|(k, _)| k == "id")
+                                .and_then(|(_, v)| redis::from_redis_value::<String>(v).ok())
+                        })
+                        .collect()
+                })
+        },
+    );
+    if let Some(mut child) = server.lock().unwrap().take() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let _ = std::fs::remove_file(std::env::temp_dir().join(format!("outage{port}.aof")));
+}
+
+/// The webhook receiver stops listening (connections refused) and comes back on
+/// the same port.
+#[test]
+fn a_webhook_outage_loses_nothing() {
+    let receiver = Arc::new(Mutex::new(Receiver::start()));
+    let port = receiver.lock().unwrap().port;
+    let url = format!("http://127.0.0.1:{port}/hook");
+    let kept: Arc<Mutex<Vec<Request>>> = Arc::new(Mutex::new(Vec::new()));
+    let (r1, r2, r3) = (receiver.clone(), receiver.clone(), receiver.clone());
+    let k1 = kept.clone();
+    survives_outage(
+        "webhook_outage",
+        &url,
+        &[],
+        &mut move || {
+            let r = r1.lock().unwrap();
+            k1.lock().unwrap().extend(r.requests());
+            r.stop.store(true, Ordering::Relaxed);
+            // The listener closes within its next 5 ms poll.
+            thread::sleep(Duration::from_millis(100));
+        },
+        &mut move || {
+            *r2.lock().unwrap() = Receiver::start_on(port);
+        },
+        &move || {
+            let mut ids = Vec::new();
+            let before = kept.lock().unwrap().clone();
+            let after = r3.lock().unwrap().requests();
+            for request in before.iter().chain(&after) {
+                if (200..300).contains(&request.answered) {
+                    for v in
+                        serde_json::from_slice::<Vec<serde_json::Value>>(&request.body).unwrap()
+                    {
+                        ids.push(v["id"].as_str().unwrap().to_owned());
+                    }
+                }
+            }
+            ids
+        },
+    );
 }
