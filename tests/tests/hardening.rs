@@ -674,10 +674,11 @@ fn consumer_and_ingress_argument_errors_have_the_documented_codes() {
 
 /// The insert functions pin `search_path` only around what runs SQL (see
 /// src/definer.rs). A writer that puts an operator of its own in front of the
-/// built-in `=` and then inserts rows that take every SQL path (a new originator,
-/// so partitions are created; late rows, which go through the SQL insert) never
-/// gets that operator called: the check has teeth, since the same writer's own
-/// query does call it.
+/// built-in `=` and then inserts rows that take every path that runs SQL (a new
+/// originator, so partitions are created; rows into tables with a row trigger,
+/// which take the SQL insert statements) and the direct path (late and in-order
+/// rows) never gets that operator called: the check has teeth, since the same
+/// writer's own query does call it.
 #[test]
 fn a_writers_search_path_never_reaches_the_functions_sql() {
     let db = TestDb::new("hostile_path");
@@ -722,7 +723,7 @@ fn a_writers_search_path_never_reaches_the_functions_sql() {
     for sql in [
         // A new originator: partitions created in the call.
         "SELECT envelopes.insert_gateway_envelope(9, 10, '\\x01', '\\x02')",
-        // Late rows (below 10, committed): the SQL insert path, single and batch.
+        // Late rows (below 10, committed), single and batch.
         "SELECT envelopes.insert_gateway_envelope(9, 4, '\\x01', '\\x02')",
         "SELECT envelopes.insert_gateway_envelopes(ARRAY[9, 9], ARRAY[5, 6]::bigint[],
              ARRAY['\\x01', '\\x01']::bytea[], ARRAY['\\x02', '\\x02']::bytea[])",
@@ -734,9 +735,30 @@ fn a_writers_search_path_never_reaches_the_functions_sql() {
             .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
         assert_eq!(spied(&mut w), "", "the writer's operator ran inside: {sql}");
     }
+    // The owner adds a row trigger (cloned onto every leaf): the rows now take the
+    // SQL insert statements, late and in order, single and batch.
+    db.connect()
+        .batch_execute(
+            "CREATE FUNCTION public.keep_row() RETURNS trigger LANGUAGE plpgsql
+                 SET search_path = pg_catalog AS $$ BEGIN RETURN NEW; END $$;
+             CREATE TRIGGER keep_row BEFORE INSERT ON envelopes.gateway_envelopes_meta
+                 FOR EACH ROW EXECUTE FUNCTION public.keep_row()",
+        )
+        .unwrap();
+    for sql in [
+        "SELECT envelopes.insert_gateway_envelope(9, 3, '\\x01', '\\x02')",
+        "SELECT envelopes.insert_gateway_envelopes(ARRAY[9, 9], ARRAY[1, 2]::bigint[],
+             ARRAY['\\x01', '\\x01']::bytea[], ARRAY['\\x02', '\\x02']::bytea[])",
+        "SELECT envelopes.insert_gateway_envelopes(ARRAY[9, 9], ARRAY[12, 13]::bigint[],
+             ARRAY['\\x01', '\\x01']::bytea[], ARRAY['\\x02', '\\x02']::bytea[])",
+    ] {
+        w.batch_execute(sql)
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+        assert_eq!(spied(&mut w), "", "the writer's operator ran inside: {sql}");
+    }
     assert_eq!(
         db.int8("SELECT count(*) FROM envelopes.gateway_envelopes_view"),
-        6
+        11
     );
-    assert_eq!(db.int8("SELECT count(*) FROM envelopes.late_envelopes"), 3);
+    assert_eq!(db.int8("SELECT count(*) FROM envelopes.late_envelopes"), 6);
 }
