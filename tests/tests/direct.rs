@@ -154,3 +154,85 @@ fn the_doorbell_rings_for_direct_path_rows() {
         "a duplicate rang the doorbell"
     );
 }
+
+/// Tables the direct path would not reproduce send their rows through the SQL
+/// statements, which give them exactly what an INSERT gives: a row trigger
+/// (cloned from the root onto the leaves) fires and its change is stored; a
+/// statement trigger on a root other than the doorbell fires; a column added with
+/// a default gets it; a column made NOT NULL refuses a NULL with 23502.
+#[test]
+fn tables_changed_by_hand_get_what_an_insert_gives() {
+    let db = TestDb::new("by_hand");
+    let mut c = db.connect();
+    let one = |c: &mut postgres::Client, seq: i64| -> Result<i64, postgres::Error> {
+        c.query_one(
+            "SELECT envelopes.insert_gateway_envelope(1, $1, '\\x01', '\\x02')",
+            &[&seq],
+        )
+        .map(|r| r.get(0))
+    };
+    assert_eq!(one(&mut c, 1).unwrap(), 1);
+
+    c.batch_execute(
+        "CREATE FUNCTION public.tag_payer() RETURNS trigger LANGUAGE plpgsql AS
+             $$ BEGIN NEW.payer_id := 99; RETURN NEW; END $$;
+         CREATE TRIGGER tag_payer BEFORE INSERT ON envelopes.gateway_envelopes_meta
+             FOR EACH ROW EXECUTE FUNCTION public.tag_payer()",
+    )
+    .unwrap();
+    assert_eq!(one(&mut c, 2).unwrap(), 1);
+    c.batch_execute(
+        "SELECT envelopes.insert_gateway_envelopes(ARRAY[1, 1], ARRAY[3, 4]::bigint[],
+             ARRAY['\\x01', '\\x01']::bytea[], ARRAY['\\x02', '\\x02']::bytea[])",
+    )
+    .unwrap();
+    assert_eq!(
+        db.int8("SELECT count(*) FROM envelopes.gateway_envelopes_meta WHERE payer_id = 99"),
+        3
+    );
+    c.batch_execute(
+        "DROP TRIGGER tag_payer ON envelopes.gateway_envelopes_meta;
+         CREATE TABLE public.noted (n int);
+         CREATE FUNCTION public.note() RETURNS trigger LANGUAGE plpgsql AS
+             $$ BEGIN INSERT INTO public.noted VALUES (1); RETURN NULL; END $$;
+         CREATE TRIGGER note AFTER INSERT ON envelopes.gateway_envelopes_blob
+             FOR EACH STATEMENT EXECUTE FUNCTION public.note()",
+    )
+    .unwrap();
+    assert_eq!(one(&mut c, 5).unwrap(), 1);
+    assert_eq!(db.int8("SELECT count(*) FROM public.noted"), 1);
+    c.batch_execute(
+        "DROP TRIGGER note ON envelopes.gateway_envelopes_blob;
+         ALTER TABLE envelopes.gateway_envelopes_meta ADD COLUMN note text DEFAULT 'noted'",
+    )
+    .unwrap();
+    assert_eq!(one(&mut c, 6).unwrap(), 1);
+    assert_eq!(
+        db.int8("SELECT count(*) FROM envelopes.gateway_envelopes_meta WHERE note = 'noted'"),
+        6
+    );
+    c.batch_execute(
+        "ALTER TABLE envelopes.gateway_envelopes_meta DROP COLUMN note;
+         UPDATE envelopes.gateway_envelopes_meta SET payer_id = 0 WHERE payer_id IS NULL;
+         ALTER TABLE envelopes.gateway_envelopes_meta ALTER COLUMN payer_id SET NOT NULL",
+    )
+    .unwrap();
+    let err = one(&mut c, 7).expect_err("a NULL payer_id must be refused");
+    assert_eq!(pg_envelopes_tests::sqlstate(&err), "23502", "{err}");
+    let with_payer: i64 = c
+        .query_one(
+            "SELECT envelopes.insert_gateway_envelope(1, 7, '\\x01', '\\x02', payer_id => 5)",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(with_payer, 1);
+    assert_eq!(
+        db.int8("SELECT count(*) FROM envelopes.gateway_envelopes_blob"),
+        7
+    );
+    assert_eq!(
+        db.int8("SELECT count(*) FROM envelopes.orphaned_envelopes()"),
+        0
+    );
+}
