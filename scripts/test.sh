@@ -56,7 +56,7 @@ export ENVELOPES_TEST_PG_NO_WORKERS="host=127.0.0.1 port=$port_nw user=postgres"
 export ENVELOPES_TEST_PG_CA="$ENVELOPES_TMP/itest/ca.crt"
 cargo test -p pg_envelopes_tests -- --test-threads=4
 
-step "bridge tests (real NATS JetStream, Redis, Mosquitto)"
+step "bridge tests (real NATS JetStream, Redis, Mosquitto, RabbitMQ, a webhook receiver)"
 cargo test -p envelopes-bridge -- --test-threads=2
 
 step "all tests passed"
