@@ -371,29 +371,7 @@ impl Target {
                 .into_iter()
                 .map(|(id, _)| id)
                 .collect(),
-            Bus::Redis => {
-                let client = redis::Client::open(redis_url()).unwrap();
-                let stream = self.name.clone();
-                self.runtime.block_on(async move {
-                    let mut c = client.get_multiplexed_async_connection().await.unwrap();
-                    let entries: Vec<(String, Vec<(String, redis::Value)>)> = redis::cmd("XRANGE")
-                        .arg(&stream)
-                        .arg("-")
-                        .arg("+")
-                        .query_async(&mut c)
-                        .await
-                        .unwrap();
-                    entries
-                        .into_iter()
-                        .filter_map(|(_, fields)| {
-                            fields
-                                .into_iter()
-                                .find(|(k, _)| k == "id")
-                                .and_then(|(_, v)| redis::from_redis_value::<String>(v).ok())
-                        })
-                        .collect()
-                })
-            }
+            Bus::Redis => redis_ids(&self.runtime, &redis_url(), &self.name),
             Bus::Mqtt => self.mqtt_ids.lock().unwrap().clone(),
             Bus::Amqp => {
                 use lapin::options::BasicGetOptions;
@@ -454,6 +432,30 @@ impl Drop for Target {
             _ => {}
         }
     }
+}
+
+/// The `id` field of every entry of a Redis stream, read with XRANGE.
+fn redis_ids(runtime: &tokio::runtime::Runtime, url: &str, key: &str) -> Vec<String> {
+    let client = redis::Client::open(url).unwrap();
+    runtime.block_on(async move {
+        let mut c = client.get_multiplexed_async_connection().await.unwrap();
+        let entries: Vec<(String, Vec<(String, redis::Value)>)> = redis::cmd("XRANGE")
+            .arg(key)
+            .arg("-")
+            .arg("+")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        entries
+            .into_iter()
+            .filter_map(|(_, fields)| {
+                fields
+                    .into_iter()
+                    .find(|(k, _)| k == "id")
+                    .and_then(|(_, v)| redis::from_redis_value::<String>(v).ok())
+            })
+            .collect()
+    })
 }
 
 fn insert(c: &mut impl postgres::GenericClient, node: i32, seq: i64) -> i64 {
@@ -841,29 +843,8 @@ fn a_redis_outage_loses_nothing() {
             *s2.lock().unwrap() = Some(start());
         },
         &move || {
-            let client = redis::Client::open(read_url.clone()).unwrap();
-            let key = read_stream_key.clone();
-            tokio::runtime::Runtime::new()
-                .unwrap()
-                .block_on(async move {
-                    let mut c = client.get_multiplexed_async_connection().await.unwrap();
-                    let entries: Vec<(String, Vec<(String, redis::Value)>)> = redis::cmd("XRANGE")
-                        .arg(&key)
-                        .arg("-")
-                        .arg("+")
-                        .query_async(&mut c)
-                        .await
-                        .unwrap();
-                    entries
-                        .into_iter()
-                        .filter_map(|(_, fields)| {
-                            fields
-                                .into_iter()
-                                .find(|(k, _)| k == "id")
-                                .and_then(|(_, v)| redis::from_redis_value::<String>(v).ok())
-                        })
-                        .collect()
-                })
+            let runtime = tokio::runtime::Runtime::new().unwrap();
+            redis_ids(&runtime, &read_url, &read_stream_key)
         },
     );
     if let Some(mut child) = server.lock().unwrap().take() {

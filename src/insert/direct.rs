@@ -266,9 +266,9 @@ impl Writer {
         // the functions' owner owns, given its valid oid (the marker naming the
         // last drawn id is held, see crate::feed::markers).
         unsafe {
-            let (rel, info, slot) = {
+            let (rel, slot) = {
                 let leaf = &self.leaves[index];
-                (leaf.rel, leaf.info, leaf.slot)
+                (leaf.rel, leaf.slot)
             };
             // nextval(regclass): the built-in behind nextval(), called directly.
             let id = pgrx::fcinfo::direct_function_call::<i64>(
@@ -289,22 +289,7 @@ impl Writer {
                 pg_sys::heap_form_tuple((*rel).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
             pg_sys::MemoryContextSwitchTo(old);
             pg_sys::ExecStoreHeapTuple(tuple, slot, true);
-            let insert = (*(*rel).rd_tableam)
-                .tuple_insert
-                .ok_or(DirectError::AccessMethod("late_envelopes"))?;
-            insert(rel, slot, self.cid, 0, ptr::null_mut());
-            let recheck = pg_sys::ExecInsertIndexTuples(
-                info,
-                slot,
-                estate,
-                false,
-                false,
-                ptr::null_mut(),
-                ptr::null_mut(),
-            );
-            pg_sys::list_free(recheck);
-            clear_slot(slot);
-            pg_sys::MemoryContextReset(cxt);
+            self.insert_plain(index, slot)?;
         }
         Ok(())
     }
@@ -535,24 +520,32 @@ impl Writer {
                 }
                 return Ok(true);
             }
-            let insert = (*(*rel).rd_tableam)
-                .tuple_insert
-                .ok_or(DirectError::AccessMethod("blob"))?;
-            insert(rel, slot, self.cid, 0, self.leaves[index].bulk);
-            let recheck = pg_sys::ExecInsertIndexTuples(
-                info,
-                slot,
-                estate,
-                false,
-                false,
-                ptr::null_mut(),
-                ptr::null_mut(),
-            );
-            pg_sys::list_free(recheck);
-            clear_slot(slot);
-            pg_sys::MemoryContextReset(per_tuple_memory(estate));
+            self.insert_plain(index, slot)?;
             Ok(true)
         }
+    }
+
+    /// Inserts the row in `slot` into leaf `index` without speculation (its key
+    /// was probed, or is new by construction), then its index entries.
+    ///
+    /// # Safety
+    /// `slot` holds a formed tuple of the leaf's descriptor.
+    unsafe fn insert_plain(
+        &self,
+        index: usize,
+        slot: *mut pg_sys::TupleTableSlot,
+    ) -> Result<(), DirectError> {
+        let leaf = &self.leaves[index];
+        // SAFETY: the caller upholds this function's # Safety contract; the
+        // relation and result info are the leaf's, opened in open_relation.
+        unsafe {
+            let insert = (*(*leaf.rel).rd_tableam)
+                .tuple_insert
+                .ok_or(DirectError::AccessMethod("a table of the store"))?;
+            insert(leaf.rel, slot, self.cid, 0, leaf.bulk);
+            index_entries(self.estate, leaf.info, slot);
+        }
+        Ok(())
     }
 
     /// The next free buffer slot of a leaf, made on first use.
@@ -597,18 +590,7 @@ impl Writer {
                 leaf.bulk,
             );
             for &slot in &leaf.buffer[..leaf.buffered] {
-                let recheck = pg_sys::ExecInsertIndexTuples(
-                    leaf.info,
-                    slot,
-                    estate,
-                    false,
-                    false,
-                    ptr::null_mut(),
-                    ptr::null_mut(),
-                );
-                pg_sys::list_free(recheck);
-                clear_slot(slot);
-                pg_sys::MemoryContextReset(per_tuple_memory(estate));
+                index_entries(estate, leaf.info, slot);
             }
         }
         leaf.buffered = 0;
@@ -647,16 +629,13 @@ impl Writer {
             let satisfies = (*am)
                 .tuple_satisfies_snapshot
                 .ok_or(DirectError::AccessMethod("a leaf"))?;
-            if self.conflict_slot.is_null() {
-                let old = pg_sys::MemoryContextSwitchTo((*self.estate).es_query_cxt);
-                self.conflict_slot = pg_sys::table_slot_create(rel, ptr::null_mut());
-                pg_sys::MemoryContextSwitchTo(old);
-            }
+            // A slot made for one table serves another only if the descriptor is the
+            // same: made on first need, made again for another table.
             let slot = self.conflict_slot;
-            // Both tables' leaves are heap tables of the same slot type; a slot made
-            // for one serves the other only if the descriptor matches, so re-make it.
-            if (*slot).tts_tupleDescriptor != (*rel).rd_att {
-                pg_sys::ExecDropSingleTupleTableSlot(slot);
+            if slot.is_null() || (*slot).tts_tupleDescriptor != (*rel).rd_att {
+                if !slot.is_null() {
+                    pg_sys::ExecDropSingleTupleTableSlot(slot);
+                }
                 let old = pg_sys::MemoryContextSwitchTo((*self.estate).es_query_cxt);
                 self.conflict_slot = pg_sys::table_slot_create(rel, ptr::null_mut());
                 pg_sys::MemoryContextSwitchTo(old);
@@ -728,6 +707,33 @@ impl Writer {
 unsafe fn per_tuple_memory(estate: *mut pg_sys::EState) -> pg_sys::MemoryContext {
     // SAFETY: the caller upholds this function's # Safety contract.
     unsafe { (*pg_sys::MakePerTupleExprContext(estate)).ecxt_per_tuple_memory }
+}
+
+/// The index entries of the row in `slot` (no speculation: a duplicate key is an
+/// error), then the slot emptied and the per-tuple memory reset.
+///
+/// # Safety
+/// `slot` holds a tuple just inserted into `info`'s relation.
+unsafe fn index_entries(
+    estate: *mut pg_sys::EState,
+    info: *mut pg_sys::ResultRelInfo,
+    slot: *mut pg_sys::TupleTableSlot,
+) {
+    // SAFETY: the caller upholds this function's # Safety contract.
+    unsafe {
+        let recheck = pg_sys::ExecInsertIndexTuples(
+            info,
+            slot,
+            estate,
+            false,
+            false,
+            ptr::null_mut(),
+            ptr::null_mut(),
+        );
+        pg_sys::list_free(recheck);
+        clear_slot(slot);
+        pg_sys::MemoryContextReset(per_tuple_memory(estate));
+    }
 }
 
 /// A bytea datum holding `bytes`, allocated in the current memory context.

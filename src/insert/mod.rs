@@ -344,12 +344,11 @@ fn insert_one(
     // Marker first, then the lateness check (see crate::feed).
     markers::mark_envelope(node, seq);
     let late = late::committed_above(node, seq, seq)?.is_some();
-    if let Some(mut writer) = direct::Writer::open(&[routes], false) {
-        if !late || writer.open_late() {
-            if late {
-                markers::mark_drawn(Drawn::Late)?;
-            }
-            let row = direct::Row {
+    let row = || {
+        [(
+            routes,
+            late,
+            direct::Row {
                 node,
                 seq,
                 topic,
@@ -357,20 +356,11 @@ fn insert_one(
                 payer: payer_id,
                 time: gateway_time,
                 expiry,
-            };
-            let meta_new = writer.insert_meta(routes[0].leaf, &row, late)?;
-            if meta_new && late {
-                writer.insert_late(node, seq)?;
-            }
-            let new = meta_new && writer.insert_blob(routes[1].leaf, node, seq, envelope, false)?;
-            let rings = writer.rings_doorbell();
-            writer.finish()?;
-            if meta_new && rings {
-                crate::outbox::ring_for_envelopes();
-            }
-            return Ok(i64::from(new));
-        }
-        writer.finish()?; // nothing was written
+            },
+        )]
+    };
+    if let Some(new) = write_direct(&[routes], late, false, false, row)? {
+        return Ok(new);
     }
     let plan = if late {
         markers::mark_drawn(Drawn::Late)?;
@@ -549,30 +539,26 @@ fn insert_many(
     let is_late = |(node, seq): (i32, i64)| committed.get(&node).is_some_and(|above| seq < *above);
     let any_late = distinct.iter().any(|&key| is_late(key));
 
-    if let Some(mut writer) = direct::Writer::open(&locked, n >= BULK_ROWS) {
-        if !any_late || writer.open_late() {
-            if any_late {
-                markers::mark_drawn(Drawn::Late)?;
-            }
-            let payers: Option<Vec<Option<i32>>> = payer_ids.map(|a| a.iter().collect());
-            let times: Option<Vec<Option<TimestampWithTimeZone>>> =
-                gateway_times.map(|a| a.iter().collect());
-            let expiries: Option<Vec<Option<i64>>> = expiries.map(|a| a.iter().collect());
-            let rows = order.iter().zip(&key_routes).map(|(&i, routes)| {
-                let row = direct::Row {
-                    node: keys[i].0,
-                    seq: keys[i].1,
-                    topic: topic_values[i],
-                    envelope: envelope_values[i],
-                    payer: payers.as_ref().and_then(|p| p[i]),
-                    time: times.as_ref().and_then(|t| t[i]),
-                    expiry: expiries.as_ref().and_then(|e| e[i]),
-                };
-                (*routes, is_late(keys[i]), row)
-            });
-            return write_direct(writer, rows);
-        }
-        writer.finish()?; // nothing was written
+    let payers: Option<Vec<Option<i32>>> = payer_ids.as_ref().map(|a| a.iter().collect());
+    let times: Option<Vec<Option<TimestampWithTimeZone>>> =
+        gateway_times.as_ref().map(|a| a.iter().collect());
+    let expiry_values: Option<Vec<Option<i64>>> = expiries.as_ref().map(|a| a.iter().collect());
+    let rows = || {
+        order.iter().zip(&key_routes).map(|(&i, routes)| {
+            let row = direct::Row {
+                node: keys[i].0,
+                seq: keys[i].1,
+                topic: topic_values[i],
+                envelope: envelope_values[i],
+                payer: payers.as_ref().and_then(|p| p[i]),
+                time: times.as_ref().and_then(|t| t[i]),
+                expiry: expiry_values.as_ref().and_then(|e| e[i]),
+            };
+            (*routes, is_late(keys[i]), row)
+        })
+    };
+    if let Some(new) = write_direct(&locked, any_late, n >= BULK_ROWS, true, rows)? {
+        return Ok(new);
     }
 
     let late_flags: Option<Vec<bool>> =
@@ -600,21 +586,41 @@ fn insert_many(
 /// (a small ring of buffers, as `COPY` uses, instead of the shared buffer pool).
 const BULK_ROWS: usize = 1000;
 
-/// Writes a batch's rows (in key order, each key once, with whether each arrives
-/// late) on the direct path and returns how many were new.
-fn write_direct<'a>(
-    mut writer: direct::Writer,
-    rows: impl Iterator<Item = ([cache::Route; 2], bool, direct::Row<'a>)>,
-) -> Result<i64, InsertError> {
+/// Writes rows on the direct path: `rows()` gives them in key order, each key once,
+/// with their routes (all among `routes`, locked) and whether each arrives late
+/// (`any_late` if one does). Returns how many were new, or `None`, with nothing
+/// written, when the tables are not ones the direct path reproduces (the caller
+/// then runs the SQL statements). `bulk` asks for a bulk-insert buffer strategy,
+/// `buffered` for blob rows through multi-insert buffers (batches).
+fn write_direct<'a, R>(
+    routes: &[[cache::Route; 2]],
+    any_late: bool,
+    bulk: bool,
+    buffered: bool,
+    rows: impl FnOnce() -> R,
+) -> Result<Option<i64>, InsertError>
+where
+    R: IntoIterator<Item = ([cache::Route; 2], bool, direct::Row<'a>)>,
+{
+    let Some(mut writer) = direct::Writer::open(routes, bulk) else {
+        return Ok(None);
+    };
+    if any_late && !writer.open_late() {
+        writer.finish()?; // nothing was written
+        return Ok(None);
+    }
+    if any_late {
+        markers::mark_drawn(Drawn::Late)?;
+    }
     let mut new = 0i64;
     let mut any_meta = false;
-    for (routes, late, row) in rows {
+    for (routes, late, row) in rows() {
         if writer.insert_meta(routes[0].leaf, &row, late)? {
             any_meta = true;
             if late {
                 writer.insert_late(row.node, row.seq)?;
             }
-            if writer.insert_blob(routes[1].leaf, row.node, row.seq, row.envelope, true)? {
+            if writer.insert_blob(routes[1].leaf, row.node, row.seq, row.envelope, buffered)? {
                 new += 1;
             }
         }
@@ -624,7 +630,7 @@ fn write_direct<'a>(
     if any_meta && rings {
         crate::outbox::ring_for_envelopes();
     }
-    Ok(new)
+    Ok(Some(new))
 }
 
 fn array_or_null<'a, T: IntoDatum>(array: Option<Array<'a, T>>) -> DatumWithOid<'a> {
