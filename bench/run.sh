@@ -21,7 +21,8 @@
 # (xmtpd-shaped reads through gateway_envelopes_view vs a key-lookup form),
 # read (1,000-row cursor read at 50 vs 5,000 leaf partitions, selector vs a
 # hand-written LATERAL query), bridge (backlog drain rate and commit -> JetStream
-# latency), and for the change feed: feedcost (in-order single-row and 100-row
+# latency), sinks (every sink side by side: drain rate in 1,000-row batches and
+# commit -> consumer latency at 1,000 commits/s), and for the change feed: feedcost (in-order single-row and 100-row
 # inserts, this version vs a baseline build of an earlier commit running in a
 # second cluster), latebridge (drain rate with 10% late arrivals vs in order),
 # idle (an idle consumer poll and the idle bridge's CPU at 10, 1,000 and 10,000
@@ -392,6 +393,72 @@ for durability in off on; do
             "$PROBE" "$NATS_URL" --delete "$stream"
             stream=""
             sql postgres -q -c "DROP DATABASE $db WITH (FORCE)"
+        done
+    fi
+
+    if selected sinks && [ "$durability" = off ]; then
+        # Every sink side by side, each read by the probe with that bus's own client
+        # (bridge/examples/latency_probe.rs; for the webhook the probe is the
+        # receiver): (1) a preloaded backlog drained in 1,000-row batches,
+        # envelopes/s; (2) commit -> consumer latency at 1,000 single-row commits a
+        # second. A fresh database per sink and run; the sinks' order rotates.
+        if $quick; then backlog=20000; else backlog=100000; fi
+        sinks=(jetstream redis mqtt rabbitmq webhook jsonl)
+        for run in $(seq "$RUNS"); do
+            for i in "${!sinks[@]}"; do
+                sink_name=${sinks[$(((i + run) % ${#sinks[@]}))]}
+                db="sink_${sink_name}_$run" name="bench$$r${run}${sink_name}"
+                sink_args=(--subject-prefix "$name") probe_args=() leftover=""
+                case "$sink_name" in
+                    jetstream) sink=$NATS_URL; sink_args+=(--nats-stream "${name^^}"); leftover=${name^^} ;;
+                    redis) sink=redis://127.0.0.1:6379; sink_args+=(--redis-stream "$name")
+                        probe_args=(--redis-stream "$name"); leftover=$name ;;
+                    mqtt) sink=mqtt://127.0.0.1:1883 ;;
+                    rabbitmq) sink="amqp://guest:guest@127.0.0.1:5672/%2f"
+                        sink_args+=(--amqp-exchange "$name"); probe_args=(--amqp-exchange "$name")
+                        leftover=$name ;;
+                    webhook) sink="http://127.0.0.1:$(free_port)/hook" ;;
+                    jsonl) sink="jsonl:$OUT/$name.jsonl" ;;
+                esac
+                sql postgres -q -c "CREATE DATABASE $db"
+                sql "$db" -q -c "CREATE EXTENSION pg_envelopes" -c "CREATE SEQUENCE bench_seq"
+                sql "$db" -q -c "SET envelopes.notify = off" -c "SELECT envelopes.insert_gateway_envelopes(
+                        array_agg((1 + s % 4)::int), array_agg(s), array_agg(pg_catalog.int4send(s::int % 16)),
+                        array_agg(pg_catalog.convert_to(repeat('e', 200), 'UTF8')))
+                      FROM generate_series(1::bigint, $backlog) s" >/dev/null
+                sql "$db" -q -c "SELECT envelopes.consumer_register('bench')"
+                "$PROBE" "$sink" "$name" "$backlog" "${probe_args[@]}" >"$OUT/probe.out" &
+                probe=$!
+                until grep -q ready "$OUT/probe.out" 2>/dev/null; do sleep 0.1; done
+                started=$(date +%s.%N)
+                "$BRIDGE" egress --database-url "postgres://postgres@127.0.0.1:$PORT/$db" --name bench \
+                    --sink "$sink" --batch-size 1000 "${sink_args[@]}" 2>"$OUT/bridge.log" &
+                bridge=$!
+                until [ "$(sql "$db" -At -c "SELECT envelopes_pending FROM envelopes.consumer_status WHERE consumer = 'bench'")" = 0 ]; do
+                    sleep 0.1
+                done
+                rate=$(python3 -c "print(f'{$backlog / ($(date +%s.%N) - $started):.0f}')")
+                wait "$probe" || true
+                record sinks_drain "$sink_name" "$durability" "$run" "$rate" envelopes/s
+                log "sinks [$durability] $sink_name run $run: drained $backlog envelopes at $rate/s"
+
+                n=$((SECONDS_PER_RUN * 1000))
+                "$PROBE" "$sink" "$name" "$n" "${probe_args[@]}" >"$OUT/probe.out" &
+                probe=$!
+                until grep -q ready "$OUT/probe.out" 2>/dev/null; do sleep 0.1; done
+                "$PG_BIN/pgbench" -n -M prepared -h 127.0.0.1 -p "$PORT" -U postgres -c 4 -j 2 -R 1000 \
+                    -t $((n / 4)) -f bench/sql/insert_rate.sql "$db" >/dev/null 2>"$OUT/pgbench.err"
+                wait "$probe"
+                read -r p50 p99 max count < <(tail -n 1 "$OUT/probe.out")
+                record sinks_p50_ms "$sink_name" "$durability" "$run" "$p50" ms
+                record sinks_p99_ms "$sink_name" "$durability" "$run" "$p99" ms
+                log "sinks [$durability] $sink_name run $run: commit->consumer p50 ${p50}ms p99 ${p99}ms max ${max}ms ($count messages)"
+                kill -TERM "$bridge"; wait "$bridge" || true
+                bridge=""
+                [ -n "$leftover" ] && "$PROBE" "$sink" --delete "$leftover"
+                rm -f "$OUT/$name.jsonl"
+                sql postgres -q -c "DROP DATABASE $db WITH (FORCE)"
+            done
         done
     fi
 

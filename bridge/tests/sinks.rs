@@ -263,94 +263,16 @@ impl Target {
     /// An MQTT subscription to PREFIX/# at QoS 1, made before the bridge publishes
     /// (the broker keeps nothing for a subscriber that was not there).
     fn subscribe_mqtt(&mut self) {
-        use rumqttc::v5::mqttbytes::v5::Packet;
-        use rumqttc::v5::mqttbytes::QoS;
-        use rumqttc::v5::{Client, Event, MqttOptions};
-        let url = mqtt_url();
-        let hostport = url.trim_start_matches("mqtt://");
-        let (host, port) = hostport.rsplit_once(':').unwrap();
-        let mut options = MqttOptions::new(unique("sub"), host, port.parse().unwrap());
-        options.set_keep_alive(Duration::from_secs(30));
-        let (client, mut connection) = Client::new(options, 1000);
-        client
-            .subscribe(format!("{}/#", self.name), QoS::AtLeastOnce)
-            .unwrap();
-        let ids = self.mqtt_ids.clone();
-        let subscribed = Arc::new(AtomicBool::new(false));
-        let seen = subscribed.clone();
-        thread::spawn(move || {
-            let _client = client;
-            for event in connection.iter() {
-                match event {
-                    Ok(Event::Incoming(Packet::SubAck(_))) => seen.store(true, Ordering::Relaxed),
-                    Ok(Event::Incoming(Packet::Publish(p))) => {
-                        let id = p.properties.as_ref().and_then(|props| {
-                            props
-                                .user_properties
-                                .iter()
-                                .find(|(k, _)| k == "id")
-                                .map(|(_, v)| v.clone())
-                        });
-                        if let Some(id) = id {
-                            ids.lock().unwrap().push(id);
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(_) => thread::sleep(Duration::from_millis(100)),
-                }
-            }
-        });
-        wait_until("the MQTT subscription", Duration::from_secs(10), || {
-            subscribed.load(Ordering::Relaxed)
-        });
+        self.mqtt_ids = mqtt_subscribe(&mqtt_url(), &self.name, false);
     }
 
     /// A queue bound to the exchange for every routing key under the prefix,
     /// declared before the bridge publishes.
     fn bind_amqp_queue(&mut self) {
-        use lapin::options::*;
-        use lapin::types::FieldTable;
-        let (exchange, queue) = (self.name.clone(), self.name.clone());
-        let url = amqp_url();
+        let (url, name) = (amqp_url(), self.name.clone());
         let (connection, channel) = self.runtime.block_on(async move {
-            let connection =
-                lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
-                    .await
-                    .expect("connect to RabbitMQ");
-            let channel = connection.create_channel().await.unwrap();
-            channel
-                .exchange_declare(
-                    exchange.as_str().into(),
-                    lapin::ExchangeKind::Topic,
-                    ExchangeDeclareOptions {
-                        durable: true,
-                        ..Default::default()
-                    },
-                    FieldTable::default(),
-                )
-                .await
-                .unwrap();
-            channel
-                .queue_declare(
-                    queue.as_str().into(),
-                    QueueDeclareOptions {
-                        auto_delete: false,
-                        ..Default::default()
-                    },
-                    FieldTable::default(),
-                )
-                .await
-                .unwrap();
-            channel
-                .queue_bind(
-                    queue.as_str().into(),
-                    exchange.as_str().into(),
-                    format!("{exchange}.#").as_str().into(),
-                    QueueBindOptions::default(),
-                    FieldTable::default(),
-                )
-                .await
-                .unwrap();
+            let (connection, channel) = connect_amqp(&url).await;
+            declare_bound_queue(&channel, &name).await;
             (connection, channel)
         });
         self.amqp = Some((connection, channel));
@@ -374,22 +296,8 @@ impl Target {
             Bus::Redis => redis_ids(&self.runtime, &redis_url(), &self.name),
             Bus::Mqtt => self.mqtt_ids.lock().unwrap().clone(),
             Bus::Amqp => {
-                use lapin::options::BasicGetOptions;
                 let (_, channel) = self.amqp.as_ref().unwrap();
-                let queue = self.name.clone();
-                self.runtime.block_on(async {
-                    let mut ids = Vec::new();
-                    while let Some(message) = channel
-                        .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true })
-                        .await
-                        .unwrap()
-                    {
-                        let props = &message.delivery.properties;
-                        assert_eq!(props.delivery_mode(), &Some(2), "persistent");
-                        ids.push(props.message_id().as_ref().unwrap().to_string());
-                    }
-                    ids
-                })
+                self.runtime.block_on(take_ids(channel, &self.name))
             }
             Bus::Webhook => self.receiver.as_ref().unwrap().acknowledged_ids(),
         }
@@ -432,6 +340,59 @@ impl Drop for Target {
             _ => {}
         }
     }
+}
+
+/// Subscribes to `PREFIX/#` at QoS 1 and collects the `id` user property of
+/// every message. A `persistent` subscriber keeps its session at the broker
+/// (clean start off, an hour's expiry), so a broker that keeps sessions on disk
+/// queues what is published for it across the broker's own restart; its client
+/// reconnects by itself.
+fn mqtt_subscribe(url: &str, prefix: &str, persistent: bool) -> Arc<Mutex<Vec<String>>> {
+    use rumqttc::v5::mqttbytes::v5::Packet;
+    use rumqttc::v5::mqttbytes::QoS;
+    use rumqttc::v5::{Client, Event, MqttOptions};
+    let hostport = url.trim_start_matches("mqtt://");
+    let (host, port) = hostport.rsplit_once(':').unwrap();
+    let mut options = MqttOptions::new(unique("sub"), host, port.parse().unwrap());
+    options.set_keep_alive(Duration::from_secs(30));
+    if persistent {
+        options.set_clean_start(false);
+        options.set_session_expiry_interval(Some(3600));
+    }
+    let (client, mut connection) = Client::new(options, 1000);
+    client
+        .subscribe(format!("{prefix}/#"), QoS::AtLeastOnce)
+        .unwrap();
+    let ids = Arc::new(Mutex::new(Vec::new()));
+    let collected = ids.clone();
+    let subscribed = Arc::new(AtomicBool::new(false));
+    let seen = subscribed.clone();
+    thread::spawn(move || {
+        let _client = client;
+        for event in connection.iter() {
+            match event {
+                Ok(Event::Incoming(Packet::SubAck(_))) => seen.store(true, Ordering::Relaxed),
+                Ok(Event::Incoming(Packet::Publish(p))) => {
+                    let id = p.properties.as_ref().and_then(|props| {
+                        props
+                            .user_properties
+                            .iter()
+                            .find(|(k, _)| k == "id")
+                            .map(|(_, v)| v.clone())
+                    });
+                    if let Some(id) = id {
+                        collected.lock().unwrap().push(id);
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    });
+    wait_until("the MQTT subscription", Duration::from_secs(10), || {
+        subscribed.load(Ordering::Relaxed)
+    });
+    ids
 }
 
 /// The `id` field of every entry of a Redis stream, read with XRANGE.
@@ -894,4 +855,214 @@ fn a_webhook_outage_loses_nothing() {
             ids
         },
     );
+}
+
+/// A private mosquitto on its own port, keeping sessions and queued messages on
+/// disk, stops (SIGTERM: it writes its store) and comes back; the subscriber's
+/// session outlives the broker's restart.
+#[test]
+fn an_mqtt_outage_loses_nothing() {
+    let port = free_port();
+    let dir = std::env::temp_dir().join(unique("mosquitto"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("mosquitto.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\n\
+             persistence_location {}/\nmax_queued_messages 0\nuser root\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    let start = {
+        let conf = conf.clone();
+        move || {
+            let child = std::process::Command::new("mosquitto")
+                .arg("-c")
+                .arg(&conf)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("start mosquitto");
+            wait_for_port(port);
+            child
+        }
+    };
+    let server = Arc::new(Mutex::new(Some(start())));
+    let url = format!("mqtt://127.0.0.1:{port}");
+    let prefix = unique("away");
+    let ids = mqtt_subscribe(&url, &prefix, true);
+    let (s1, s2) = (server.clone(), server.clone());
+    survives_outage(
+        "mqtt_outage",
+        &url,
+        &["--subject-prefix", &prefix],
+        &mut move || {
+            if let Some(mut child) = s1.lock().unwrap().take() {
+                terminate(&mut child);
+            }
+        },
+        &mut move || {
+            *s2.lock().unwrap() = Some(start());
+        },
+        &move || ids.lock().unwrap().clone(),
+    );
+    if let Some(mut child) = server.lock().unwrap().take() {
+        terminate(&mut child);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Stops a child with SIGTERM (a clean shutdown) and reaps it.
+fn terminate(child: &mut std::process::Child) {
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+}
+
+/// A RabbitMQ node of the test's own (own node name, AMQP and distribution
+/// ports, database and log directories, no plugins) stops and comes back. The
+/// queue is durable and the messages persistent, so what the broker confirmed
+/// before it stopped is still there after.
+#[test]
+fn a_rabbitmq_outage_loses_nothing() {
+    let port = free_port();
+    let dist = free_port();
+    let dir = std::env::temp_dir().join(unique("rabbit"));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("plugins"), "[].\n").unwrap();
+    let node = format!("{}@localhost", unique("outage"));
+    let start = {
+        let (dir, node) = (dir.clone(), node.clone());
+        move || {
+            let child = std::process::Command::new("/usr/lib/rabbitmq/bin/rabbitmq-server")
+                .current_dir(&dir)
+                .env("HOME", &dir)
+                .env("RABBITMQ_NODENAME", &node)
+                .env("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1")
+                .env("RABBITMQ_NODE_PORT", port.to_string())
+                .env("RABBITMQ_DIST_PORT", dist.to_string())
+                .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
+                .env("RABBITMQ_LOG_BASE", dir.join("log"))
+                .env("RABBITMQ_ENABLED_PLUGINS_FILE", dir.join("plugins"))
+                .env("RABBITMQ_CONFIG_FILE", dir.join("none"))
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("start rabbitmq-server");
+            wait_until(
+                "the private RabbitMQ node",
+                Duration::from_secs(120),
+                || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+            );
+            child
+        }
+    };
+    let server = Arc::new(Mutex::new(Some(start())));
+    let url = format!("amqp://guest:guest@127.0.0.1:{port}/%2f");
+    let exchange = unique("away");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(declare_durable_queue(&url, &exchange));
+    let (s1, s2) = (server.clone(), server.clone());
+    let read_url = url.clone();
+    let queue = exchange.clone();
+    survives_outage(
+        "rabbitmq_outage",
+        &url,
+        &["--subject-prefix", &exchange, "--amqp-exchange", &exchange],
+        &mut move || {
+            if let Some(mut child) = s1.lock().unwrap().take() {
+                terminate(&mut child);
+            }
+        },
+        &mut move || {
+            *s2.lock().unwrap() = Some(start());
+        },
+        &move || {
+            let runtime = tokio::runtime::Runtime::new().unwrap();
+            runtime.block_on(drain_queue(&read_url, &queue))
+        },
+    );
+    if let Some(mut child) = server.lock().unwrap().take() {
+        terminate(&mut child);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A durable topic exchange and a durable queue of the same name bound to it for
+/// every routing key under that name.
+async fn declare_bound_queue(channel: &lapin::Channel, name: &str) {
+    use lapin::options::*;
+    use lapin::types::FieldTable;
+    let durable = ExchangeDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    channel
+        .exchange_declare(
+            name.into(),
+            lapin::ExchangeKind::Topic,
+            durable,
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    channel
+        .queue_declare(name.into(), durable, FieldTable::default())
+        .await
+        .unwrap();
+    channel
+        .queue_bind(
+            name.into(),
+            name.into(),
+            format!("{name}.#").as_str().into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+}
+
+/// Every message in the queue, taken with basic.get: the `message_id` of each,
+/// each checked to be persistent.
+async fn take_ids(channel: &lapin::Channel, queue: &str) -> Vec<String> {
+    use lapin::options::BasicGetOptions;
+    let mut ids = Vec::new();
+    while let Some(message) = channel
+        .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+    {
+        let props = &message.delivery.properties;
+        assert_eq!(props.delivery_mode(), &Some(2), "persistent");
+        ids.push(props.message_id().as_ref().unwrap().to_string());
+    }
+    ids
+}
+
+async fn connect_amqp(url: &str) -> (lapin::Connection, lapin::Channel) {
+    let connection = lapin::Connection::connect(url, lapin::ConnectionProperties::default())
+        .await
+        .expect("connect to RabbitMQ");
+    let channel = connection.create_channel().await.unwrap();
+    (connection, channel)
+}
+
+async fn declare_durable_queue(url: &str, name: &str) {
+    let (connection, channel) = connect_amqp(url).await;
+    declare_bound_queue(&channel, name).await;
+    let _ = connection.close(200, "declared".into()).await;
+}
+
+async fn drain_queue(url: &str, queue: &str) -> Vec<String> {
+    let (connection, channel) = connect_amqp(url).await;
+    let ids = take_ids(&channel, queue).await;
+    let _ = connection.close(200, "read".into()).await;
+    ids
 }
