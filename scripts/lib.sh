@@ -105,7 +105,8 @@ cluster_stop() {
 # `cargo pgrx test` starts under $ENVELOPES_TMP/pgrx/15-<pid>), then removes them.
 cleanup_leftover_clusters() {
     local pidfile dir
-    for pidfile in "$ENVELOPES_TMP"/*/data/postmaster.pid "$ENVELOPES_TMP"/pgrx/*/postmaster.pid; do
+    for pidfile in "$ENVELOPES_TMP"/*/data/postmaster.pid "$ENVELOPES_TMP"/shards/*/data/postmaster.pid \
+                   "$ENVELOPES_TMP"/pgrx/*/postmaster.pid; do
         [ -f "$pidfile" ] || continue
         dir=$(dirname "$pidfile")
         log "stopping leftover server in $dir"
@@ -120,7 +121,8 @@ cluster_psql() {
     "$PG_BIN/psql" -X -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres -d "$db" "$@"
 }
 
-# Builds the extension and installs it into the system Postgres directories.
+# Builds the extension and installs it, and pg_envelopes_router, into the system
+# Postgres directories.
 install_extension() {
     local profile=${1:-debug}
     local flags=()
@@ -130,4 +132,6 @@ install_extension() {
     # Install scripts of released versions, so older versions can be created and
     # upgraded (upgrade scripts in sql/ are copied by cargo pgrx install itself).
     cp sql/releases/pg_envelopes--*.sql "$("$PG_CONFIG" --sharedir)/extension/"
+    # The router extension (pure SQL, for a proxy database in front of shards).
+    make -s -C router install PG_CONFIG="$PG_CONFIG" >/dev/null
 }

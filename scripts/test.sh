@@ -6,7 +6,8 @@
 #   3. cargo pgrx test: plain #[test]s and in-backend #[pg_test]s
 #   4. pg_regress golden files and isolation specs (pg_test/)
 #   5. client integration tests (tests/) and the bridge's end-to-end tests
-#      (bridge/tests/) against a throwaway cluster and the local message buses
+#      (bridge/tests/) against a throwaway cluster and the local message buses,
+#      and the router's against four throwaway shards (scripts/shards.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,7 +42,7 @@ scripts/run_pg_test.sh
 step "integration tests"
 port=$(free_port)
 cluster_start itest "$port" "wal_level = logical" "max_replication_slots = 10"
-trap 'cluster_stop itest_standby; cluster_stop itest; cluster_stop noworkers' EXIT
+trap 'cluster_stop itest_standby; cluster_stop itest; cluster_stop noworkers; scripts/shards.sh down 2>/dev/null' EXIT
 cluster_enable_tls itest
 export ENVELOPES_TEST_PG="host=127.0.0.1 port=$port user=postgres"
 # A hot standby of it, for what the feed does during recovery (tests/tests/standby.rs).
@@ -54,9 +55,14 @@ port_nw=$(free_port)
 cluster_start noworkers "$port_nw" "max_worker_processes = 0"
 export ENVELOPES_TEST_PG_NO_WORKERS="host=127.0.0.1 port=$port_nw user=postgres"
 export ENVELOPES_TEST_PG_CA="$ENVELOPES_TMP/itest/ca.crt"
+# Four shard servers, a proxy with pg_envelopes_router, and one spare shard for
+# the partition move (tests/tests/router.rs, bridge/tests/shards.rs).
+scripts/shards.sh up 4 >/dev/null
+scripts/shards.sh add >/dev/null
+export ENVELOPES_TEST_SHARDS="$ENVELOPES_TMP/shards/env"
 cargo test -p pg_envelopes_tests -- --test-threads=4
 
-step "bridge tests (real NATS JetStream, Redis, Mosquitto, RabbitMQ, a webhook receiver)"
+step "bridge tests (real NATS JetStream, Redis, Mosquitto, RabbitMQ, a webhook receiver, bridges per shard)"
 cargo test -p envelopes-bridge -- --test-threads=2
 
 step "all tests passed"

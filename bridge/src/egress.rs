@@ -47,6 +47,8 @@ pub struct EgressConfig {
     pub channel: String,
     /// Attempts a message the bus refuses gets before it is set aside.
     pub dead_letter_after: u32,
+    /// Goes into outbox rows' dedup ids (`outbox:SCOPE:ID`), see `--outbox-scope`.
+    pub outbox_scope: Option<String>,
 }
 
 /// Runs until `shutdown` turns true.
@@ -288,6 +290,7 @@ async fn read_outbox(
             row.get(2),
             row.get(3),
             row.get::<_, UnixMicros>(4).0,
+            config.outbox_scope.as_deref(),
         ));
     }
     Ok((out, positions))
@@ -299,6 +302,7 @@ fn outbox_message(
     payload: Vec<u8>,
     headers: String,
     created_at_us: i64,
+    scope: Option<&str>,
 ) -> Message {
     Message::Outbox(OutboxMessage {
         id,
@@ -306,6 +310,7 @@ fn outbox_message(
         payload,
         headers: serde_json::from_str(&headers).unwrap_or(serde_json::Value::Null),
         created_at_us,
+        scope: scope.map(str::to_owned),
     })
 }
 
@@ -542,6 +547,7 @@ async fn retry_dead_letters(
                     row.get::<_, Option<Vec<u8>>>(11).unwrap_or_default(),
                     row.get::<_, Option<String>>(12).unwrap_or_default(),
                     row.get::<_, Option<UnixMicros>>(13).map_or(0, |t| t.0),
+                    config.outbox_scope.as_deref(),
                 )
             }),
         };

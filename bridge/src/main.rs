@@ -98,6 +98,12 @@ struct EgressArgs {
     #[arg(long, env = "ENVELOPES_DEAD_LETTER_AFTER", default_value_t = 5,
           value_parser = clap::value_parser!(u32).range(1..))]
     dead_letter_after: u32,
+    /// Outbox ids are per database: bridges of several databases (the shards of
+    /// a router) publishing into one stream each set their own scope, which goes
+    /// into outbox dedup ids (`outbox:SCOPE:ID`) so those stay apart. Envelope
+    /// ids (`NODE:SEQ`) are the same on every shard and need none.
+    #[arg(long, env = "ENVELOPES_OUTBOX_SCOPE")]
+    outbox_scope: Option<String>,
     /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9187).
     #[arg(long, env = "ENVELOPES_METRICS_ADDR")]
     metrics_addr: Option<SocketAddr>,
@@ -117,6 +123,11 @@ struct BusArgs {
     /// reads from it.
     #[arg(long, env = "ENVELOPES_NATS_STREAM", default_value = "ENVELOPES")]
     nats_stream: String,
+    /// Replicas of the JetStream stream when egress creates it (3 on a
+    /// three-node cluster; an existing stream keeps its own).
+    #[arg(long, env = "ENVELOPES_NATS_REPLICAS", default_value_t = 1,
+          value_parser = clap::value_parser!(u8).range(1..=5))]
+    nats_replicas: u8,
     /// Subject prefix: envelopes go to PREFIX.envelope.NODE, outbox rows to
     /// PREFIX.outbox.SUBJECT (MQTT: PREFIX/envelope/NODE ...).
     #[arg(long, env = "ENVELOPES_SUBJECT_PREFIX", default_value = "envelopes")]
@@ -172,6 +183,7 @@ impl BusArgs {
         };
         SinkOptions {
             nats_stream: self.nats_stream.clone(),
+            nats_replicas: usize::from(self.nats_replicas),
             subject_prefix: self.subject_prefix.clone(),
             redis_stream: self.redis_stream.clone(),
             nats_auth,
@@ -397,6 +409,7 @@ async fn main() -> std::process::ExitCode {
                 poll_interval: Duration::from_millis(args.poll_interval_ms.max(1)),
                 channel: args.channel,
                 dead_letter_after: args.dead_letter_after,
+                outbox_scope: args.outbox_scope,
             };
             egress::run(config, metrics, shutdown_signal()).await;
             std::process::ExitCode::SUCCESS

@@ -29,6 +29,11 @@ pub struct OutboxMessage {
     pub headers: serde_json::Value,
     /// `created_at` as microseconds since the Unix epoch.
     pub created_at_us: i64,
+    /// The bridge's `--outbox-scope`: outbox ids are per database, so bridges of
+    /// several databases (shards) publishing into one stream set a scope each
+    /// and their dedup ids stay apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
 }
 
 /// One message on the bus.
@@ -66,13 +71,17 @@ impl Message {
     }
 
     /// The id a bus or consumer uses to drop replays: `"{node}:{seq}"` for an
-    /// envelope, `"outbox:{id}"` for an outbox row.
+    /// envelope, `"outbox:{id}"` for an outbox row (`"outbox:{scope}:{id}"` with
+    /// a scope).
     pub fn dedup_id(&self) -> String {
         match self {
             Message::Envelope(e) => {
                 format!("{}:{}", e.originator_node_id, e.originator_sequence_id)
             }
-            Message::Outbox(o) => format!("outbox:{}", o.id),
+            Message::Outbox(o) => match &o.scope {
+                Some(scope) => format!("outbox:{scope}:{}", o.id),
+                None => format!("outbox:{}", o.id),
+            },
         }
     }
 
@@ -155,6 +164,28 @@ mod tests {
     }
 
     #[test]
+    fn scoped_outbox_ids_stay_apart() {
+        let outbox = |scope: Option<&str>| {
+            Message::Outbox(OutboxMessage {
+                id: 3,
+                subject: "s".into(),
+                payload: vec![],
+                headers: serde_json::Value::Null,
+                created_at_us: 0,
+                scope: scope.map(str::to_owned),
+            })
+        };
+        assert_eq!(outbox(None).dedup_id(), "outbox:3");
+        assert_eq!(outbox(Some("shard1")).dedup_id(), "outbox:shard1:3");
+        assert_ne!(
+            outbox(Some("shard1")).dedup_id(),
+            outbox(Some("shard2")).dedup_id()
+        );
+        let scoped = outbox(Some("shard1"));
+        assert_eq!(Message::from_cbor(&scoped.to_cbor()), Ok(scoped));
+    }
+
+    #[test]
     fn cbor_round_trip() {
         let m = envelope();
         assert_eq!(Message::from_cbor(&m.to_cbor()), Ok(m.clone()));
@@ -164,6 +195,7 @@ mod tests {
             payload: vec![9],
             headers: serde_json::json!({"k": "v"}),
             created_at_us: 1,
+            scope: None,
         });
         assert_eq!(Message::from_cbor(&o.to_cbor()), Ok(o));
     }

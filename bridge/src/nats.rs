@@ -25,8 +25,16 @@ impl std::fmt::Debug for NatsAuth {
     }
 }
 
-/// Connects with the given authentication, shared by egress and ingress.
+/// Connects with the given authentication, shared by egress and ingress. `url`
+/// may list several servers of one cluster, comma-separated: the client starts
+/// with any that answers and fails over among them (and the ones the cluster
+/// announces).
 pub async fn connect(url: &str, auth: &NatsAuth) -> Result<async_nats::Client, String> {
+    let servers = url
+        .split(',')
+        .map(|u| u.trim().parse::<async_nats::ServerAddr>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("server address {}: {e}", crate::redact::url(url)))?;
     let mut options = async_nats::ConnectOptions::new()
         .connection_timeout(Duration::from_secs(5))
         .request_timeout(Some(Duration::from_secs(10)));
@@ -42,7 +50,7 @@ pub async fn connect(url: &str, auth: &NatsAuth) -> Result<async_nats::Client, S
             .map_err(|e| format!("credentials: {e}"))?,
     };
     options
-        .connect(url)
+        .connect(servers.as_slice())
         .await
         .map_err(|e| format!("connect {}: {e}", crate::redact::url(url)))
 }

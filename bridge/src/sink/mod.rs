@@ -91,6 +91,16 @@ impl FromStr for SinkSpec {
                 Ok(SinkSpec::Jsonl(PathBuf::from(path)))
             };
         }
+        // A NATS cluster by several seed servers: nats://a:4222,nats://b:4222.
+        if s.contains(',') && (s.starts_with("nats://") || s.starts_with("tls://")) {
+            for part in s.split(',') {
+                match part.parse::<SinkSpec>()? {
+                    SinkSpec::Nats(_) => {}
+                    _ => return Err(SinkParseError::Address(crate::redact::url(s))),
+                }
+            }
+            return Ok(SinkSpec::Nats(s.to_owned()));
+        }
         let (scheme, rest) = s
             .split_once("://")
             .ok_or_else(|| SinkParseError::Unknown(s.into()))?;
@@ -135,6 +145,8 @@ impl FromStr for SinkSpec {
 pub struct SinkOptions {
     /// JetStream stream (created if missing) and MQTT/NATS subject prefix.
     pub nats_stream: String,
+    /// Replicas of the stream when the bridge creates it (a clustered server).
+    pub nats_replicas: usize,
     pub subject_prefix: String,
     pub redis_stream: String,
     pub nats_auth: crate::nats::NatsAuth,
@@ -327,6 +339,16 @@ mod tests {
             "nats://127.0.0.1:4222".parse(),
             Ok(SinkSpec::Nats("nats://127.0.0.1:4222".into()))
         );
+        assert_eq!(
+            "nats://127.0.0.1:4222,nats://127.0.0.1:4223".parse(),
+            Ok(SinkSpec::Nats(
+                "nats://127.0.0.1:4222,nats://127.0.0.1:4223".into()
+            ))
+        );
+        assert!("nats://127.0.0.1:4222,redis://127.0.0.1:6379"
+            .parse::<SinkSpec>()
+            .is_err());
+        assert!("nats://127.0.0.1:4222,".parse::<SinkSpec>().is_err());
         assert_eq!(
             "redis://127.0.0.1:6379".parse(),
             Ok(SinkSpec::Redis("redis://127.0.0.1:6379".into()))

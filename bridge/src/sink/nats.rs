@@ -30,6 +30,7 @@ impl Nats {
             .get_or_create_stream(jetstream::stream::Config {
                 name: options.nats_stream.clone(),
                 subjects: vec![format!("{}.>", options.subject_prefix)],
+                num_replicas: options.nats_replicas,
                 ..Default::default()
             })
             .await

@@ -1,0 +1,621 @@
+-- pg_envelopes_router 0.1.0: the pg_envelopes writer's and reader's functions in a
+-- proxy database, each routed by PL/Proxy to the shard that owns its originator.
+--
+-- An originator belongs to partition hashint4(originator_node_id) & (N - 1), N a
+-- power of two; envelopes_router.partition_map names the shard (a libpq
+-- connection string) of each partition, and the foreign server
+-- envelopes_router_shards mirrors it as PL/Proxy's cluster definition (options p0
+-- .. pN-1). Several partitions share a shard, so a shard is split later by
+-- moving partitions, not by rehashing.
+\echo Use "CREATE EXTENSION pg_envelopes_router CASCADE" to load this file. \quit
+
+CREATE SCHEMA envelopes_router;
+
+CREATE TABLE envelopes_router.partition_map (
+    partition integer PRIMARY KEY CHECK (partition >= 0),
+    shard text NOT NULL CHECK (shard <> '')
+);
+COMMENT ON TABLE envelopes_router.partition_map IS
+    'The shard (libpq connection string) of each hash partition; change it with set_shards or move_partition';
+SELECT pg_catalog.pg_extension_config_dump('envelopes_router.partition_map', '');
+
+-- The cluster exists from the start with one placeholder partition (PL/Proxy
+-- wants a power of two): a call before set_shards fails in
+-- envelopes_router._cluster() with a clear error and never connects to it.
+CREATE SERVER envelopes_router_shards FOREIGN DATA WRAPPER plproxy
+    OPTIONS (p0 'dbname=pg_envelopes_router_has_no_shards');
+CREATE USER MAPPING FOR PUBLIC SERVER envelopes_router_shards;
+
+-- The cluster name for every routed function; fails while no shard is set.
+CREATE FUNCTION envelopes_router._cluster() RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM envelopes_router.partition_map) THEN
+        RAISE EXCEPTION 'pg_envelopes_router has no shards'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Set them with envelopes_router.set_shards(ARRAY[''host=... dbname=...'', ...]).';
+    END IF;
+    RETURN 'envelopes_router_shards';
+END;
+$$;
+
+-- Rewrites the server's partition options from partition_map, in one ALTER
+-- SERVER (PL/Proxy's validator refuses a cluster whose partition count is not a
+-- power of two at every step).
+CREATE FUNCTION envelopes_router._sync_server() RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    actions text[];
+BEGIN
+    WITH existing AS (
+        SELECT split_part(o, '=', 1) AS key
+          FROM pg_catalog.pg_foreign_server s, unnest(s.srvoptions) o
+         WHERE s.srvname = 'envelopes_router_shards' AND split_part(o, '=', 1) ~ '^p[0-9]+$'
+    ), wanted AS (
+        SELECT 'p' || m.partition AS key, m.shard FROM envelopes_router.partition_map m
+    )
+    SELECT array_agg(CASE WHEN w.key IS NULL THEN format('DROP %I', e.key)
+                          WHEN e.key IS NULL THEN format('ADD %I %L', w.key, w.shard)
+                          ELSE format('SET %I %L', w.key, w.shard) END)
+      INTO actions
+      FROM existing e FULL JOIN wanted w USING (key);
+    EXECUTE format('ALTER SERVER envelopes_router_shards OPTIONS (%s)',
+                   array_to_string(actions, ', '));
+END;
+$$;
+
+-- Sets the shards: partition p goes to shards[p % cardinality(shards) + 1].
+-- Refused once a map exists unless it is the same map or replace => true (a
+-- different map sends originators to shards that do not hold their rows; move
+-- partitions one by one with move_partition instead).
+CREATE FUNCTION envelopes_router.set_shards(shards text[], partitions integer DEFAULT 16,
+                                            replace boolean DEFAULT false)
+RETURNS SETOF envelopes_router.partition_map
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n integer := cardinality(shards);
+BEGIN
+    IF shards IS NULL OR n = 0 THEN
+        RAISE EXCEPTION 'shards must name at least one shard' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF array_position(shards, NULL) IS NOT NULL OR '' = ANY (shards) THEN
+        RAISE EXCEPTION 'shards must not contain NULL or empty connection strings'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF partitions IS NULL OR partitions < 1 OR partitions > 1024
+       OR (partitions & (partitions - 1)) <> 0 THEN
+        RAISE EXCEPTION 'partitions must be a power of two between 1 and 1024, not %', partitions
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF partitions < n THEN
+        RAISE EXCEPTION '% partitions cannot cover % shards', partitions, n
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Give at least as many partitions as shards.';
+    END IF;
+    IF EXISTS (SELECT 1 FROM envelopes_router.partition_map) AND NOT coalesce(replace, false) THEN
+        IF (SELECT array_agg(shard ORDER BY partition) FROM envelopes_router.partition_map)
+           IS DISTINCT FROM
+           (SELECT array_agg(shards[p % n + 1] ORDER BY p) FROM generate_series(0, partitions - 1) p) THEN
+            RAISE EXCEPTION 'the router already has a different partition map'
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      HINT = 'Move partitions with envelopes_router.move_partition, or pass replace => true for a store with no rows yet.';
+        END IF;
+    END IF;
+    LOCK TABLE envelopes_router.partition_map IN EXCLUSIVE MODE;
+    DELETE FROM envelopes_router.partition_map;
+    INSERT INTO envelopes_router.partition_map
+    SELECT p, shards[p % n + 1] FROM generate_series(0, partitions - 1) p;
+    PERFORM envelopes_router._sync_server();
+    RETURN QUERY SELECT * FROM envelopes_router.partition_map ORDER BY partition;
+END;
+$$;
+
+-- The partition of an originator under the current map.
+CREATE FUNCTION envelopes_router.partition_of(originator_node_id integer) RETURNS integer
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT hashint4(originator_node_id) & ((SELECT count(*) FROM envelopes_router.partition_map)::integer - 1)
+$$;
+
+-- The shard that holds an originator.
+CREATE FUNCTION envelopes_router.shard_of(originator_node_id integer) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT shard FROM envelopes_router.partition_map
+     WHERE partition = envelopes_router.partition_of(originator_node_id)
+$$;
+
+-- Each shard and the partitions it holds.
+CREATE FUNCTION envelopes_router.shards()
+RETURNS TABLE (shard text, partitions integer[])
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT m.shard, array_agg(m.partition ORDER BY m.partition)
+      FROM envelopes_router.partition_map m
+     GROUP BY m.shard
+     ORDER BY min(m.partition)
+$$;
+
+-- Partition numbers (as hashes PL/Proxy maps to themselves) of the shards that
+-- hold the given originators: every partition when the list is NULL, partition 0
+-- when it names no originator (that shard checks the arguments and answers with
+-- no rows, as one node would).
+CREATE FUNCTION envelopes_router._hashes(originator_node_ids integer[]) RETURNS SETOF integer
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT p.partition FROM envelopes_router.partition_map p WHERE originator_node_ids IS NULL
+    UNION
+    SELECT hashint4(o) FROM unnest(originator_node_ids) o WHERE o IS NOT NULL
+    UNION
+    SELECT 0 WHERE originator_node_ids IS NOT NULL
+               AND NOT EXISTS (SELECT 1 FROM unnest(originator_node_ids) o WHERE o IS NOT NULL)
+$$;
+
+-- ---------------------------------------------------------------------------
+-- The writer's functions.
+-- ---------------------------------------------------------------------------
+
+CREATE FUNCTION envelopes.insert_gateway_envelope(
+    originator_node_id integer, originator_sequence_id bigint, topic bytea,
+    originator_envelope bytea, payer_id integer DEFAULT NULL,
+    gateway_time timestamptz DEFAULT now(), expiry bigint DEFAULT NULL)
+RETURNS bigint LANGUAGE plproxy
+AS $$
+    CLUSTER envelopes_router._cluster();
+    -- A NULL id goes to partition 0's shard, which rejects it as one node does.
+    RUN ON hashint4(coalesce(originator_node_id, 0));
+    TARGET envelopes.insert_gateway_envelope;
+$$;
+
+-- One call per shard with that shard's elements of every array (PL/Proxy SPLIT);
+-- each shard returns how many rows it inserted.
+CREATE FUNCTION envelopes_router._insert_gateway_envelopes(
+    originator_node_ids integer[], originator_sequence_ids bigint[], topics bytea[],
+    originator_envelopes bytea[], payer_ids integer[], gateway_times timestamptz[],
+    expiries bigint[])
+RETURNS SETOF bigint LANGUAGE plproxy
+AS $$
+    CLUSTER envelopes_router._cluster();
+    SPLIT originator_node_ids, originator_sequence_ids, topics, originator_envelopes,
+          payer_ids, gateway_times, expiries;
+    RUN ON hashint4(originator_node_ids);
+    TARGET envelopes.insert_gateway_envelopes;
+$$;
+
+-- The batch insert: checked here as one node checks it (so a bad batch writes
+-- nothing anywhere), then split by shard. Each shard's part is one transaction
+-- there; the parts are not one transaction together, and a batch that failed on
+-- one shard is completed by calling it again (every insert is idempotent).
+CREATE FUNCTION envelopes.insert_gateway_envelopes(
+    originator_node_ids integer[], originator_sequence_ids bigint[], topics bytea[],
+    originator_envelopes bytea[], payer_ids integer[] DEFAULT NULL,
+    gateway_times timestamptz[] DEFAULT NULL, expiries bigint[] DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n integer := coalesce(cardinality(originator_node_ids), 0);
+    i integer;
+BEGIN
+    IF originator_node_ids IS NULL THEN
+        RAISE EXCEPTION 'originator_node_ids must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF originator_sequence_ids IS NULL THEN
+        RAISE EXCEPTION 'originator_sequence_ids must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF topics IS NULL THEN
+        RAISE EXCEPTION 'topics must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF originator_envelopes IS NULL THEN
+        RAISE EXCEPTION 'originator_envelopes must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF coalesce(cardinality(originator_sequence_ids), 0) <> n THEN
+        RAISE EXCEPTION 'array originator_sequence_ids has % elements but originator_node_ids has %',
+            cardinality(originator_sequence_ids), n USING ERRCODE = '2202E';
+    END IF;
+    IF coalesce(cardinality(topics), 0) <> n THEN
+        RAISE EXCEPTION 'array topics has % elements but originator_node_ids has %',
+            cardinality(topics), n USING ERRCODE = '2202E';
+    END IF;
+    IF coalesce(cardinality(originator_envelopes), 0) <> n THEN
+        RAISE EXCEPTION 'array originator_envelopes has % elements but originator_node_ids has %',
+            cardinality(originator_envelopes), n USING ERRCODE = '2202E';
+    END IF;
+    IF payer_ids IS NOT NULL AND coalesce(cardinality(payer_ids), 0) <> n THEN
+        RAISE EXCEPTION 'array payer_ids has % elements but originator_node_ids has %',
+            cardinality(payer_ids), n USING ERRCODE = '2202E';
+    END IF;
+    IF gateway_times IS NOT NULL AND coalesce(cardinality(gateway_times), 0) <> n THEN
+        RAISE EXCEPTION 'array gateway_times has % elements but originator_node_ids has %',
+            cardinality(gateway_times), n USING ERRCODE = '2202E';
+    END IF;
+    IF expiries IS NOT NULL AND coalesce(cardinality(expiries), 0) <> n THEN
+        RAISE EXCEPTION 'array expiries has % elements but originator_node_ids has %',
+            cardinality(expiries), n USING ERRCODE = '2202E';
+    END IF;
+    i := array_position(originator_node_ids, NULL);
+    IF i IS NOT NULL THEN
+        RAISE EXCEPTION 'originator_node_ids[%] must not be NULL', i USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF n = 0 THEN
+        RETURN 0;
+    END IF;
+    -- Optional arrays travel as arrays of NULLs: PL/Proxy splits element by element.
+    IF payer_ids IS NULL THEN
+        payer_ids := array_fill(NULL::integer, ARRAY[n]);
+    END IF;
+    IF gateway_times IS NULL THEN
+        gateway_times := array_fill(now(), ARRAY[n]);
+    END IF;
+    IF expiries IS NULL THEN
+        expiries := array_fill(NULL::bigint, ARRAY[n]);
+    END IF;
+    RETURN (SELECT coalesce(sum(c), 0)::bigint
+              FROM envelopes_router._insert_gateway_envelopes(
+                       originator_node_ids, originator_sequence_ids, topics, originator_envelopes,
+                       payer_ids, gateway_times, expiries) c);
+END;
+$$;
+
+CREATE FUNCTION envelopes.ensure_gateway_parts(
+    originator_node_id integer, originator_sequence_id bigint, band_width bigint DEFAULT NULL)
+RETURNS void LANGUAGE plproxy
+AS $$
+    CLUSTER envelopes_router._cluster();
+    RUN ON hashint4(coalesce(originator_node_id, 0));
+    TARGET envelopes.ensure_gateway_parts;
+$$;
+
+-- Outbox rows live on a shard like envelopes: on the shard of shard_key's
+-- partition when one is given (an originator id, say, to keep a message with the
+-- envelopes it is about), else on partition 0's shard.
+CREATE FUNCTION envelopes_router._publish_hash(shard_key integer) RETURNS integer
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
+AS $$ SELECT coalesce(hashint4(shard_key), 0) $$;
+
+CREATE FUNCTION envelopes.publish(subject text, payload bytea, headers jsonb DEFAULT '{}',
+                                  shard_key integer DEFAULT NULL)
+RETURNS bigint LANGUAGE plproxy
+AS $$
+    CLUSTER envelopes_router._cluster();
+    RUN ON envelopes_router._publish_hash(shard_key);
+    SELECT envelopes.publish(subject, payload, headers) AS publish;
+$$;
+
+-- ---------------------------------------------------------------------------
+-- The reader's functions: each shard answers for its originators, the router
+-- merges. While a partition is being moved its rows exist on two shards, so the
+-- merge removes repeats (they are the same rows).
+-- ---------------------------------------------------------------------------
+
+CREATE FUNCTION envelopes_router._select_gateway_envelopes(
+    cursor_node_ids integer[], cursor_sequence_ids bigint[], topics bytea[],
+    originator_node_ids integer[], row_limit integer)
+RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
+               gateway_time timestamptz, topic bytea, payer_id integer, expiry bigint,
+               originator_envelope bytea)
+LANGUAGE plproxy
+AS $$
+    CLUSTER envelopes_router._cluster();
+    RUN ON envelopes_router._hashes(originator_node_ids);
+    TARGET envelopes.select_gateway_envelopes;
+$$;
+
+-- Each shard returns its first row_limit rows after the cursor; the first
+-- row_limit of their merge are the first row_limit of all (a row among those has
+-- fewer than row_limit rows before it on its own shard).
+CREATE FUNCTION envelopes.select_gateway_envelopes(
+    cursor_node_ids integer[] DEFAULT '{}', cursor_sequence_ids bigint[] DEFAULT '{}',
+    topics bytea[] DEFAULT NULL, originator_node_ids integer[] DEFAULT NULL,
+    row_limit integer DEFAULT 1000)
+RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
+               gateway_time timestamptz, topic bytea, payer_id integer, expiry bigint,
+               originator_envelope bytea)
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF row_limit IS NULL OR row_limit < 0 THEN
+        -- The shards reject it, with their own message and SQLSTATE.
+        RETURN QUERY SELECT * FROM envelopes_router._select_gateway_envelopes(
+            cursor_node_ids, cursor_sequence_ids, topics, originator_node_ids, row_limit);
+        RETURN;
+    END IF;
+    RETURN QUERY
+        SELECT DISTINCT ON (r.originator_node_id, r.originator_sequence_id) r.*
+          FROM envelopes_router._select_gateway_envelopes(
+                   cursor_node_ids, cursor_sequence_ids, topics, originator_node_ids, row_limit) r
+         ORDER BY r.originator_node_id, r.originator_sequence_id
+         LIMIT row_limit;
+END;
+$$;
+
+CREATE FUNCTION envelopes_router._originator_ceilings()
+RETURNS TABLE (originator_node_id integer, max_sequence_id bigint)
+LANGUAGE plproxy
+AS $$
+    CLUSTER envelopes_router._cluster();
+    RUN ON ALL;
+    TARGET envelopes.originator_ceilings;
+$$;
+
+CREATE FUNCTION envelopes.originator_ceilings()
+RETURNS TABLE (originator_node_id integer, max_sequence_id bigint)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT c.originator_node_id, max(c.max_sequence_id)
+      FROM envelopes_router._originator_ceilings() c
+     GROUP BY c.originator_node_id
+     ORDER BY c.originator_node_id
+$$;
+
+-- Partition names travel as text: a regclass is an OID, meaningful only on its
+-- own shard.
+CREATE FUNCTION envelopes_router._partitions()
+RETURNS TABLE (originator_node_id integer, band_start bigint, band_end bigint,
+               meta_partition text, blob_partition text, row_estimate bigint,
+               total_bytes bigint, shard text)
+LANGUAGE plproxy
+AS $$
+    CLUSTER envelopes_router._cluster();
+    RUN ON ALL;
+    SELECT p.originator_node_id, p.band_start, p.band_end, p.meta_partition::text AS meta_partition,
+           p.blob_partition::text AS blob_partition, p.row_estimate, p.total_bytes,
+           pg_catalog.current_database() || '@' || coalesce(pg_catalog.host(pg_catalog.inet_server_addr()), 'local')
+               || ':' || pg_catalog.current_setting('port') AS shard
+      FROM envelopes.partitions() p;
+$$;
+
+CREATE FUNCTION envelopes.partitions()
+RETURNS TABLE (originator_node_id integer, band_start bigint, band_end bigint,
+               meta_partition text, blob_partition text, row_estimate bigint,
+               total_bytes bigint, shard text)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT * FROM envelopes_router._partitions() p
+     ORDER BY p.originator_node_id, p.band_start, p.shard
+$$;
+
+-- ---------------------------------------------------------------------------
+-- Consumers: a bridge runs per shard, against the shard itself; the router
+-- registers a consumer everywhere and sums what is pending.
+-- ---------------------------------------------------------------------------
+
+CREATE FUNCTION envelopes.consumer_register(name text, from_start boolean DEFAULT true)
+RETURNS SETOF void LANGUAGE plproxy
+AS $$
+    CLUSTER envelopes_router._cluster();
+    RUN ON ALL;
+    TARGET envelopes.consumer_register;
+$$;
+
+CREATE FUNCTION envelopes_router._consumer_envelopes_pending(consumer text)
+RETURNS TABLE (pending bigint, oldest timestamptz)
+LANGUAGE plproxy
+AS $$
+    CLUSTER envelopes_router._cluster();
+    RUN ON ALL;
+    TARGET envelopes.consumer_envelopes_pending;
+$$;
+
+CREATE FUNCTION envelopes.consumer_envelopes_pending(consumer text)
+RETURNS TABLE (pending bigint, oldest timestamptz)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(sum(p.pending), 0)::bigint, min(p.oldest)
+      FROM envelopes_router._consumer_envelopes_pending(consumer) p
+$$;
+
+-- ---------------------------------------------------------------------------
+-- Moving a partition to another shard while writes go on.
+-- ---------------------------------------------------------------------------
+
+-- The originators that have bands on a shard.
+CREATE FUNCTION envelopes_router._originators_at(shard text)
+RETURNS TABLE (originator_node_id integer)
+LANGUAGE plproxy
+AS $$
+    CONNECT shard;
+    SELECT DISTINCT p.originator_node_id FROM envelopes.partitions() p;
+$$;
+
+CREATE FUNCTION envelopes_router._read_at(shard text, originator integer, after bigint,
+                                          page integer)
+RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
+               gateway_time timestamptz, topic bytea, payer_id integer, expiry bigint,
+               originator_envelope bytea)
+LANGUAGE plproxy
+AS $$
+    CONNECT shard;
+    SELECT * FROM envelopes.select_gateway_envelopes(ARRAY[originator], ARRAY[after], NULL,
+                                                     ARRAY[originator], page);
+$$;
+
+CREATE FUNCTION envelopes_router._write_at(shard text,
+    originator_node_ids integer[], originator_sequence_ids bigint[], topics bytea[],
+    originator_envelopes bytea[], payer_ids integer[], gateway_times timestamptz[],
+    expiries bigint[])
+RETURNS bigint LANGUAGE plproxy
+AS $$
+    CONNECT shard;
+    SELECT envelopes.insert_gateway_envelopes(originator_node_ids, originator_sequence_ids,
+        topics, originator_envelopes, payer_ids, gateway_times, expiries) AS _write_at;
+$$;
+
+-- Copies every row of the partition's originators from one shard to another
+-- (idempotent inserts: rows already there count 0). Returns the rows inserted.
+CREATE FUNCTION envelopes_router._copy_partition(partition integer, source text, target text,
+                                                 page integer DEFAULT 1000)
+RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    parts integer := (SELECT count(*) FROM envelopes_router.partition_map);
+    originator integer;
+    after bigint;
+    copied bigint := 0;
+    b record;
+BEGIN
+    FOR originator IN
+        SELECT c.originator_node_id FROM envelopes_router._originators_at(source) c
+         WHERE hashint4(c.originator_node_id) & (parts - 1) = partition
+         ORDER BY 1
+    LOOP
+        after := 0;
+        LOOP
+            SELECT array_agg(r.originator_node_id ORDER BY r.originator_sequence_id) AS ids,
+                   array_agg(r.originator_sequence_id ORDER BY r.originator_sequence_id) AS seqs,
+                   array_agg(r.topic ORDER BY r.originator_sequence_id) AS topics,
+                   array_agg(r.originator_envelope ORDER BY r.originator_sequence_id) AS envs,
+                   array_agg(r.payer_id ORDER BY r.originator_sequence_id) AS payers,
+                   array_agg(r.gateway_time ORDER BY r.originator_sequence_id) AS times,
+                   array_agg(r.expiry ORDER BY r.originator_sequence_id) AS expiries,
+                   max(r.originator_sequence_id) AS last
+              INTO b
+              FROM envelopes_router._read_at(source, originator, after, page) r;
+            EXIT WHEN b.last IS NULL;
+            copied := copied + envelopes_router._write_at(target, b.ids, b.seqs, b.topics, b.envs,
+                                                          b.payers, b.times, b.expiries);
+            after := b.last;
+        END LOOP;
+    END LOOP;
+    RETURN copied;
+END;
+$$;
+
+-- Moves one partition to new_shard (a connection string; the shard must have
+-- pg_envelopes installed) while writes go on:
+--   1. copy the partition's originators from the old shard to the new one;
+--   2. switch the map (committed: new calls go to the new shard);
+--   3. wait until every transaction of this proxy database that started before
+--      the switch has ended (a write routed by the old map has then reached the
+--      old shard and committed or failed);
+--   4. copy again (what landed on the old shard meanwhile);
+--   5. verify: a last pass finds nothing left to copy.
+-- The old shard keeps its copy (reads through the router show each row once);
+-- drop its bands there once the move is verified. With several proxy databases,
+-- step 3 must hold on each of them: stop routing through the others while moving.
+CREATE PROCEDURE envelopes_router.move_partition(partition integer, new_shard text,
+                                                 wait_seconds integer DEFAULT 60,
+                                                 from_shard text DEFAULT NULL)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    old_shard text;
+    switched timestamptz;
+    copied bigint;
+    waited integer := 0;
+BEGIN
+    SET LOCAL search_path = pg_catalog, pg_temp;
+    SELECT m.shard INTO old_shard FROM envelopes_router.partition_map m WHERE m.partition = move_partition.partition;
+    IF old_shard IS NULL THEN
+        RAISE EXCEPTION 'partition % is not in the map', partition
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF new_shard IS NULL OR new_shard = '' THEN
+        RAISE EXCEPTION 'new_shard must be a connection string' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF old_shard = new_shard AND from_shard IS NULL THEN
+        RAISE NOTICE 'partition % is already on that shard', partition;
+        RETURN;
+    END IF;
+    IF old_shard = new_shard THEN
+        -- A move that timed out waiting, resumed: the map is switched already.
+        old_shard := from_shard;
+        switched := clock_timestamp();
+    ELSE
+        copied := envelopes_router._copy_partition(partition, old_shard, new_shard);
+        RAISE NOTICE 'partition %: % rows copied before the switch', partition, copied;
+        COMMIT;
+
+        SET LOCAL search_path = pg_catalog, pg_temp;
+        UPDATE envelopes_router.partition_map m SET shard = new_shard
+         WHERE m.partition = move_partition.partition;
+        PERFORM envelopes_router._sync_server();
+        switched := clock_timestamp();
+        COMMIT;
+    END IF;
+
+    SET LOCAL search_path = pg_catalog, pg_temp;
+    LOOP
+        PERFORM pg_stat_clear_snapshot();
+        EXIT WHEN NOT EXISTS (
+            SELECT 1 FROM pg_stat_activity a
+             WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
+               AND a.xact_start < switched);
+        IF waited >= wait_seconds * 10 THEN
+            RAISE EXCEPTION 'transactions older than the switch of partition % are still open after % s',
+                partition, wait_seconds
+                USING ERRCODE = 'lock_not_available',
+                      HINT = format('The map is switched; once they end, CALL envelopes_router.move_partition(%s, %L, from_shard => %L) copies what they wrote.',
+                                    partition, new_shard, old_shard);
+        END IF;
+        PERFORM pg_sleep(0.1);
+        waited := waited + 1;
+    END LOOP;
+    copied := envelopes_router._copy_partition(partition, old_shard, new_shard);
+    RAISE NOTICE 'partition %: % rows copied after the switch', partition, copied;
+    -- Verify: one more pass finds nothing to copy, so every row the old shard
+    -- holds for the partition is on the new one. Rows here mean something still
+    -- writes to the old shard (another proxy database on the old map).
+    copied := envelopes_router._copy_partition(partition, old_shard, new_shard);
+    IF copied > 0 THEN
+        RAISE EXCEPTION 'partition %: % rows reached the old shard after the switch', partition, copied
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Something routes with the old map (another proxy database?); stop it and call move_partition again.';
+    END IF;
+    COMMIT;
+END;
+$$;
+
+-- ---------------------------------------------------------------------------
+-- Privileges: nothing is callable by PUBLIC; grant_writer / grant_reader give a
+-- role the routed functions and the cluster (the role connects to the shards
+-- under its own name, so grant it there too, with the shards' own grant_writer
+-- or grant_reader).
+-- ---------------------------------------------------------------------------
+
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA envelopes FROM PUBLIC;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA envelopes_router FROM PUBLIC;
+REVOKE ALL ON PROCEDURE envelopes_router.move_partition(integer, text, integer, text) FROM PUBLIC;
+
+CREATE FUNCTION envelopes.grant_writer(role name) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM envelopes.grant_reader(role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION
+        envelopes.insert_gateway_envelope(integer, bigint, bytea, bytea, integer, timestamptz, bigint),
+        envelopes.insert_gateway_envelopes(integer[], bigint[], bytea[], bytea[], integer[], timestamptz[], bigint[]),
+        envelopes_router._insert_gateway_envelopes(integer[], bigint[], bytea[], bytea[], integer[], timestamptz[], bigint[]),
+        envelopes.ensure_gateway_parts(integer, bigint, bigint),
+        envelopes.publish(text, bytea, jsonb, integer),
+        envelopes_router._publish_hash(integer) TO %I', role);
+END;
+$$;
+
+CREATE FUNCTION envelopes.grant_reader(role name) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    EXECUTE format('GRANT USAGE ON SCHEMA envelopes, envelopes_router TO %I', role);
+    EXECUTE format('GRANT USAGE ON FOREIGN SERVER envelopes_router_shards TO %I', role);
+    EXECUTE format('GRANT SELECT ON envelopes_router.partition_map TO %I', role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION
+        envelopes_router._cluster(),
+        envelopes_router._hashes(integer[]),
+        envelopes_router.partition_of(integer),
+        envelopes_router.shard_of(integer),
+        envelopes_router.shards(),
+        envelopes.select_gateway_envelopes(integer[], bigint[], bytea[], integer[], integer),
+        envelopes_router._select_gateway_envelopes(integer[], bigint[], bytea[], integer[], integer),
+        envelopes.originator_ceilings(),
+        envelopes_router._originator_ceilings(),
+        envelopes.partitions(),
+        envelopes_router._partitions() TO %I', role);
+END;
+$$;
+
+REVOKE ALL ON FUNCTION envelopes.grant_writer(name), envelopes.grant_reader(name) FROM PUBLIC;

@@ -1,0 +1,718 @@
+//! The router (pg_envelopes_router over PL/Proxy) against real shards on
+//! loopback: `scripts/test.sh` runs `scripts/shards.sh up 4` (and `add` for one
+//! spare shard) and exports `ENVELOPES_TEST_SHARDS`, the path of its env file.
+//!
+//! - rows inserted through the router (single and batch) land only on the shard
+//!   the map gives their originator, and every read through the router equals one
+//!   node loaded with the same rows, over a grid of cursors, filters and limits;
+//! - a shard down: its originators fail with a clear error, the others go on,
+//!   and after it is back a retry completes what failed, each row once;
+//! - a partition moved to the spare shard while writers go on: every
+//!   acknowledged row is read back once, from the new shard.
+//!
+//! The tests share the shards, so they take a lock and run one at a time.
+
+use pg_envelopes_tests::{sqlstate, TestDb};
+use postgres::{Client, NoTls};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+static SHARED: Mutex<()> = Mutex::new(());
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// The servers `scripts/shards.sh` started: the shards' (as connection strings
+/// without a database), the spare's and the proxy's.
+struct Servers {
+    proxy: String,
+    shards: Vec<String>,
+    spare: Option<String>,
+    dir: PathBuf,
+}
+
+impl Servers {
+    fn load() -> Servers {
+        let path = std::env::var("ENVELOPES_TEST_SHARDS").unwrap_or_else(|_| {
+            panic!("ENVELOPES_TEST_SHARDS is not set: run through scripts/test.sh (scripts/shards.sh up 4)")
+        });
+        let text = std::fs::read_to_string(&path).expect("read the shards env file");
+        let (mut proxy, mut shards, mut spare) = (String::new(), Vec::new(), None);
+        let strip = |s: &str| {
+            s.replace(" dbname=envelopes", "")
+                .replace(" user=postgres", "")
+        };
+        for line in text.lines() {
+            if let Some(v) = line.strip_prefix("PROXY_CONNSTR=") {
+                proxy = strip(v.trim_matches('"'));
+            } else if let Some(v) = line.strip_prefix("SHARD_CONNSTRS=(") {
+                shards = v
+                    .trim_end_matches(')')
+                    .split('"')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(strip)
+                    .collect();
+            } else if line.starts_with("EXTRA_PORT_") {
+                let port = line.split('=').nth(1).unwrap();
+                spare = Some(format!("host=127.0.0.1 port={port}"));
+            }
+        }
+        assert!(
+            !proxy.is_empty() && !shards.is_empty(),
+            "bad env file {path}"
+        );
+        let dir = PathBuf::from(path).parent().unwrap().to_owned();
+        Servers {
+            proxy,
+            shards,
+            spare,
+            dir,
+        }
+    }
+
+    fn pg_ctl(&self, shard: usize, action: &str) {
+        let data = self.dir.join(format!("shard{shard}/data"));
+        let log = self.dir.join(format!("shard{shard}/server.log"));
+        let status = std::process::Command::new("runuser")
+            .args([
+                "-u",
+                "postgres",
+                "--",
+                "/usr/lib/postgresql/15/bin/pg_ctl",
+                "-D",
+            ])
+            .arg(&data)
+            .arg("-l")
+            .arg(&log)
+            .args(["-w", "-m", "fast", action])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("pg_ctl");
+        assert!(status.success(), "pg_ctl {action} shard{shard}");
+    }
+}
+
+/// A sharded store of one test's own: a database with pg_envelopes on every
+/// shard server (and on the spare, outside the map), and a proxy database with
+/// the router set to the shards' databases. Dropped when the test ends.
+struct Cluster {
+    name: String,
+    servers: Servers,
+    /// Every shard database's connection string, the spare's last when asked for.
+    shards: Vec<String>,
+    spare: Option<String>,
+    proxy: String,
+}
+
+impl Cluster {
+    fn new(label: &str, with_spare: bool) -> Cluster {
+        let servers = Servers::load();
+        let name = format!(
+            "r_{label}_{}_{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let create = |server: &str, extension: &str| {
+            let mut admin = connect(&format!("{server} dbname=postgres user=postgres"));
+            admin
+                .batch_execute(&format!("CREATE DATABASE \"{name}\""))
+                .unwrap();
+            let connstr = format!("{server} dbname={name}");
+            connect(&format!("{connstr} user=postgres"))
+                .batch_execute(&format!(
+                    "SET client_min_messages = warning; CREATE EXTENSION {extension} CASCADE"
+                ))
+                .unwrap();
+            connstr
+        };
+        let mut shards: Vec<String> = servers
+            .shards
+            .iter()
+            .map(|s| create(s, "pg_envelopes"))
+            .collect();
+        let spare = if with_spare {
+            let s = create(
+                servers
+                    .spare
+                    .as_ref()
+                    .expect("a spare shard (scripts/shards.sh add)"),
+                "pg_envelopes",
+            );
+            Some(s)
+        } else {
+            None
+        };
+        let proxy = create(&servers.proxy, "pg_envelopes_router");
+        connect(&format!("{proxy} user=postgres"))
+            .query("SELECT envelopes_router.set_shards($1, 16)", &[&shards])
+            .unwrap();
+        shards.extend(spare.clone());
+        Cluster {
+            name,
+            servers,
+            shards,
+            spare,
+            proxy,
+        }
+    }
+
+    fn proxy(&self) -> Client {
+        connect(&format!("{} user=postgres", self.proxy))
+    }
+
+    fn shard(&self, i: usize) -> Client {
+        connect(&format!("{} user=postgres", self.shards[i]))
+    }
+
+    /// The index of the shard the router's map gives an originator.
+    fn shard_of(&self, proxy: &mut Client, originator: i32) -> usize {
+        let connstr: String = proxy
+            .query_one("SELECT envelopes_router.shard_of($1)", &[&originator])
+            .unwrap()
+            .get(0);
+        self.shards.iter().position(|s| *s == connstr).unwrap()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::env::var_os("ENVELOPES_TEST_KEEP").is_some() {
+            eprintln!("kept databases {}", self.name);
+            return;
+        }
+        let mut servers = self.servers.shards.clone();
+        servers.extend(self.servers.spare.clone());
+        servers.push(self.servers.proxy.clone());
+        for server in servers {
+            if let Ok(mut admin) =
+                Client::connect(&format!("{server} dbname=postgres user=postgres"), NoTls)
+            {
+                let _ = admin.batch_execute(&format!(
+                    "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+                    self.name
+                ));
+            }
+        }
+    }
+}
+
+fn connect(connstr: &str) -> Client {
+    Client::connect(
+        &format!("{connstr} options='-c statement_timeout=120s'"),
+        NoTls,
+    )
+    .unwrap_or_else(|e| panic!("connect {connstr}: {e}"))
+}
+
+type Row = (
+    i32,
+    i64,
+    std::time::SystemTime,
+    Vec<u8>,
+    Option<i32>,
+    Option<i64>,
+    Vec<u8>,
+);
+
+fn rows(c: &mut Client, sql: &str) -> Vec<Row> {
+    c.query(sql, &[])
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .iter()
+        .map(|r| {
+            (
+                r.get(0),
+                r.get(1),
+                r.get(2),
+                r.get(3),
+                r.get(4),
+                r.get(5),
+                r.get(6),
+            )
+        })
+        .collect()
+}
+
+/// The rows of the routing test: sequences 1..=30 and 1,000,001..=1,000,010 (two
+/// bands), topics cycling over four, a payer and an expiry on some, one fixed
+/// gateway time so both sides store the same value.
+fn data(originators: std::ops::RangeInclusive<i32>) -> Vec<Input> {
+    let mut out = Vec::new();
+    for o in originators {
+        for s in (1..=30).chain(1_000_001..=1_000_010) {
+            let topic = vec![b't', ((o as i64 + s) % 4) as u8];
+            let payer = (s % 3 == 0).then_some(o * 10);
+            let expiry = (s % 5 == 0).then_some(1_900_000_000 + s);
+            out.push((o, s, topic, payer, expiry));
+        }
+    }
+    out
+}
+
+/// An envelope to insert: originator, sequence, topic, payer, expiry.
+type Input = (i32, i64, Vec<u8>, Option<i32>, Option<i64>);
+
+const GATEWAY_TIME: &str = "2026-11-01 00:00:00+00";
+
+fn insert_batch(c: &mut Client, batch: &[Input]) -> Result<i64, postgres::Error> {
+    let ids: Vec<i32> = batch.iter().map(|r| r.0).collect();
+    let seqs: Vec<i64> = batch.iter().map(|r| r.1).collect();
+    let topics: Vec<Vec<u8>> = batch.iter().map(|r| r.2.clone()).collect();
+    let envs: Vec<Vec<u8>> = batch
+        .iter()
+        .map(|r| format!("env {} {}", r.0, r.1).into_bytes())
+        .collect();
+    let payers: Vec<Option<i32>> = batch.iter().map(|r| r.3).collect();
+    let expiries: Vec<Option<i64>> = batch.iter().map(|r| r.4).collect();
+    c.query_one(
+        &format!(
+            "SELECT envelopes.insert_gateway_envelopes($1, $2, $3, $4, $5,
+                 array_fill('{GATEWAY_TIME}'::timestamptz, ARRAY[cardinality($1::int[])]), $6)"
+        ),
+        &[&ids, &seqs, &topics, &envs, &payers, &expiries],
+    )
+    .map(|r| r.get(0))
+}
+
+fn insert_one(c: &mut Client, r: &Input) -> i64 {
+    c.query_one(
+        &format!(
+            "SELECT envelopes.insert_gateway_envelope($1, $2, $3, $4, $5, '{GATEWAY_TIME}', $6)"
+        ),
+        &[
+            &r.0,
+            &r.1,
+            &r.2,
+            &format!("env {} {}", r.0, r.1).into_bytes(),
+            &r.3,
+            &r.4,
+        ],
+    )
+    .unwrap()
+    .get(0)
+}
+
+fn array<T: ToString>(v: &[T]) -> String {
+    format!(
+        "'{{{}}}'",
+        v.iter().map(T::to_string).collect::<Vec<_>>().join(",")
+    )
+}
+
+#[test]
+fn the_router_places_rows_by_originator_and_reads_like_one_node() {
+    let _guard = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    let shards = Cluster::new("route", false);
+    let mut proxy = shards.proxy();
+    let reference = TestDb::new("router_ref");
+    let mut one = reference.connect();
+    let rows_in = data(1..=64);
+
+    // Odd originators one row at a time, even ones in batches that mix
+    // originators of every shard (PL/Proxy splits them), ids going down inside.
+    let (odd, even): (Vec<_>, Vec<_>) = rows_in.iter().cloned().partition(|r| r.0 % 2 == 1);
+    for r in &odd {
+        assert_eq!(insert_one(&mut proxy, r), 1);
+    }
+    let mut even = even;
+    even.reverse();
+    let mut inserted = 0;
+    for chunk in even.chunks(97) {
+        inserted += insert_batch(&mut proxy, chunk).unwrap();
+    }
+    assert_eq!(inserted as usize, even.len());
+    // Again: every row exists, nothing is inserted twice.
+    assert_eq!(insert_batch(&mut proxy, &rows_in[..200]).unwrap(), 0);
+    assert_eq!(insert_one(&mut proxy, &rows_in[0]), 0);
+    for chunk in rows_in.chunks(500) {
+        insert_batch(&mut one, chunk).unwrap();
+    }
+
+    // Each shard holds exactly the originators the map gives it.
+    let mut held = BTreeSet::new();
+    for i in 0..shards.shards.len() {
+        let mut shard = shards.shard(i);
+        let originators: Vec<i32> = shard
+            .query(
+                "SELECT originator_node_id FROM envelopes.originator_ceilings()",
+                &[],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert!(!originators.is_empty(), "shard {i} holds nothing");
+        for o in originators {
+            assert_eq!(
+                shards.shard_of(&mut proxy, o),
+                i,
+                "originator {o} on shard {i}"
+            );
+            assert!(held.insert(o), "originator {o} on two shards");
+        }
+        let orphans: i64 = shard
+            .query_one("SELECT count(*) FROM envelopes.orphaned_envelopes()", &[])
+            .unwrap()
+            .get(0);
+        assert_eq!(orphans, 0);
+    }
+    assert_eq!(held, (1..=64).collect());
+
+    // Reads through the router equal one node's, over a grid.
+    let all: Vec<i32> = (1..=64).collect();
+    let maxima: Vec<i64> = all.iter().map(|_| 1_000_010).collect();
+    let cursors = [
+        ("'{}'".to_owned(), "'{}'".to_owned()),
+        (
+            array(&[1, 2, 3, 10, 33]),
+            array(&[5, 1_000_003, 0, 40, 1_000_010]),
+        ),
+        (array(&all), array(&maxima)),
+        (array(&[7]), array(&[29])),
+    ];
+    let filters = [
+        ("NULL", "NULL".to_owned()),
+        (
+            "ARRAY['\\x7400'::bytea, '\\x7402'::bytea]",
+            "NULL".to_owned(),
+        ),
+        ("NULL", array(&[1, 2, 3, 17, 33, 64, 99])),
+        ("ARRAY['\\x7401'::bytea]", array(&[4, 5, 6, 7])),
+        ("NULL", "'{}'".to_owned()),
+        ("'{}'::bytea[]", "NULL".to_owned()),
+    ];
+    let mut compared = 0;
+    for (nodes, seqs) in &cursors {
+        for (topics, originators) in &filters {
+            for limit in [0, 1, 7, 25, 100, 1000, 5000] {
+                let sql = format!(
+                    "SELECT * FROM envelopes.select_gateway_envelopes({nodes}, {seqs}, {topics}, {originators}, {limit})"
+                );
+                let routed = rows(&mut proxy, &sql);
+                let local = rows(&mut one, &sql);
+                if routed != local {
+                    let first = routed.iter().zip(&local).position(|(a, b)| a != b);
+                    panic!(
+                        "{sql}: {} rows through the router, {} on one node, first difference at {first:?}",
+                        routed.len(),
+                        local.len()
+                    );
+                }
+                compared += routed.len();
+            }
+        }
+    }
+    assert!(compared > 10_000, "the grid compared only {compared} rows");
+
+    let ceilings = "SELECT * FROM envelopes.originator_ceilings()";
+    let c1: Vec<(i32, i64)> = proxy
+        .query(ceilings, &[])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let c2: Vec<(i32, i64)> = one
+        .query(ceilings, &[])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(c1, c2);
+    let parts = "SELECT originator_node_id, band_start, band_end, meta_partition::text, blob_partition::text
+                   FROM envelopes.partitions() ORDER BY 1, 2";
+    let p = |c: &mut Client| -> Vec<(i32, i64, i64, String, String)> {
+        c.query(parts, &[])
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+            .collect()
+    };
+    assert_eq!(p(&mut proxy), p(&mut one));
+
+    // Bad input: the SQLSTATEs one node gives.
+    for (sql, state) in [
+        ("SELECT * FROM envelopes.select_gateway_envelopes(row_limit => -1)", "22023"),
+        ("SELECT * FROM envelopes.select_gateway_envelopes(row_limit => NULL)", "22004"),
+        ("SELECT envelopes.insert_gateway_envelope(1, 1, NULL, '\\x01')", "22004"),
+        ("SELECT envelopes.insert_gateway_envelope(NULL, 1, '\\x01', '\\x01')", "22004"),
+        ("SELECT envelopes.insert_gateway_envelopes('{1,2}', '{1}', '{\\x01,\\x01}', '{\\x01,\\x01}')", "2202E"),
+        ("SELECT envelopes.insert_gateway_envelopes('{1,NULL}', '{1,2}', '{\\x01,\\x01}', '{\\x01,\\x01}')", "22004"),
+    ] {
+        let routed = proxy.query(sql, &[]).map(|_| ()).map_err(|e| sqlstate(&e));
+        let local = one.query(sql, &[]).map(|_| ()).map_err(|e| sqlstate(&e));
+        assert_eq!(routed, Err(state.to_owned()), "{sql} through the router");
+        assert_eq!(local, Err(state.to_owned()), "{sql} on one node");
+    }
+    let empty: i64 = proxy
+        .query_one(
+            "SELECT envelopes.insert_gateway_envelopes('{}', '{}', '{}', '{}')",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(empty, 0);
+}
+
+#[test]
+fn a_shard_down_stops_only_its_originators() {
+    let _guard = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    let shards = Cluster::new("down", false);
+    let mut proxy = shards.proxy();
+    let down = 1;
+    let originators: Vec<i32> = (201..=232).collect();
+    let (on_down, elsewhere): (Vec<i32>, Vec<i32>) = originators
+        .iter()
+        .partition(|o| shards.shard_of(&mut proxy, **o) == down);
+    assert!(!on_down.is_empty() && !elsewhere.is_empty());
+    let row = |o: i32, s: i64| (o, s, vec![b'd'], None, None);
+
+    shards.servers.pg_ctl(down, "stop");
+    // Started again whatever happens below, so a failure here leaves the other
+    // tests their shards.
+    struct Restart<'a>(&'a Servers, usize, bool);
+    impl Drop for Restart<'_> {
+        fn drop(&mut self) {
+            if !self.2 {
+                self.0.pg_ctl(self.1, "start");
+            }
+        }
+    }
+    let mut restart = Restart(&shards.servers, down, false);
+    let failed = proxy
+        .query_one(
+            "SELECT envelopes.insert_gateway_envelope($1, 1, '\\x64', '\\x01')",
+            &[&on_down[0]],
+        )
+        .expect_err("an insert for a stopped shard must fail");
+    // PL/Proxy reports it as XX000 with libpq's own words.
+    let text = failed
+        .as_db_error()
+        .map(|e| e.message().to_owned())
+        .unwrap_or_default();
+    assert!(
+        text.contains("connection to server")
+            && text.contains(&shards.servers.shards[down].replace("host=127.0.0.1 port=", "")),
+        "not a clear error: {failed:?}"
+    );
+    // The other shards' originators keep working, one at a time and in batches.
+    for o in &elsewhere {
+        assert_eq!(insert_one(&mut proxy, &row(*o, 1)), 1);
+    }
+    let rest: Vec<_> = elsewhere.iter().map(|o| row(*o, 2)).collect();
+    assert_eq!(insert_batch(&mut proxy, &rest).unwrap(), rest.len() as i64);
+    // A batch that touches the stopped shard fails as a whole call...
+    let mixed: Vec<_> = originators.iter().map(|o| row(*o, 3)).collect();
+    assert!(proxy
+        .query_one(
+            "SELECT envelopes.insert_gateway_envelopes($1, $2, $3, $4)",
+            &[
+                &mixed.iter().map(|r| r.0).collect::<Vec<_>>(),
+                &mixed.iter().map(|r| r.1).collect::<Vec<_>>(),
+                &mixed.iter().map(|r| r.2.clone()).collect::<Vec<_>>(),
+                &mixed.iter().map(|r| r.2.clone()).collect::<Vec<_>>(),
+            ],
+        )
+        .is_err());
+
+    shards.servers.pg_ctl(down, "start");
+    restart.2 = true;
+    // ... and calling it again once the shard is back completes it (the first
+    // call after the restart may find PL/Proxy's old connection dead).
+    let mut done = None;
+    for _ in 0..20 {
+        match insert_batch(&mut shards.proxy(), &mixed) {
+            Ok(n) => {
+                done = Some(n);
+                break;
+            }
+            Err(_) => thread::sleep(Duration::from_millis(250)),
+        }
+    }
+    let inserted = done.expect("the batch after the restart");
+    assert!(inserted as usize >= on_down.len(), "{inserted} rows");
+    let mut proxy = shards.proxy();
+    for o in &on_down {
+        assert_eq!(insert_one(&mut proxy, &row(*o, 1)), 1);
+    }
+    let got = rows(
+        &mut proxy,
+        &format!(
+            "SELECT * FROM envelopes.select_gateway_envelopes(originator_node_ids => {}, row_limit => 1000)",
+            array(&originators)
+        ),
+    );
+    let keys: Vec<(i32, i64)> = got.iter().map(|r| (r.0, r.1)).collect();
+    let mut want = Vec::new();
+    for o in &originators {
+        let seqs: &[i64] = if on_down.contains(o) {
+            &[1, 3]
+        } else {
+            &[1, 2, 3]
+        };
+        for s in seqs {
+            want.push((*o, *s));
+        }
+    }
+    want.sort();
+    assert_eq!(keys, want);
+    for i in 0..shards.shards.len() {
+        let orphans: i64 = shards
+            .shard(i)
+            .query_one("SELECT count(*) FROM envelopes.orphaned_envelopes()", &[])
+            .unwrap()
+            .get(0);
+        assert_eq!(orphans, 0, "a torn envelope on shard {i}");
+    }
+}
+
+#[test]
+fn a_partition_moves_to_a_new_shard_while_writes_go_on() {
+    let _guard = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    let shards = Cluster::new("move", true);
+    let spare = shards.spare.clone().unwrap();
+    let mut proxy = shards.proxy();
+    let partition: i32 = proxy
+        .query_one("SELECT envelopes_router.partition_of(301)", &[])
+        .unwrap()
+        .get(0);
+    let movers: Vec<i32> = proxy
+        .query(
+            "SELECT o FROM generate_series(301, 800) o WHERE envelopes_router.partition_of(o) = $1",
+            &[&partition],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(movers.len() >= 10, "{movers:?}");
+    let old: String = proxy
+        .query_one("SELECT envelopes_router.shard_of(301)", &[])
+        .unwrap()
+        .get(0);
+
+    // Two writers: one row at a time and in batches, ids going up per originator,
+    // each recording what the router acknowledged.
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked: Arc<Mutex<BTreeSet<(i32, i64)>>> = Arc::new(Mutex::new(BTreeSet::new()));
+    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+    let mut writers = Vec::new();
+    for w in 0..2i64 {
+        let (stop, acked, errors) = (stop.clone(), acked.clone(), errors.clone());
+        let movers = movers.clone();
+        let proxy_connstr = format!("{} user=postgres", shards.proxy);
+        writers.push(thread::spawn(move || {
+            let mut c = connect(&proxy_connstr);
+            let mut seq = 0i64;
+            while !stop.load(Ordering::Relaxed) {
+                seq += 1;
+                let s = seq * 2 + w; // the two writers never share a key
+                if w == 0 {
+                    for o in &movers {
+                        let r = (*o, s, vec![b'm']);
+                        match c.query_one(
+                            "SELECT envelopes.insert_gateway_envelope($1, $2, $3, $4)",
+                            &[&r.0, &r.1, &r.2, &r.2],
+                        ) {
+                            Ok(_) => {
+                                acked.lock().unwrap().insert((r.0, r.1));
+                            }
+                            Err(e) => errors.lock().unwrap().push(e.to_string()),
+                        }
+                    }
+                } else {
+                    let batch: Vec<(i32, i64, Vec<u8>)> =
+                        movers.iter().map(|o| (*o, s, vec![b'm'])).collect();
+                    let ids: Vec<i32> = batch.iter().map(|r| r.0).collect();
+                    let seqs: Vec<i64> = batch.iter().map(|r| r.1).collect();
+                    let topics: Vec<Vec<u8>> = batch.iter().map(|r| r.2.clone()).collect();
+                    match c.query_one(
+                        "SELECT envelopes.insert_gateway_envelopes($1, $2, $3, $3)",
+                        &[&ids, &seqs, &topics],
+                    ) {
+                        Ok(_) => acked.lock().unwrap().extend(ids.iter().copied().zip(seqs)),
+                        Err(e) => errors.lock().unwrap().push(e.to_string()),
+                    }
+                }
+                thread::sleep(Duration::from_millis(5));
+            }
+        }));
+    }
+    thread::sleep(Duration::from_secs(2));
+    proxy
+        .batch_execute(&format!(
+            "CALL envelopes_router.move_partition({partition}, '{spare}')"
+        ))
+        .expect("move the partition");
+    thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.join().unwrap();
+    }
+    let errors = errors.lock().unwrap().clone();
+    assert!(errors.is_empty(), "writers failed: {errors:?}");
+    let acked = acked.lock().unwrap().clone();
+
+    let mut proxy = shards.proxy();
+    let now: String = proxy
+        .query_one("SELECT envelopes_router.shard_of(301)", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(now, spare);
+    assert_ne!(old, spare);
+    // Through the router: every acknowledged row, once.
+    let got = rows(
+        &mut proxy,
+        &format!(
+            "SELECT * FROM envelopes.select_gateway_envelopes(originator_node_ids => {}, row_limit => 1000000)",
+            array(&movers)
+        ),
+    );
+    let keys: Vec<(i32, i64)> = got.iter().map(|r| (r.0, r.1)).collect();
+    let unique: BTreeSet<(i32, i64)> = keys.iter().copied().collect();
+    assert_eq!(keys.len(), unique.len(), "a row read twice");
+    let missing: Vec<_> = acked.difference(&unique).collect();
+    assert!(
+        missing.is_empty(),
+        "lost {} rows: {missing:?}",
+        missing.len()
+    );
+    // The new shard holds all of them by itself.
+    let mut new = connect(&format!("{spare} user=postgres"));
+    let on_new: BTreeMap<i32, i64> = new
+        .query("SELECT * FROM envelopes.originator_ceilings()", &[])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let count: i64 = new
+        .query_one(
+            "SELECT count(*) FROM envelopes.gateway_envelopes_meta WHERE originator_node_id = ANY($1)",
+            &[&movers],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(count as usize, unique.len());
+    for o in &movers {
+        let top = acked.iter().filter(|k| k.0 == *o).map(|k| k.1).max();
+        assert_eq!(
+            on_new.get(o).copied(),
+            top,
+            "originator {o} on the new shard"
+        );
+    }
+    // New writes go to the new shard.
+    assert_eq!(
+        insert_one(&mut proxy, &(movers[0], 9_000_000, vec![b'n'], None, None)),
+        1
+    );
+    let there: i64 = new
+        .query_one(
+            "SELECT count(*) FROM envelopes.gateway_envelopes_meta WHERE originator_node_id = $1 AND originator_sequence_id = 9000000",
+            &[&movers[0]],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(there, 1);
+}
