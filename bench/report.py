@@ -31,6 +31,14 @@ ABSOLUTE = [
 
 # (comparison, numerator variant, denominator variant, goal, "higher"/"lower", what)
 RATIOS = [
+    ("router_insert", "proxy", "direct", 0.8, "higher",
+     "single-row insert through pg_envelopes_router (PL/Proxy) / straight into the owning shard, 2 clients"),
+    ("router_batch", "proxy", "direct", 0.95, "higher",
+     "100-row batch through the router / straight into the owning shard, 2 clients"),
+    ("router_read", "proxy", "onenode", 0.7, "higher",
+     "1,000-row read over 64 originators through the router and 4 shards / one node with the same rows"),
+    ("router_read_some", "proxy", "onenode", 0.7, "higher",
+     "1,000-row read of 4 originators from a cursor through the router / one node"),
     ("insert", "extension", "plain", 0.95, "higher",
      "single-row insert, extension / plain INSERT (meta + blob CTE) into the same pre-created partitions, 2 clients"),
     ("insert", "extension", "plain_idempotent", 1.0, "higher",

@@ -22,7 +22,9 @@
 # read (1,000-row cursor read at 50 vs 5,000 leaf partitions, selector vs a
 # hand-written LATERAL query), bridge (backlog drain rate and commit -> JetStream
 # latency), sinks (every sink side by side: drain rate in 1,000-row batches and
-# commit -> consumer latency at 1,000 commits/s), and for the change feed: feedcost (in-order single-row and 100-row
+# commit -> consumer latency at 1,000 commits/s), router (pg_envelopes_router
+# over PL/Proxy and 4 shards: inserts through the proxy vs straight into the
+# shard, reads through the router vs one node), and for the change feed: feedcost (in-order single-row and 100-row
 # inserts, this version vs a baseline build of an earlier commit running in a
 # second cluster), latebridge (drain rate with 10% late arrivals vs in order),
 # idle (an idle consumer poll and the idle bridge's CPU at 10, 1,000 and 10,000
@@ -169,6 +171,7 @@ cleanup() {
     cluster_stop bench
     cluster_stop basebench
     cluster_stop logical
+    scripts/shards.sh down 2>/dev/null || true
     rm -rf "${ENVELOPES_TMP:?}/bench" "${ENVELOPES_TMP:?}/basebench" "${ENVELOPES_TMP:?}/logical"
 }
 
@@ -460,6 +463,65 @@ for durability in off on; do
                 sql postgres -q -c "DROP DATABASE $db WITH (FORCE)"
             done
         done
+    fi
+
+    if selected router && [ "$durability" = off ]; then
+        # The router's cost (pg_envelopes_router over PL/Proxy, scripts/shards.sh
+        # up 4): single-row and 100-row inserts through the proxy vs straight into
+        # the shard that owns the originators (all on shard 0, so both variants
+        # write into the same tables), 2 clients; and 1,000-row reads through the
+        # router over 4 shards vs one node holding the same rows (on shard 0's
+        # server), 1 client. The shards share this machine's two cores.
+        ENVELOPES_SHARDS_INSTALL=0 scripts/shards.sh up 4 >/dev/null
+        source "$ENVELOPES_TMP/shards/env"
+        shard0=${SHARD_PORTS[0]}
+        for p in "${SHARD_PORTS[@]}" "$PROXY_PORT"; do
+            cluster_psql x "$p" postgres -q -c "ALTER SYSTEM SET synchronous_commit = off" \
+                -c "SELECT pg_reload_conf()" >/dev/null
+        done
+        # Originators 1..200 that the map gives shard 0, as a pgbench CASE.
+        mapfile -t mine < <(cluster_psql x "$PROXY_PORT" envelopes -At -c "
+            SELECT o FROM generate_series(1, 200) o
+             WHERE envelopes_router.shard_of(o) = (SELECT shard FROM envelopes_router.partition_map WHERE partition = 0)
+             ORDER BY o LIMIT 8")
+        pick="\\set i random(0, $((${#mine[@]} - 1)))"$'\n'"\\set node case"
+        for k in "${!mine[@]}"; do pick+=" when :i = $k then ${mine[$k]}"; done
+        pick+=" end"
+        for kind in insert batch; do
+            { echo "$pick"; grep -v '^\\set node' "bench/sql/${kind}_extension.sql"; } >"$OUT/router_$kind.sql"
+        done
+        cluster_psql x "$shard0" envelopes -q -c "CREATE SEQUENCE bench_seq"
+        cluster_psql x "$PROXY_PORT" envelopes -q -c "CREATE SEQUENCE bench_seq START 1000000000000"
+        for run in $(seq "$RUNS"); do
+            for kind in insert batch; do
+                tps=$(pgbench_tps_on "$shard0" envelopes 2 "$OUT/router_$kind.sql")
+                record "router_$kind" direct "$durability" "$run" "$tps" tps
+                log "router_$kind [$durability] direct run $run: $tps tps"
+                tps=$(pgbench_tps_on "$PROXY_PORT" envelopes 2 "$OUT/router_$kind.sql")
+                record "router_$kind" proxy "$durability" "$run" "$tps" tps
+                log "router_$kind [$durability] proxy run $run: $tps tps"
+            done
+        done
+        # Reads: 64 originators x 2,000 rows, through the router and on one node.
+        load="SELECT envelopes.insert_gateway_envelopes(array_agg(o), array_agg(s),
+                  array_agg(pg_catalog.int4send((s % 16)::int)), array_agg(pg_catalog.convert_to(repeat('r', 200), 'UTF8')))
+                FROM generate_series(1001, 1064) o, generate_series(1::bigint, 2000) s"
+        cluster_psql x "$shard0" postgres -q -c "CREATE DATABASE onenode"
+        cluster_psql x "$shard0" onenode -q -c "CREATE EXTENSION pg_envelopes" -c "$load" >/dev/null
+        cluster_psql x "$PROXY_PORT" envelopes -q -c "$load" >/dev/null
+        echo "SELECT count(*) FROM envelopes.select_gateway_envelopes(originator_node_ids => (SELECT array_agg(o) FROM generate_series(1001, 1064) o), row_limit => 1000);" >"$OUT/router_read.sql"
+        echo "SELECT count(*) FROM envelopes.select_gateway_envelopes('{1001,1002,1003,1004}', '{500,500,500,500}', originator_node_ids => '{1001,1002,1003,1004}', row_limit => 1000);" >"$OUT/router_read_some.sql"
+        for run in $(seq "$RUNS"); do
+            for kind in read read_some; do
+                tps=$(pgbench_tps_on "$shard0" onenode 1 "$OUT/router_$kind.sql")
+                record "router_$kind" onenode "$durability" "$run" "$tps" tps
+                log "router_$kind [$durability] onenode run $run: $tps tps"
+                tps=$(pgbench_tps_on "$PROXY_PORT" envelopes 1 "$OUT/router_$kind.sql")
+                record "router_$kind" proxy "$durability" "$run" "$tps" tps
+                log "router_$kind [$durability] proxy run $run: $tps tps"
+            done
+        done
+        scripts/shards.sh down 2>/dev/null
     fi
 
     if selected read && [ "$durability" = off ]; then
