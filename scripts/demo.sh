@@ -2,16 +2,18 @@
 # The main job, end to end on a fresh machine: set up, build, install the extension
 # into a throwaway cluster, insert envelopes across new originators and sequence
 # bands, show what landed, then run the bridge to stdout and show what it forwarded. Options: --debug (debug build, faster to compile),
-# --keep (leave the cluster running and print how to connect).
+# --keep (leave the cluster running and print how to connect), --shards (then the
+# same through pg_envelopes_router in front of 2 shards, scripts/shards.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-profile=release keep=false
+profile=release keep=false shards=false
 for arg in "$@"; do
     case "$arg" in
         --debug) profile=debug ;;
         --keep) keep=true ;;
-        *) echo "usage: $0 [--debug] [--keep]" >&2; exit 2 ;;
+        --shards) shards=true ;;
+        *) echo "usage: $0 [--debug] [--keep] [--shards]" >&2; exit 2 ;;
     esac
 done
 
@@ -113,6 +115,30 @@ echo "the bridge, started again, forwarded:"
 cat "$forwarded.late"
 echo
 "$bridge" status --database-url "$url"
+
+if $shards; then
+    echo
+    echo "== Past one machine: pg_envelopes_router in a proxy database in front of 2 shards"
+    proxy=$(scripts/shards.sh up 2)
+    $keep || trap 'cluster_stop demo; scripts/shards.sh down 2>/dev/null' EXIT
+    source "$ENVELOPES_TMP/shards/env"
+    psql_proxy() { "$PG_BIN/psql" -X -v ON_ERROR_STOP=1 "$proxy" "$@"; }
+    echo "the application connects to the proxy ($proxy) and calls the same functions:"
+    psql_proxy -c "SELECT * FROM envelopes_router.shards()"
+    psql_proxy <<'SQL'
+SELECT envelopes.insert_gateway_envelopes(array_agg(o), array_agg(s::bigint),
+           array_agg(convert_to('topic-' || o, 'UTF8')), array_agg(convert_to('envelope ' || o || ':' || s, 'UTF8')))
+  FROM generate_series(1, 8) o, generate_series(1, 3) s;
+SELECT originator_node_id, envelopes_router.shard_of(originator_node_id) AS on_shard, max_sequence_id
+  FROM envelopes.originator_ceilings();
+SELECT originator_node_id, originator_sequence_id, convert_from(originator_envelope, 'UTF8') AS envelope
+  FROM envelopes.select_gateway_envelopes(cursor_node_ids => '{1,2}', cursor_sequence_ids => '{2,3}', row_limit => 6);
+SQL
+    for i in 0 1; do
+        echo "shard $i holds originators: $(cluster_psql "shards/shard$i" "${SHARD_PORTS[$i]}" envelopes -At \
+            -c "SELECT string_agg(originator_node_id::text, ',' ORDER BY 1) FROM envelopes.originator_ceilings()")"
+    done
+fi
 
 if $keep; then
     log "cluster left running: psql -h 127.0.0.1 -p $port -U postgres"

@@ -89,30 +89,37 @@ impl Amqp {
         let prefix = self.prefix.clone();
         let session = self.session().await?;
         let error = |e: lapin::Error| SinkError::new(SINK, e);
-        let mut confirms = Vec::with_capacity(batch.len());
-        for message in batch {
-            let key = subject(&prefix, '.', message);
-            let properties = BasicProperties::default()
-                .with_delivery_mode(2)
-                .with_message_id(message.dedup_id().into())
-                .with_content_type("application/cbor".into())
-                .with_type(message.kind().into());
-            let confirm = session
-                .channel
-                .basic_publish(
+        // Every message of the batch is handed to the connection before any is
+        // awaited: lapin assigns the delivery tag and queues the frames when a
+        // publish is first polled (in batch order here), and a publish's future
+        // only waits for its frames to reach the socket. Awaiting them one by
+        // one would cost a round trip to lapin's I/O loop per message.
+        let keys: Vec<String> = batch.iter().map(|m| subject(&prefix, '.', m)).collect();
+        let payloads: Vec<Vec<u8>> = batch.iter().map(Message::to_cbor).collect();
+        let publishes = batch
+            .iter()
+            .zip(&keys)
+            .zip(&payloads)
+            .map(|((message, key), payload)| {
+                let properties = BasicProperties::default()
+                    .with_delivery_mode(2)
+                    .with_message_id(message.dedup_id().into())
+                    .with_content_type("application/cbor".into())
+                    .with_type(message.kind().into());
+                session.channel.basic_publish(
                     exchange.as_str().into(),
                     key.as_str().into(),
                     BasicPublishOptions {
                         mandatory: true,
                         ..BasicPublishOptions::default()
                     },
-                    &message.to_cbor(),
+                    payload,
                     properties,
                 )
-                .await
-                .map_err(error)?;
-            confirms.push(confirm);
-        }
+            });
+        let confirms = futures_util::future::try_join_all(publishes)
+            .await
+            .map_err(error)?;
         for (message, confirm) in batch.iter().zip(confirms) {
             match confirm.await.map_err(error)? {
                 Confirmation::Ack(None) => {}
