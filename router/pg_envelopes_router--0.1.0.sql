@@ -13,7 +13,10 @@ CREATE SCHEMA envelopes_router;
 
 CREATE TABLE envelopes_router.partition_map (
     partition integer PRIMARY KEY CHECK (partition >= 0),
-    shard text NOT NULL CHECK (shard <> '')
+    shard text NOT NULL CHECK (shard <> ''),
+    -- Set by move_partition from the switch until the move is verified: the
+    -- shard that may still hold rows the new one has not got yet.
+    previous_shard text
 );
 COMMENT ON TABLE envelopes_router.partition_map IS
     'The shard (libpq connection string) of each hash partition; change it with set_shards or move_partition';
@@ -106,7 +109,7 @@ BEGIN
     END IF;
     LOCK TABLE envelopes_router.partition_map IN EXCLUSIVE MODE;
     DELETE FROM envelopes_router.partition_map;
-    INSERT INTO envelopes_router.partition_map
+    INSERT INTO envelopes_router.partition_map (partition, shard)
     SELECT p, shards[p % n + 1] FROM generate_series(0, partitions - 1) p;
     PERFORM envelopes_router._sync_server();
     RETURN QUERY SELECT * FROM envelopes_router.partition_map ORDER BY partition;
@@ -304,9 +307,76 @@ AS $$
     TARGET envelopes.select_gateway_envelopes;
 $$;
 
--- Each shard returns its first row_limit rows after the cursor; the first
--- row_limit of their merge are the first row_limit of all (a row among those has
--- fewer than row_limit rows before it on its own shard).
+-- A connection string, if it is a shard of the map (readers may call
+-- _select_at, and PL/Proxy connects to whatever it is given: only to shards).
+CREATE FUNCTION envelopes_router._known_shard(shard text) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM envelopes_router.partition_map m
+                    WHERE m.shard = _known_shard.shard OR m.previous_shard = _known_shard.shard) THEN
+        RAISE EXCEPTION 'not a shard of the router' USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN shard;
+END;
+$$;
+
+-- One shard's answer, on the shard a connection string names.
+CREATE FUNCTION envelopes_router._select_at(
+    shard text, cursor_node_ids integer[], cursor_sequence_ids bigint[], topics bytea[],
+    originator_node_ids integer[], row_limit integer)
+RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
+               gateway_time timestamptz, topic bytea, payer_id integer, expiry bigint,
+               originator_envelope bytea)
+LANGUAGE plproxy
+AS $$
+    CONNECT envelopes_router._known_shard(shard);
+    SELECT * FROM envelopes.select_gateway_envelopes(cursor_node_ids, cursor_sequence_ids,
+                                                     topics, originator_node_ids, row_limit);
+$$;
+
+-- Every originator with a partition, on every shard: the list partitions of the
+-- meta table, read from the catalog (a millisecond; partitions() also sizes every
+-- band).
+CREATE FUNCTION envelopes_router._originators()
+RETURNS TABLE (originator_node_id integer)
+LANGUAGE plproxy
+AS $$
+    CLUSTER envelopes_router._cluster();
+    RUN ON ALL;
+    SELECT (pg_catalog.regexp_match(pg_catalog.pg_get_expr(c.relpartbound, c.oid),
+                                    '^FOR VALUES IN \((\d+)\)$'))[1]::integer AS originator_node_id
+      FROM pg_catalog.pg_inherits i
+      JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
+     WHERE i.inhparent = 'envelopes.gateway_envelopes_meta'::pg_catalog.regclass;
+$$;
+
+-- The fan-out: every shard concerned returns its first row_limit rows after the
+-- cursor; the first row_limit of their merge are the first row_limit of all (a
+-- row among those has fewer than row_limit rows before it on its own shard).
+-- Repeats (a partition being moved is on two shards) are removed.
+CREATE FUNCTION envelopes_router._select_merged(
+    cursor_node_ids integer[], cursor_sequence_ids bigint[], topics bytea[],
+    originator_node_ids integer[], row_limit integer)
+RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
+               gateway_time timestamptz, topic bytea, payer_id integer, expiry bigint,
+               originator_envelope bytea)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT DISTINCT ON (r.originator_node_id, r.originator_sequence_id) r.*
+      FROM envelopes_router._select_gateway_envelopes(
+               cursor_node_ids, cursor_sequence_ids, topics, originator_node_ids, row_limit) r
+     ORDER BY r.originator_node_id, r.originator_sequence_id
+     LIMIT row_limit
+$$;
+
+-- The rows come in originator order and every originator lives on one shard, so
+-- the router walks the originators in order, grouped into runs that share a
+-- shard, and asks each run's shard only for the rows still missing: a read that
+-- one originator fills costs one shard one call. Past a few runs (many small
+-- originators spread over the shards) it asks all the remaining shards at once
+-- and merges. While a partition is being moved, it always merges (the rows may
+-- be on either shard for a while).
 CREATE FUNCTION envelopes.select_gateway_envelopes(
     cursor_node_ids integer[] DEFAULT '{}', cursor_sequence_ids bigint[] DEFAULT '{}',
     topics bytea[] DEFAULT NULL, originator_node_ids integer[] DEFAULT NULL,
@@ -316,6 +386,15 @@ RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
                originator_envelope bytea)
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    wanted integer[];
+    parts integer;
+    remaining integer := row_limit;
+    run integer[] := '{}';
+    run_shard text;
+    calls integer := 0;
+    got bigint;
+    r record;
 BEGIN
     IF row_limit IS NULL OR row_limit < 0 THEN
         -- The shards reject it, with their own message and SQLSTATE.
@@ -323,12 +402,56 @@ BEGIN
             cursor_node_ids, cursor_sequence_ids, topics, originator_node_ids, row_limit);
         RETURN;
     END IF;
-    RETURN QUERY
-        SELECT DISTINCT ON (r.originator_node_id, r.originator_sequence_id) r.*
-          FROM envelopes_router._select_gateway_envelopes(
-                   cursor_node_ids, cursor_sequence_ids, topics, originator_node_ids, row_limit) r
-         ORDER BY r.originator_node_id, r.originator_sequence_id
-         LIMIT row_limit;
+    IF row_limit = 0
+       OR cardinality(topics) = 0 OR cardinality(originator_node_ids) = 0
+       OR array_position(originator_node_ids, NULL) IS NOT NULL
+       OR EXISTS (SELECT 1 FROM envelopes_router.partition_map m WHERE m.previous_shard IS NOT NULL) THEN
+        RETURN QUERY SELECT * FROM envelopes_router._select_merged(
+            cursor_node_ids, cursor_sequence_ids, topics, originator_node_ids, row_limit);
+        RETURN;
+    END IF;
+    IF originator_node_ids IS NULL THEN
+        SELECT array_agg(DISTINCT o.originator_node_id ORDER BY o.originator_node_id) INTO wanted
+          FROM envelopes_router._originators() o WHERE o.originator_node_id IS NOT NULL;
+    ELSE
+        SELECT array_agg(DISTINCT o ORDER BY o) INTO wanted FROM unnest(originator_node_ids) o;
+    END IF;
+    IF wanted IS NULL THEN
+        -- No originator anywhere: the shards still check the arguments.
+        RETURN QUERY SELECT * FROM envelopes_router._select_merged(
+            cursor_node_ids, cursor_sequence_ids, topics, originator_node_ids, row_limit);
+        RETURN;
+    END IF;
+    parts := (SELECT count(*) FROM envelopes_router.partition_map)::integer;
+    FOR r IN
+        SELECT o.o AS originator, m.shard
+          FROM unnest(wanted) o
+          JOIN envelopes_router.partition_map m ON m.partition = hashint4(o.o) & (parts - 1)
+         ORDER BY o.o
+    LOOP
+        IF r.shard IS DISTINCT FROM run_shard AND cardinality(run) > 0 THEN
+            IF calls >= 3 THEN
+                -- Many runs: the rest in one fan-out.
+                RETURN QUERY SELECT * FROM envelopes_router._select_merged(
+                    cursor_node_ids, cursor_sequence_ids, topics,
+                    ARRAY(SELECT w FROM unnest(wanted) w WHERE w >= run[1]), remaining);
+                RETURN;
+            END IF;
+            RETURN QUERY SELECT * FROM envelopes_router._select_at(
+                run_shard, cursor_node_ids, cursor_sequence_ids, topics, run, remaining);
+            GET DIAGNOSTICS got = ROW_COUNT;
+            remaining := remaining - got;
+            calls := calls + 1;
+            IF remaining <= 0 THEN
+                RETURN;
+            END IF;
+            run := '{}';
+        END IF;
+        run_shard := r.shard;
+        run := run || r.originator;
+    END LOOP;
+    RETURN QUERY SELECT * FROM envelopes_router._select_at(
+        run_shard, cursor_node_ids, cursor_sequence_ids, topics, run, remaining);
 END;
 $$;
 
@@ -421,18 +544,6 @@ AS $$
     SELECT DISTINCT p.originator_node_id FROM envelopes.partitions() p;
 $$;
 
-CREATE FUNCTION envelopes_router._read_at(shard text, originator integer, after bigint,
-                                          page integer)
-RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
-               gateway_time timestamptz, topic bytea, payer_id integer, expiry bigint,
-               originator_envelope bytea)
-LANGUAGE plproxy
-AS $$
-    CONNECT shard;
-    SELECT * FROM envelopes.select_gateway_envelopes(ARRAY[originator], ARRAY[after], NULL,
-                                                     ARRAY[originator], page);
-$$;
-
 CREATE FUNCTION envelopes_router._write_at(shard text,
     originator_node_ids integer[], originator_sequence_ids bigint[], topics bytea[],
     originator_envelopes bytea[], payer_ids integer[], gateway_times timestamptz[],
@@ -474,7 +585,8 @@ BEGIN
                    array_agg(r.expiry ORDER BY r.originator_sequence_id) AS expiries,
                    max(r.originator_sequence_id) AS last
               INTO b
-              FROM envelopes_router._read_at(source, originator, after, page) r;
+              FROM envelopes_router._select_at(source, ARRAY[originator], ARRAY[after], NULL,
+                                                 ARRAY[originator], page) r;
             EXIT WHEN b.last IS NULL;
             copied := copied + envelopes_router._write_at(target, b.ids, b.seqs, b.topics, b.envs,
                                                           b.payers, b.times, b.expiries);
@@ -531,7 +643,7 @@ BEGIN
         COMMIT;
 
         SET LOCAL search_path = pg_catalog, pg_temp;
-        UPDATE envelopes_router.partition_map m SET shard = new_shard
+        UPDATE envelopes_router.partition_map m SET shard = new_shard, previous_shard = old_shard
          WHERE m.partition = move_partition.partition;
         PERFORM envelopes_router._sync_server();
         switched := clock_timestamp();
@@ -564,8 +676,12 @@ BEGIN
     IF copied > 0 THEN
         RAISE EXCEPTION 'partition %: % rows reached the old shard after the switch', partition, copied
             USING ERRCODE = 'object_not_in_prerequisite_state',
-                  HINT = 'Something routes with the old map (another proxy database?); stop it and call move_partition again.';
+                  HINT = format('Something routes with the old map (another proxy database?); stop it, then CALL envelopes_router.move_partition(%s, %L, from_shard => %L).',
+                                partition, new_shard, old_shard);
     END IF;
+    -- Verified: reads go back to asking only the partition's shard.
+    UPDATE envelopes_router.partition_map m SET previous_shard = NULL
+     WHERE m.partition = move_partition.partition;
     COMMIT;
 END;
 $$;
@@ -611,6 +727,10 @@ BEGIN
         envelopes_router.shards(),
         envelopes.select_gateway_envelopes(integer[], bigint[], bytea[], integer[], integer),
         envelopes_router._select_gateway_envelopes(integer[], bigint[], bytea[], integer[], integer),
+        envelopes_router._select_merged(integer[], bigint[], bytea[], integer[], integer),
+        envelopes_router._select_at(text, integer[], bigint[], bytea[], integer[], integer),
+        envelopes_router._originators(),
+        envelopes_router._known_shard(text),
         envelopes.originator_ceilings(),
         envelopes_router._originator_ceilings(),
         envelopes.partitions(),

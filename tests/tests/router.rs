@@ -716,3 +716,71 @@ fn a_partition_moves_to_a_new_shard_while_writes_go_on() {
         .get(0);
     assert_eq!(there, 1);
 }
+
+#[test]
+fn the_routers_grants_let_a_writer_write_and_nobody_else() {
+    let _guard = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    let shards = Cluster::new("roles", false);
+    let role = format!("rw_{}", shards.name);
+    let outsider = format!("ro_{}", shards.name);
+    // Roles are per server: made on every server, granted on the proxy with the
+    // router's grant_writer and on every shard with the extension's.
+    let mut servers = shards.servers.shards.clone();
+    servers.push(shards.servers.proxy.clone());
+    for server in &servers {
+        let mut admin = connect(&format!("{server} dbname=postgres user=postgres"));
+        admin
+            .batch_execute(&format!(
+                "CREATE ROLE \"{role}\" LOGIN; CREATE ROLE \"{outsider}\" LOGIN"
+            ))
+            .unwrap();
+    }
+    let mut proxy = shards.proxy();
+    proxy
+        .execute("SELECT envelopes.grant_writer($1)", &[&role])
+        .unwrap();
+    for i in 0..shards.shards.len() {
+        let mut shard = shards.shard(i);
+        shard
+            .execute("SELECT envelopes.grant_writer($1)", &[&role])
+            .unwrap();
+        shard
+            .execute("SELECT envelopes.grant_reader($1)", &[&role])
+            .unwrap();
+    }
+    let mut writer = connect(&format!("{} user={role}", shards.proxy));
+    for o in 1..=8 {
+        assert_eq!(insert_one(&mut writer, &(o, 1, vec![b'g'], None, None)), 1);
+    }
+    let n: i64 = writer
+        .query_one(
+            "SELECT count(*) FROM envelopes.select_gateway_envelopes(row_limit => 100)",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 8);
+    let mut stranger = connect(&format!("{} user={outsider}", shards.proxy));
+    let refused = stranger
+        .query_one(
+            "SELECT envelopes.insert_gateway_envelope(1, 2, '\\x01', '\\x01')",
+            &[],
+        )
+        .expect_err("a role without grants must not write");
+    assert_eq!(sqlstate(&refused), "42501");
+    let refused = stranger
+        .query(
+            "SELECT * FROM envelopes_router.set_shards(ARRAY['host=x'])",
+            &[],
+        )
+        .expect_err("only the owner sets shards");
+    assert_eq!(sqlstate(&refused), "42501");
+    drop((writer, stranger));
+    drop(shards);
+    for server in &servers {
+        let mut admin = connect(&format!("{server} dbname=postgres user=postgres"));
+        let _ = admin.batch_execute(&format!(
+            "DROP ROLE IF EXISTS \"{role}\"; DROP ROLE IF EXISTS \"{outsider}\""
+        ));
+    }
+}
