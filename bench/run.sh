@@ -490,16 +490,19 @@ for durability in off on; do
         for kind in insert batch; do
             { echo "$pick"; grep -v '^\\set node' "bench/sql/${kind}_extension.sql"; } >"$OUT/router_$kind.sql"
         done
+        # router_cell KIND VARIANT PORT DB CLIENTS: one run of $OUT/router_KIND.sql.
+        router_cell() {
+            local tps
+            tps=$(pgbench_tps_on "$3" "$4" "$5" "$OUT/router_$1.sql")
+            record "router_$1" "$2" "$durability" "$run" "$tps" tps
+            log "router_$1 [$durability] $2 run $run: $tps tps"
+        }
         cluster_psql x "$shard0" envelopes -q -c "CREATE SEQUENCE bench_seq"
         cluster_psql x "$PROXY_PORT" envelopes -q -c "CREATE SEQUENCE bench_seq START 1000000000000"
         for run in $(seq "$RUNS"); do
             for kind in insert batch; do
-                tps=$(pgbench_tps_on "$shard0" envelopes 2 "$OUT/router_$kind.sql")
-                record "router_$kind" direct "$durability" "$run" "$tps" tps
-                log "router_$kind [$durability] direct run $run: $tps tps"
-                tps=$(pgbench_tps_on "$PROXY_PORT" envelopes 2 "$OUT/router_$kind.sql")
-                record "router_$kind" proxy "$durability" "$run" "$tps" tps
-                log "router_$kind [$durability] proxy run $run: $tps tps"
+                router_cell "$kind" direct "$shard0" envelopes 2
+                router_cell "$kind" proxy "$PROXY_PORT" envelopes 2
             done
         done
         # Reads: 64 originators x 2,000 rows, through the router and on one node.
@@ -513,12 +516,8 @@ for durability in off on; do
         echo "SELECT count(*) FROM envelopes.select_gateway_envelopes('{1001,1002,1003,1004}', '{500,500,500,500}', originator_node_ids => '{1001,1002,1003,1004}', row_limit => 1000);" >"$OUT/router_read_some.sql"
         for run in $(seq "$RUNS"); do
             for kind in read read_some; do
-                tps=$(pgbench_tps_on "$shard0" onenode 1 "$OUT/router_$kind.sql")
-                record "router_$kind" onenode "$durability" "$run" "$tps" tps
-                log "router_$kind [$durability] onenode run $run: $tps tps"
-                tps=$(pgbench_tps_on "$PROXY_PORT" envelopes 1 "$OUT/router_$kind.sql")
-                record "router_$kind" proxy "$durability" "$run" "$tps" tps
-                log "router_$kind [$durability] proxy run $run: $tps tps"
+                router_cell "$kind" onenode "$shard0" onenode 1
+                router_cell "$kind" proxy "$PROXY_PORT" envelopes 1
             done
         done
         scripts/shards.sh down 2>/dev/null

@@ -106,21 +106,14 @@ impl Store {
 
     /// Every committed row's dedup id, over all shards (outbox ids scoped by shard).
     fn committed(&self) -> Vec<String> {
-        let mut ids = Vec::new();
+        let mut ids = std::collections::BTreeSet::new();
         for i in 0..self.shard_servers.len() {
-            let mut c = self.shard(i);
-            for r in c
-                .query("SELECT originator_node_id, originator_sequence_id FROM envelopes.gateway_envelopes_meta", &[])
-                .unwrap()
-            {
-                ids.push(format!("{}:{}", r.get::<_, i32>(0), r.get::<_, i64>(1)));
-            }
-            for r in c.query("SELECT id FROM envelopes.outbox", &[]).unwrap() {
-                ids.push(format!("outbox:shard{i}:{}", r.get::<_, i64>(0)));
-            }
+            ids.extend(committed_ids_in(
+                &mut self.shard(i),
+                Some(&format!("shard{i}")),
+            ));
         }
-        ids.sort();
-        ids
+        ids.into_iter().collect()
     }
 
     fn pending(&self) -> i64 {

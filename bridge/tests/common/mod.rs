@@ -263,7 +263,12 @@ pub fn metric(text: &str, sample: &str) -> f64 {
 
 /// Dedup ids of every committed row: "node:seq" and "outbox:id".
 pub fn committed_ids(db: &TestDb) -> BTreeSet<String> {
-    let mut c = db.client();
+    committed_ids_in(&mut db.client(), None)
+}
+
+/// The same on any connection, with outbox ids as a bridge with
+/// `--outbox-scope SCOPE` writes them ("outbox:SCOPE:id") when a scope is given.
+pub fn committed_ids_in(c: &mut postgres::Client, outbox_scope: Option<&str>) -> BTreeSet<String> {
     let mut ids = BTreeSet::new();
     for r in c
         .query("SELECT originator_node_id, originator_sequence_id FROM envelopes.gateway_envelopes_meta", &[])
@@ -272,7 +277,11 @@ pub fn committed_ids(db: &TestDb) -> BTreeSet<String> {
         ids.insert(format!("{}:{}", r.get::<_, i32>(0), r.get::<_, i64>(1)));
     }
     for r in c.query("SELECT id FROM envelopes.outbox", &[]).unwrap() {
-        ids.insert(format!("outbox:{}", r.get::<_, i64>(0)));
+        let id = r.get::<_, i64>(0);
+        ids.insert(match outbox_scope {
+            Some(scope) => format!("outbox:{scope}:{id}"),
+            None => format!("outbox:{id}"),
+        });
     }
     ids
 }
