@@ -16,8 +16,23 @@ log() { printf '[%s] %s\n' "$(basename "$0")" "$*" >&2; }
 as_postgres() { runuser -u postgres -- "$@"; }
 
 # A TCP port nothing listens on right now.
+# A port below the kernel's ephemeral range (32768 and up), free right now: a
+# port from bind(0) lies in that range, where an outgoing connection can take it
+# before the server that was meant for it binds.
 free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+    python3 -c '
+import random, socket
+for port in random.sample(range(20000, 32000), 12000):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    print(port)
+    break
+'
 }
 
 # cluster_start NAME PORT [postgresql.conf lines...]

@@ -21,6 +21,7 @@ mod partition;
 mod read;
 mod scan;
 mod select;
+mod shapes;
 #[cfg(any(test, feature = "pg_test"))]
 mod testing;
 

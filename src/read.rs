@@ -273,3 +273,205 @@ pub fn highest_above(
     }
     Ok(None)
 }
+
+/// One topic a topic read follows in one originator: the rows with this topic
+/// and a sequence id above `after`, at most `limit` of them.
+#[derive(Debug, Clone)]
+pub struct TopicEntry {
+    pub topic: Vec<u8>,
+    pub after: i64,
+    pub limit: usize,
+}
+
+/// A topic scan open in one band, with the sequence id of the row it stands on.
+struct TopicCursor {
+    scan: Scan,
+    entry: usize,
+    seq: i64,
+}
+
+/// Calls `each` with the rows of `node` that match one of `entries` (its topic,
+/// above its `after`, within its `limit`) and have a sequence id at most `upto`,
+/// in sequence order, until it returns [`Flow::Stop`]. Each band is read through
+/// its `(topic, originator_sequence_id)` index, one range scan per entry, merged
+/// by sequence id; each row's bytes come from one primary-key probe of the
+/// blob band (topic rows are sparse: a range scan of the blob band would read
+/// the rows of every other topic too). Returns true when every entry reached
+/// its end or its limit. The entries' topics must be distinct.
+pub fn topic_rows(
+    node: i32,
+    entries: &mut [TopicEntry],
+    upto: i64,
+    snapshot: pg_sys::Snapshot,
+    mut each: impl FnMut(EnvelopeRow) -> Flow,
+) -> Result<bool, PartitionError> {
+    use pgrx::IntoDatum;
+    let Some(lowest) = entries
+        .iter()
+        .filter(|e| e.limit > 0)
+        .map(|e| e.after)
+        .min()
+    else {
+        return Ok(true);
+    };
+    if upto <= lowest {
+        return Ok(true);
+    }
+    let Some(meta) = partition::originator_parts(Table::Meta, node)? else {
+        return Ok(true);
+    };
+    let Some(blob) = partition::originator_parts(Table::Blob, node)? else {
+        return Ok(true);
+    };
+    // The topics as bytea datums, alive (in the call's memory context) while the
+    // scans that use them as keys are open.
+    let topics: Vec<pg_sys::Datum> = entries
+        .iter()
+        .map(|e| {
+            e.topic
+                .as_slice()
+                .into_datum()
+                .unwrap_or_else(pg_sys::Datum::null)
+        })
+        .collect();
+    for (bound, leaf) in &meta.bands {
+        if bound.lower.is_some_and(|lower| lower > upto) {
+            break; // bands are sorted: nothing further is in range
+        }
+        let mut cursors = Vec::new();
+        for (i, entry) in entries.iter().enumerate() {
+            if entry.limit == 0
+                || entry.after >= upto
+                || bound
+                    .upper
+                    .is_some_and(|upper| upper <= entry.after.saturating_add(1))
+            {
+                continue;
+            }
+            let range = Range::Topic {
+                topic: topics[i],
+                after: entry.after,
+                upto,
+            };
+            let Some(scan) = Scan::open(*leaf, snapshot, range, false) else {
+                if partition::qualified_name(*leaf).is_some() {
+                    return Err(PartitionError::Catalog(
+                        "a meta partition lacks its (topic, originator_sequence_id) index",
+                    ));
+                }
+                break; // dropped (by prune_expired) after it was listed: it was empty
+            };
+            cursors.push(TopicCursor {
+                scan,
+                entry: i,
+                seq: 0,
+            });
+        }
+        let Some(first) = cursors.first() else {
+            continue;
+        };
+        let cols = MetaColumns::of(&first.scan)?;
+        // Stand every scan on its first row; drop the empty ones.
+        cursors.retain_mut(|c| advance(c, &cols));
+        let mut probe: Option<(Scan, i32)> = None;
+        let blob_leaf = aligned(&blob.bands, bound);
+        while let Some(at) = (0..cursors.len()).min_by_key(|&i| cursors[i].seq) {
+            let cursor = &mut cursors[at];
+            let mut row = meta_row(&mut cursor.scan, &cols, node)?;
+            let entry = &mut entries[cursor.entry];
+            entry.limit -= 1;
+            entry.after = row.seq;
+            if entry.limit == 0 || !advance(cursor, &cols) {
+                cursors.swap_remove(at);
+            }
+            let range = Range::Envelope {
+                node,
+                after: row.seq - 1,
+                upto: row.seq,
+            };
+            let envelope = match (&mut probe, blob_leaf) {
+                (Some((scan, col)), _) => {
+                    scan.rescan(range);
+                    if scan.next() {
+                        scan.get::<Vec<u8>>(*col)
+                    } else {
+                        None
+                    }
+                }
+                (None, Some(leaf)) => match Scan::open(leaf, snapshot, range, false) {
+                    Some(mut scan) => {
+                        let col = scan.attno("originator_envelope").ok_or(MISSING)?;
+                        let found = if scan.next() {
+                            scan.get::<Vec<u8>>(col)
+                        } else {
+                            None
+                        };
+                        probe = Some((scan, col));
+                        found
+                    }
+                    None => None,
+                },
+                (None, None) => blob_of(&blob, node, row.seq, snapshot),
+            };
+            let Some(envelope) = envelope else {
+                continue; // a meta row without its blob twin (hand edits only)
+            };
+            row.envelope = envelope;
+            if let Flow::Stop = each(row) {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// Moves a topic scan to its next row; false at its end.
+fn advance(cursor: &mut TopicCursor, cols: &MetaColumns) -> bool {
+    if !cursor.scan.next() {
+        return false;
+    }
+    match cursor.scan.get::<i64>(cols.seq) {
+        Some(seq) => {
+            cursor.seq = seq;
+            true
+        }
+        None => false,
+    }
+}
+
+/// The row of `node` with the highest sequence id among those with `topic`, as
+/// seen by `snapshot`: the bands from the newest down, a backward scan of each
+/// band's topic index, the first row found.
+pub fn newest_with_topic(
+    node: i32,
+    topic: &[u8],
+    snapshot: pg_sys::Snapshot,
+) -> Result<Option<EnvelopeRow>, PartitionError> {
+    use pgrx::IntoDatum;
+    let Some(meta) = partition::originator_parts(Table::Meta, node)? else {
+        return Ok(None);
+    };
+    let Some(blob) = partition::originator_parts(Table::Blob, node)? else {
+        return Ok(None);
+    };
+    let datum = topic.into_datum().unwrap_or_else(pg_sys::Datum::null);
+    for (_, leaf) in meta.bands.iter().rev() {
+        let range = Range::Topic {
+            topic: datum,
+            after: i64::MIN,
+            upto: i64::MAX,
+        };
+        let Some(mut scan) = Scan::open(*leaf, snapshot, range, true) else {
+            continue;
+        };
+        let cols = MetaColumns::of(&scan)?;
+        while scan.next() {
+            let mut row = meta_row(&mut scan, &cols, node)?;
+            if let Some(envelope) = blob_of(&blob, node, row.seq, snapshot) {
+                row.envelope = envelope;
+                return Ok(Some(row));
+            }
+        }
+    }
+    Ok(None)
+}

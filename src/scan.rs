@@ -26,6 +26,10 @@ pub enum Range {
     Envelope { node: i32, after: i64, upto: i64 },
     /// A feed table keyed by a single `bigint` id.
     Id { after: i64, upto: i64 },
+    /// A meta leaf through its `(topic, originator_sequence_id)` index: one
+    /// topic's sequence ids. `topic` is a `bytea` datum that must stay valid while
+    /// the scan is open.
+    Topic { topic: Datum, after: i64, upto: i64 },
 }
 
 /// An open index scan. Rows are fetched with [`Scan::next`]; their columns are
@@ -42,11 +46,12 @@ pub struct Scan {
     /// pay for it.
     scratch: Option<PgMemoryContexts>,
     /// The scan keys; `index_rescan` copies them, but keep them alive with the scan.
-    _keys: Vec<pg_sys::ScanKeyData>,
+    keys: Vec<pg_sys::ScanKeyData>,
 }
 
 impl Scan {
-    /// Opens a scan of `relid`'s primary key over `range`, reading with
+    /// Opens a scan of `relid`'s primary key (its topic index for
+    /// [`Range::Topic`]) over `range`, reading with
     /// `snapshot`, forwards or backwards. Takes `AccessShareLock` on the table and
     /// its index for as long as the scan is open, so neither can be dropped under
     /// the read, and releases them when it closes: a read over thousands of
@@ -67,9 +72,12 @@ impl Scan {
         if heap.is_null() {
             return None;
         }
-        // SAFETY: heap is an open relation; the primary-key lookup reads its relcache
-        // entry (computing the index list if needed).
-        let index_oid = unsafe { pg_sys::RelationGetPrimaryKeyIndex(heap) };
+        let index_oid = match range {
+            Range::Topic { .. } => topic_index(heap),
+            // SAFETY: heap is an open relation; the primary-key lookup reads its
+            // relcache entry (computing the index list if needed).
+            _ => unsafe { pg_sys::RelationGetPrimaryKeyIndex(heap) },
+        };
         if index_oid == pg_sys::InvalidOid {
             // SAFETY: closes the relation opened above and releases its lock.
             unsafe { pg_sys::relation_close(heap, lock) };
@@ -103,8 +111,24 @@ impl Scan {
                     pg_sys::ScanDirection::ForwardScanDirection
                 },
                 scratch: None,
-                _keys: keys,
+                keys,
             })
+        }
+    }
+
+    /// Restarts the scan over another range of the same shape (same index).
+    pub fn rescan(&mut self, range: Range) {
+        self.keys = keys_for(range);
+        // SAFETY: the scan is open; index_rescan copies the keys, which have the
+        // same count and columns as those the scan was begun with.
+        unsafe {
+            pg_sys::index_rescan(
+                self.desc,
+                self.keys.as_mut_ptr(),
+                self.keys.len() as i32,
+                std::ptr::null_mut(),
+                0,
+            );
         }
     }
 
@@ -227,5 +251,64 @@ fn keys_for(range: Range) -> Vec<pg_sys::ScanKeyData> {
             key(1, gt, pg_sys::F_INT8GT, Datum::from(after)),
             key(1, le, pg_sys::F_INT8LE, Datum::from(upto)),
         ],
+        Range::Topic { topic, after, upto } => vec![
+            key(1, pg_sys::BTEqualStrategyNumber, pg_sys::F_BYTEAEQ, topic),
+            key(2, gt, pg_sys::F_INT8GT, Datum::from(after)),
+            key(2, le, pg_sys::F_INT8LE, Datum::from(upto)),
+        ],
+    }
+}
+
+/// The valid, non-partial index of `heap` on exactly `(topic,
+/// originator_sequence_id)`, or `InvalidOid`.
+fn topic_index(heap: pg_sys::Relation) -> Oid {
+    let attno = |name: &str| -> Option<i16> {
+        // SAFETY: heap is open; rd_att is its tuple descriptor with natts entries.
+        unsafe {
+            let desc = (*heap).rd_att;
+            let attrs = (*desc).attrs.as_slice((*desc).natts as usize);
+            attrs.iter().position(|a| {
+                !a.attisdropped
+                    && CStr::from_ptr(a.attname.data.as_ptr()).to_bytes() == name.as_bytes()
+            })
+        }
+        .map(|i| i as i16 + 1)
+    };
+    let (Some(topic), Some(seq)) = (attno("topic"), attno("originator_sequence_id")) else {
+        return pg_sys::InvalidOid;
+    };
+    // SAFETY: RelationGetIndexList returns a palloc'd list of the open heap's index
+    // oids (from its relcache entry). Each index is opened with the lock the scan
+    // will hold anyway and closed again; rd_index is its pg_index row, whose
+    // indkey has indnatts entries and indpred is NULL for a non-partial index.
+    unsafe {
+        let list = pg_sys::RelationGetIndexList(heap);
+        if list.is_null() {
+            return pg_sys::InvalidOid;
+        }
+        let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+        let len = (*list).length as usize;
+        let cells = std::slice::from_raw_parts((*list).elements, len);
+        let mut found = pg_sys::InvalidOid;
+        for cell in cells {
+            let oid = cell.oid_value;
+            let index = pg_sys::index_open(oid, lock);
+            let form = (*index).rd_index;
+            let keys = (*form).indkey.values.as_slice((*form).indnatts as usize);
+            let matches = (*form).indisvalid
+                && keys == [topic, seq]
+                && pg_sys::heap_attisnull(
+                    (*index).rd_indextuple,
+                    pg_sys::Anum_pg_index_indpred as i32,
+                    std::ptr::null_mut(),
+                );
+            pg_sys::index_close(index, lock);
+            if matches {
+                found = oid;
+                break;
+            }
+        }
+        pg_sys::list_free(list);
+        found
     }
 }

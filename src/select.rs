@@ -15,16 +15,12 @@
 //! ([`crate::consumer`]) also hand out the rows that arrive late.
 
 use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
-use crate::partition::band::{RangeBound, Table};
 use crate::partition::{self, PartitionError};
-use pgrx::datum::{DatumWithOid, TimestampWithTimeZone};
-use pgrx::pg_sys::{self, Oid};
+use crate::read;
+use pgrx::datum::TimestampWithTimeZone;
+use pgrx::pg_sys;
 use pgrx::prelude::*;
-use pgrx::spi::{OwnedPreparedStatement, Spi, SpiClient};
-use pgrx::PgOid;
-use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
-use std::rc::Rc;
+use std::collections::HashMap;
 
 /// Errors of the read functions.
 #[derive(Debug, thiserror::Error)]
@@ -41,8 +37,8 @@ pub enum SelectError {
     NegativeLimit(i32),
     #[error("{0}")]
     Partition(#[from] PartitionError),
-    #[error("SPI error while reading envelopes: {0}")]
-    Spi(#[from] pgrx::spi::SpiError),
+    #[error("no snapshot is active: call the read functions from a query")]
+    NoSnapshot,
 }
 
 impl SqlError for SelectError {
@@ -57,7 +53,7 @@ impl SqlError for SelectError {
                 ERRCODE_INVALID_PARAMETER_VALUE
             }
             SelectError::Partition(e) => e.sqlstate(),
-            SelectError::Spi(_) => ERRCODE_INTERNAL_ERROR,
+            SelectError::NoSnapshot => ERRCODE_INVALID_TRANSACTION_STATE,
         }
     }
 }
@@ -74,7 +70,7 @@ pub type Row = (
 );
 
 /// Reads the elements of an array argument, rejecting NULL elements.
-fn elements<T>(
+pub fn elements<T>(
     name: &'static str,
     array: Option<Array<'_, T>>,
 ) -> Result<Option<Vec<T>>, SelectError>
@@ -107,177 +103,70 @@ fn cursor_map(nodes: Vec<i32>, seqs: Vec<i64>) -> Result<HashMap<i32, i64>, Sele
     Ok(cursor)
 }
 
-/// What one leaf query reads: a meta band joined with the blob rows of the same ids.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-struct LeafQuery {
-    meta: Oid,
-    /// The blob band with the same bounds, or the originator's blob partition when
-    /// the two tables' bands are not aligned (never, unless edited by hand).
-    blob: Oid,
-    with_topics: bool,
-}
-
-/// Prepared leaf queries, least recently used first. Bounded: a reader that walks
-/// many bands does not keep a plan per band forever.
-struct PlanCache {
-    plans: HashMap<LeafQuery, Rc<OwnedPreparedStatement>>,
-    order: VecDeque<LeafQuery>,
-}
-
-const PLAN_CACHE_SIZE: usize = 256;
-
-thread_local! {
-    static PLANS: RefCell<PlanCache> =
-        RefCell::new(PlanCache { plans: HashMap::new(), order: VecDeque::new() });
-}
-
-impl LeafQuery {
-    fn sql(&self) -> Result<String, SelectError> {
-        let name = |oid| {
-            partition::qualified_name(oid).ok_or(SelectError::Partition(PartitionError::Catalog(
-                "partition vanished",
-            )))
-        };
-        let topic_filter = if self.with_topics {
-            " AND m.topic = ANY($5)"
+/// The snapshot the calling statement reads with.
+pub fn statement_snapshot() -> Result<pg_sys::Snapshot, SelectError> {
+    // SAFETY: ActiveSnapshotSet and GetActiveSnapshot only read the snapshot stack;
+    // the active snapshot stays pushed (and valid) while the calling statement runs.
+    unsafe {
+        if pg_sys::ActiveSnapshotSet() {
+            Ok(pg_sys::GetActiveSnapshot())
         } else {
-            ""
-        };
-        // The blob row is fetched by a correlated lookup per meta row (OFFSET 0 keeps
-        // the planner from turning it into a join that could scan the blob band):
-        // with the node and cursor as index conditions on the primary key, the
-        // work is an index range scan that stops after LIMIT rows.
-        Ok(format!(
-            "SELECT m.originator_sequence_id, m.gateway_time, m.topic, m.payer_id, m.expiry,
-                    b.originator_envelope
-               FROM {meta} m
-              CROSS JOIN LATERAL (
-                    SELECT bl.originator_envelope FROM {blob} bl
-                     WHERE bl.originator_node_id = m.originator_node_id
-                       AND bl.originator_sequence_id = m.originator_sequence_id
-                    OFFSET 0) b
-              WHERE m.originator_node_id = $3
-                AND m.originator_sequence_id > $1 AND m.originator_sequence_id <= $4{topic_filter}
-              ORDER BY m.originator_sequence_id
-              LIMIT $2",
-            meta = name(self.meta)?,
-            blob = name(self.blob)?,
-        ))
-    }
-
-    fn prepared(&self, client: &SpiClient<'_>) -> Result<Rc<OwnedPreparedStatement>, SelectError> {
-        let cached = PLANS.with(|cache| {
-            let mut cache = cache.borrow_mut();
-            let plan = cache.plans.get(self).cloned();
-            if plan.is_some() {
-                cache.order.retain(|q| q != self);
-                cache.order.push_back(*self);
-            }
-            plan
-        });
-        if let Some(plan) = cached {
-            return Ok(plan);
+            Err(SelectError::NoSnapshot)
         }
-        let mut types = vec![
-            PgOid::from(i64::type_oid()),
-            PgOid::from(i64::type_oid()),
-            PgOid::from(i32::type_oid()),
-            PgOid::from(i64::type_oid()),
-        ];
-        if self.with_topics {
-            types.push(PgOid::from(<Vec<Vec<u8>>>::type_oid()));
-        }
-        let plan = Rc::new(client.prepare(self.sql()?.as_str(), &types)?.keep());
-        PLANS.with(|cache| {
-            let mut cache = cache.borrow_mut();
-            if cache.order.len() >= PLAN_CACHE_SIZE {
-                if let Some(old) = cache.order.pop_front() {
-                    cache.plans.remove(&old);
-                }
-            }
-            cache.plans.insert(*self, plan.clone());
-            cache.order.push_back(*self);
-        });
-        Ok(plan)
     }
 }
 
-/// Reads up to `limit` envelopes of one originator with `after < seq <= upto`, in
-/// order.
-fn read_originator(
-    client: &SpiClient<'_>,
+/// The row as the read functions return it.
+pub fn as_row(row: read::EnvelopeRow) -> Row {
+    (
+        row.node,
+        row.seq,
+        row.gateway_time,
+        row.topic,
+        row.payer_id,
+        row.expiry,
+        row.envelope,
+    )
+}
+
+/// Reads up to `limit` rows (counting those already in `rows`) of one
+/// originator with `after < seq <= upto`, in order, restricted to `topics` when
+/// given, as seen by `snapshot`.
+pub fn read_originator(
     node: i32,
     after: i64,
     upto: i64,
-    topics: Option<&Vec<Vec<u8>>>,
+    topics: Option<&[Vec<u8>]>,
     limit: usize,
+    snapshot: pg_sys::Snapshot,
     rows: &mut Vec<Row>,
 ) -> Result<(), SelectError> {
-    let Some(meta) = partition::originator_parts(Table::Meta, node)? else {
+    if rows.len() >= limit {
         return Ok(());
-    };
-    let blob = partition::originator_parts(Table::Blob, node)?;
-    for (bound, leaf) in &meta.bands {
-        if rows.len() >= limit {
-            break;
-        }
-        if bound
-            .upper
-            .is_some_and(|upper| upper <= after.saturating_add(1))
-        {
-            continue; // the whole band is at or below the cursor
-        }
-        let blob_rel = match &blob {
-            Some(blob) => aligned_band(&blob.bands, bound).unwrap_or(blob.parent),
-            None => continue, // no blob partition: no row can join
-        };
-        // Keep the band from being dropped while it is read.
-        // SAFETY: any oid can be locked; a dropped one simply has no rows to lock.
-        unsafe {
-            pg_sys::LockRelationOid(*leaf, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-            pg_sys::LockRelationOid(blob_rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-        }
-        if partition::qualified_name(*leaf).is_none()
-            || partition::qualified_name(blob_rel).is_none()
-        {
-            continue; // dropped (by prune_expired) after we listed it: it was empty
-        }
-        let query = LeafQuery {
-            meta: *leaf,
-            blob: blob_rel,
-            with_topics: topics.is_some(),
-        };
-        let plan = query.prepared(client)?;
-        let remaining = i64::try_from(limit - rows.len()).unwrap_or(i64::MAX);
-        let mut args = vec![
-            DatumWithOid::from(after),
-            DatumWithOid::from(remaining),
-            DatumWithOid::from(node),
-            DatumWithOid::from(upto),
-        ];
-        if let Some(topics) = topics {
-            args.push(DatumWithOid::from(topics.clone()));
-        }
-        for row in client.select(&*plan, None, &args)? {
-            let missing =
-                || SelectError::Partition(PartitionError::Catalog("NULL in a NOT NULL column"));
-            rows.push((
-                node,
-                row.get::<i64>(1)?.ok_or_else(missing)?,
-                row.get::<TimestampWithTimeZone>(2)?.ok_or_else(missing)?,
-                row.get::<Vec<u8>>(3)?.ok_or_else(missing)?,
-                row.get::<i32>(4)?,
-                row.get::<i64>(5)?,
-                row.get::<Vec<u8>>(6)?.ok_or_else(missing)?,
-            ));
-        }
     }
+    let mut take = |row: read::EnvelopeRow| {
+        rows.push(as_row(row));
+        if rows.len() >= limit {
+            read::Flow::Stop
+        } else {
+            read::Flow::Continue
+        }
+    };
+    match topics {
+        None => read::originator_rows(node, after, upto, snapshot, read::Blobs::All, take)?,
+        Some(topics) => {
+            let mut entries: Vec<read::TopicEntry> = topics
+                .iter()
+                .map(|topic| read::TopicEntry {
+                    topic: topic.clone(),
+                    after,
+                    limit: usize::MAX,
+                })
+                .collect();
+            read::topic_rows(node, &mut entries, upto, snapshot, &mut take)?
+        }
+    };
     Ok(())
-}
-
-/// The blob band with exactly these bounds, if any.
-fn aligned_band(bands: &[(RangeBound, Oid)], bound: &RangeBound) -> Option<Oid> {
-    bands.iter().find(|(b, _)| b == bound).map(|(_, oid)| *oid)
 }
 
 fn select(
@@ -295,7 +184,7 @@ fn select(
     let nodes = elements("cursor_node_ids", cursor_node_ids)?.unwrap_or_default();
     let seqs = elements("cursor_sequence_ids", cursor_sequence_ids)?.unwrap_or_default();
     let cursor = cursor_map(nodes, seqs)?;
-    let topics = match topics {
+    let mut topics = match topics {
         None => None,
         Some(array) => Some(
             array
@@ -320,25 +209,27 @@ fn select(
         return Ok(Vec::new());
     }
 
+    if let Some(topics) = topics.as_mut() {
+        topics.sort_unstable();
+        topics.dedup();
+    }
+    let snapshot = statement_snapshot()?;
     let mut rows = Vec::new();
-    Spi::connect(|client| {
-        for node in originators {
-            if rows.len() >= limit {
-                break;
-            }
-            let after = cursor.get(&node).copied().unwrap_or(0);
-            read_originator(
-                client,
-                node,
-                after,
-                i64::MAX,
-                topics.as_ref(),
-                limit,
-                &mut rows,
-            )?;
+    for node in originators {
+        if rows.len() >= limit {
+            break;
         }
-        Ok::<_, SelectError>(())
-    })?;
+        let after = cursor.get(&node).copied().unwrap_or(0);
+        read_originator(
+            node,
+            after,
+            i64::MAX,
+            topics.as_deref(),
+            limit,
+            snapshot,
+            &mut rows,
+        )?;
+    }
     Ok(rows)
 }
 
@@ -349,8 +240,7 @@ fn select(
 /// its originator, or greater than 0 when the cursor has no entry for it. `topics`
 /// and `originator_node_ids` restrict the rows when given (both apply together);
 /// NULL means no restriction, an empty array matches nothing.
-#[pg_extern(stable, parallel_unsafe, security_definer)]
-#[search_path(pg_catalog, pg_temp)]
+#[pg_extern(stable, parallel_unsafe)]
 #[allow(clippy::type_complexity)]
 fn select_gateway_envelopes(
     cursor_node_ids: default!(Option<Array<'_, i32>>, "'{}'"),

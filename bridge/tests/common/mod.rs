@@ -209,12 +209,29 @@ pub fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
 }
 
 /// A TCP port on 127.0.0.1 that nothing listens on right now, for a private server.
+///
+/// Chosen below the kernel's ephemeral range (32768 and up on Linux), never
+/// twice in one process: a port handed out by `bind(0)` comes from that range,
+/// and an outgoing connection (a NATS node soliciting its routes, a client) can
+/// take it between the choice and the private server's own bind.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    let seed = std::process::id().wrapping_mul(7919)
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+    let _ = NEXT.compare_exchange(0, seed % SPAN + 1, Ordering::SeqCst, Ordering::SeqCst);
+    for _ in 0..SPAN {
+        let port = LOW + NEXT.fetch_add(1, Ordering::SeqCst) % SPAN;
+        if std::net::TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
+            return port as u16;
+        }
+    }
+    panic!("no free port between {LOW} and {}", LOW + SPAN)
 }
 
 /// Waits until something accepts connections on 127.0.0.1:`port`.
@@ -226,18 +243,34 @@ pub fn wait_for_port(port: u16) {
 
 /// A private nats-server with JetStream on `port`, storing under `store`, with
 /// extra arguments (e.g. a config file); it is killed when the returned child is.
+/// Its log goes to `store`/../nats-PORT.log and is shown if it does not come up.
 pub fn start_nats(port: u16, store: &std::path::Path, extra: &[&str]) -> Child {
     let binary = std::env::var("ENVELOPES_TEST_NATS_SERVER")
         .unwrap_or_else(|_| "/usr/sbin/nats-server".into());
-    let child = Command::new(binary)
+    let log_path = store
+        .parent()
+        .unwrap_or(store)
+        .join(format!("nats-{port}.log"));
+    std::fs::create_dir_all(store).expect("nats store dir");
+    let log = std::fs::File::create(&log_path).expect("nats log file");
+    let mut child = Command::new(binary)
         .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
         .arg(store)
         .args(extra)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .expect("start nats-server");
-    wait_for_port(port);
+    let start = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        let exited = child.try_wait().ok().flatten();
+        if exited.is_some() || start.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+            panic!("nats-server on port {port} did not come up ({exited:?}):\n{text}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
     child
 }
 

@@ -1,0 +1,560 @@
+//! The read shapes of an xmtpd node, served natively: per-topic cursors, a
+//! catch-up wave, the newest envelope of each topic, one originator from a
+//! position, and the highest sequence id of given originators.
+//!
+//! Every shape reads the band leaves directly ([`crate::read`]): one
+//! originator's rows through its meta leaves' primary key merged with a range
+//! scan of the blob leaves, a topic's rows through each meta leaf's
+//! `(topic, originator_sequence_id)` index, one scan per cursor entry merged by
+//! sequence id. No SQL runs, so there is no plan to cache (or to turn generic),
+//! and the functions are not `SECURITY DEFINER`: reading the leaves directly
+//! needs no privilege on the tables, and `EXECUTE` (granted by `grant_reader`)
+//! is the only one the caller needs.
+//!
+//! The shapes with a cursor take `commit_safe`: when true, each originator is
+//! read no further than its ceiling (`originator_ceilings()`), with a snapshot
+//! taken after the ceiling was established, so a caller that moves its cursor
+//! to the last row returned never skips a lower sequence id that commits later.
+
+use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
+use crate::feed::markers::MarkerError;
+use crate::feed::Gate;
+use crate::partition::PartitionError;
+use crate::read::{self, Flow, TopicEntry};
+use crate::select::{self, elements, statement_snapshot, Row, SelectError};
+use pgrx::datum::TimestampWithTimeZone;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// Errors of the read shapes.
+#[derive(Debug, thiserror::Error)]
+pub enum ShapeError {
+    #[error("{0} must not be NULL")]
+    Null(&'static str),
+    #[error("{first} has {first_len} elements but {second} has {second_len}")]
+    Length {
+        first: &'static str,
+        first_len: usize,
+        second: &'static str,
+        second_len: usize,
+    },
+    #[error("the cursor names topic {topic} of originator {node} more than once")]
+    DuplicateEntry { topic: String, node: i32 },
+    #[error("originator {0} has more than one ceiling")]
+    DuplicateCeiling(i32),
+    #[error("{name} must not be negative (got {value})")]
+    Negative { name: &'static str, value: i64 },
+    #[error("after_node_id and after_sequence_id must be both NULL or both given")]
+    HalfPosition,
+    #[error("{0}")]
+    Select(#[from] SelectError),
+    #[error("{0}")]
+    Marker(#[from] MarkerError),
+    #[error("{0}")]
+    Partition(#[from] PartitionError),
+}
+
+impl SqlError for ShapeError {
+    fn sqlstate(&self) -> PgSqlErrorCode {
+        use PgSqlErrorCode::*;
+        match self {
+            ShapeError::Null(_) | ShapeError::HalfPosition => ERRCODE_NULL_VALUE_NOT_ALLOWED,
+            ShapeError::Length { .. } => ERRCODE_ARRAY_ELEMENT_ERROR,
+            ShapeError::DuplicateEntry { .. }
+            | ShapeError::DuplicateCeiling(_)
+            | ShapeError::Negative { .. } => ERRCODE_INVALID_PARAMETER_VALUE,
+            ShapeError::Select(e) => e.sqlstate(),
+            ShapeError::Marker(e) => e.sqlstate(),
+            ShapeError::Partition(e) => e.sqlstate(),
+        }
+    }
+
+    fn hint(&self) -> Option<String> {
+        match self {
+            ShapeError::Marker(e) => e.hint(),
+            ShapeError::Partition(e) => e.hint(),
+            _ => None,
+        }
+    }
+}
+
+/// A required, non-negative limit.
+fn limit(name: &'static str, value: Option<i32>) -> Result<usize, ShapeError> {
+    match value {
+        None => Err(ShapeError::Null(name)),
+        Some(v) if v < 0 => Err(ShapeError::Negative {
+            name,
+            value: v.into(),
+        }),
+        Some(v) => Ok(v as usize),
+    }
+}
+
+/// A required array whose elements must not be NULL.
+fn required<T>(name: &'static str, array: Option<Array<'_, T>>) -> Result<Vec<T>, ShapeError>
+where
+    for<'a> T: Copy + FromDatum + pgrx::datum::UnboxDatum<As<'a> = T> + 'static,
+{
+    elements(name, array)?.ok_or(ShapeError::Null(name))
+}
+
+/// A required `bytea[]` whose elements must not be NULL, copied out.
+fn topics_of(
+    name: &'static str,
+    array: Option<Array<'_, &[u8]>>,
+) -> Result<Vec<Vec<u8>>, ShapeError> {
+    let array = array.ok_or(ShapeError::Null(name))?;
+    array
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            t.map(<[u8]>::to_vec)
+                .ok_or(ShapeError::Select(SelectError::NullElement {
+                    name,
+                    index: i + 1,
+                }))
+        })
+        .collect()
+}
+
+fn same_length(
+    first: &'static str,
+    first_len: usize,
+    second: &'static str,
+    second_len: usize,
+) -> Result<(), ShapeError> {
+    if first_len == second_len {
+        Ok(())
+    } else {
+        Err(ShapeError::Length {
+            first,
+            first_len,
+            second,
+            second_len,
+        })
+    }
+}
+
+/// How far, and with which snapshot, each originator is read.
+enum Horizon {
+    /// The calling statement's snapshot, no bound.
+    Statement(pg_sys::Snapshot),
+    /// Up to the originator's ceiling, with the snapshot taken after it.
+    CommitSafe(Gate),
+}
+
+impl Horizon {
+    fn new(commit_safe: Option<bool>) -> Result<Horizon, ShapeError> {
+        match commit_safe {
+            None => Err(ShapeError::Null("commit_safe")),
+            Some(true) => Ok(Horizon::CommitSafe(Gate::open()?)),
+            Some(false) => Ok(Horizon::Statement(statement_snapshot()?)),
+        }
+    }
+
+    /// The highest sequence id of `node` to read (`None`: nothing to read).
+    fn upto(&self, node: i32) -> Result<Option<i64>, ShapeError> {
+        match self {
+            Horizon::Statement(_) => Ok(Some(i64::MAX)),
+            Horizon::CommitSafe(gate) => Ok(gate.envelope_ceiling(node)?),
+        }
+    }
+
+    fn snapshot(&self) -> pg_sys::Snapshot {
+        match self {
+            Horizon::Statement(snapshot) => *snapshot,
+            Horizon::CommitSafe(gate) => gate.rows(),
+        }
+    }
+}
+
+/// Per originator (ascending), its cursor entries: topic -> last sequence id seen.
+type Entries = BTreeMap<i32, Vec<(Vec<u8>, i64)>>;
+
+/// The cursor entries of the parallel arrays, grouped by originator; a repeated
+/// (topic, originator) pair is an error.
+fn cursor_entries(
+    cursor_topics: Option<Array<'_, &[u8]>>,
+    cursor_node_ids: Option<Array<'_, i32>>,
+    cursor_sequence_ids: Option<Array<'_, i64>>,
+) -> Result<Entries, ShapeError> {
+    let topics = topics_of("cursor_topics", cursor_topics)?;
+    let nodes = required("cursor_node_ids", cursor_node_ids)?;
+    let seqs = required("cursor_sequence_ids", cursor_sequence_ids)?;
+    same_length(
+        "cursor_topics",
+        topics.len(),
+        "cursor_node_ids",
+        nodes.len(),
+    )?;
+    same_length(
+        "cursor_topics",
+        topics.len(),
+        "cursor_sequence_ids",
+        seqs.len(),
+    )?;
+    let mut seen = BTreeSet::new();
+    let mut entries = Entries::new();
+    for ((topic, node), seq) in topics.into_iter().zip(nodes).zip(seqs) {
+        if !seen.insert((node, topic.clone())) {
+            return Err(ShapeError::DuplicateEntry {
+                topic: hex(&topic),
+                node,
+            });
+        }
+        entries.entry(node).or_default().push((topic, seq));
+    }
+    Ok(entries)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    let mut out = String::from("\\x");
+    for b in bytes {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
+/// Reads the rows of `node`'s `entries` into `rows`, up to `limit` in all.
+fn read_entries(
+    node: i32,
+    entries: &[(Vec<u8>, i64)],
+    floor: i64,
+    per_entry: usize,
+    upto: i64,
+    snapshot: pg_sys::Snapshot,
+    limit: usize,
+    rows: &mut Vec<Row>,
+) -> Result<(), ShapeError> {
+    let mut entries: Vec<TopicEntry> = entries
+        .iter()
+        .map(|(topic, after)| TopicEntry {
+            topic: topic.clone(),
+            after: (*after).max(floor),
+            limit: per_entry,
+        })
+        .collect();
+    read::topic_rows(node, &mut entries, upto, snapshot, |row| {
+        rows.push(select::as_row(row));
+        if rows.len() >= limit {
+            Flow::Stop
+        } else {
+            Flow::Continue
+        }
+    })?;
+    Ok(())
+}
+
+fn by_topic_cursors(
+    cursor_topics: Option<Array<'_, &[u8]>>,
+    cursor_node_ids: Option<Array<'_, i32>>,
+    cursor_sequence_ids: Option<Array<'_, i64>>,
+    rows_per_entry: Option<i32>,
+    row_limit: Option<i32>,
+    commit_safe: Option<bool>,
+) -> Result<Vec<Row>, ShapeError> {
+    let entries = cursor_entries(cursor_topics, cursor_node_ids, cursor_sequence_ids)?;
+    let per_entry = limit("rows_per_entry", rows_per_entry)?;
+    let limit = limit("row_limit", row_limit)?;
+    let horizon = Horizon::new(commit_safe)?;
+    let mut rows = Vec::new();
+    if per_entry == 0 {
+        return Ok(rows);
+    }
+    for (node, entries) in &entries {
+        if rows.len() >= limit {
+            break;
+        }
+        let Some(upto) = horizon.upto(*node)? else {
+            continue;
+        };
+        read_entries(
+            *node,
+            entries,
+            i64::MIN,
+            per_entry,
+            upto,
+            horizon.snapshot(),
+            limit,
+            &mut rows,
+        )?;
+    }
+    Ok(rows)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn wave(
+    cursor_topics: Option<Array<'_, &[u8]>>,
+    cursor_node_ids: Option<Array<'_, i32>>,
+    cursor_sequence_ids: Option<Array<'_, i64>>,
+    ceiling_node_ids: Option<Array<'_, i32>>,
+    ceiling_sequence_ids: Option<Array<'_, i64>>,
+    after_node_id: Option<i32>,
+    after_sequence_id: Option<i64>,
+    row_limit: Option<i32>,
+    commit_safe: Option<bool>,
+) -> Result<Vec<Row>, ShapeError> {
+    let entries = cursor_entries(cursor_topics, cursor_node_ids, cursor_sequence_ids)?;
+    let ceiling_nodes = required("ceiling_node_ids", ceiling_node_ids)?;
+    let ceiling_seqs = required("ceiling_sequence_ids", ceiling_sequence_ids)?;
+    same_length(
+        "ceiling_node_ids",
+        ceiling_nodes.len(),
+        "ceiling_sequence_ids",
+        ceiling_seqs.len(),
+    )?;
+    let mut ceilings = HashMap::with_capacity(ceiling_nodes.len());
+    for (node, seq) in ceiling_nodes.into_iter().zip(ceiling_seqs) {
+        if ceilings.insert(node, seq).is_some() {
+            return Err(ShapeError::DuplicateCeiling(node));
+        }
+    }
+    let position = match (after_node_id, after_sequence_id) {
+        (None, None) => None,
+        (Some(node), Some(seq)) => Some((node, seq)),
+        _ => return Err(ShapeError::HalfPosition),
+    };
+    let limit = limit("row_limit", row_limit)?;
+    let horizon = Horizon::new(commit_safe)?;
+    let mut rows = Vec::new();
+    for (node, entries) in &entries {
+        if rows.len() >= limit {
+            break;
+        }
+        let floor = match position {
+            Some((at, _)) if *node < at => continue,
+            Some((at, seq)) if *node == at => seq,
+            _ => i64::MIN,
+        };
+        let Some(ceiling) = ceilings.get(node) else {
+            continue; // an originator without a ceiling is not part of the wave
+        };
+        let Some(upto) = horizon.upto(*node)? else {
+            continue;
+        };
+        read_entries(
+            *node,
+            entries,
+            floor,
+            usize::MAX,
+            upto.min(*ceiling),
+            horizon.snapshot(),
+            limit,
+            &mut rows,
+        )?;
+    }
+    Ok(rows)
+}
+
+fn newest_by_topic(topics: Option<Array<'_, &[u8]>>) -> Result<Vec<Row>, ShapeError> {
+    let topics: BTreeSet<Vec<u8>> = topics_of("topics", topics)?.into_iter().collect();
+    let snapshot = statement_snapshot()?;
+    let originators = crate::partition::originators()?;
+    let mut rows = Vec::new();
+    for topic in topics {
+        let mut newest: Option<read::EnvelopeRow> = None;
+        for node in &originators {
+            let Some(row) = read::newest_with_topic(*node, &topic, snapshot)? else {
+                continue;
+            };
+            // The latest gateway time wins; on a tie, the higher originator.
+            if newest
+                .as_ref()
+                .is_none_or(|best| (row.gateway_time, row.node) > (best.gateway_time, best.node))
+            {
+                newest = Some(row);
+            }
+        }
+        rows.extend(newest.map(select::as_row));
+    }
+    Ok(rows)
+}
+
+fn originator(
+    originator_node_id: Option<i32>,
+    after_sequence_id: Option<i64>,
+    row_limit: Option<i32>,
+    commit_safe: Option<bool>,
+) -> Result<Vec<Row>, ShapeError> {
+    let node = originator_node_id.ok_or(ShapeError::Null("originator_node_id"))?;
+    let after = after_sequence_id.ok_or(ShapeError::Null("after_sequence_id"))?;
+    let limit = limit("row_limit", row_limit)?;
+    let horizon = Horizon::new(commit_safe)?;
+    let mut rows = Vec::new();
+    if limit == 0 {
+        return Ok(rows);
+    }
+    if let Some(upto) = horizon.upto(node)? {
+        select::read_originator(
+            node,
+            after,
+            upto,
+            None,
+            limit,
+            horizon.snapshot(),
+            &mut rows,
+        )?;
+    }
+    Ok(rows)
+}
+
+fn maxima(originator_node_ids: Option<Array<'_, i32>>) -> Result<Vec<(i32, i64)>, ShapeError> {
+    let nodes: BTreeSet<i32> = required("originator_node_ids", originator_node_ids)?
+        .into_iter()
+        .collect();
+    let snapshot = statement_snapshot()?;
+    nodes
+        .into_iter()
+        .map(|node| {
+            let max = read::highest_above(node, i64::MIN, snapshot, |_| true)?;
+            Ok((node, max.unwrap_or(0)))
+        })
+        .collect()
+}
+
+/// Envelopes of per-topic cursor entries: for each entry `(cursor_topics[i],
+/// cursor_node_ids[i], cursor_sequence_ids[i])`, the first `rows_per_entry` rows
+/// of that topic and originator after that sequence id; all of them ordered by
+/// `(originator_node_id, originator_sequence_id)`, at most `row_limit`.
+#[pg_extern(volatile, parallel_unsafe)]
+#[allow(clippy::type_complexity)]
+fn select_by_topic_cursors(
+    cursor_topics: Option<Array<'_, &[u8]>>,
+    cursor_node_ids: Option<Array<'_, i32>>,
+    cursor_sequence_ids: Option<Array<'_, i64>>,
+    rows_per_entry: default!(Option<i32>, "1000"),
+    row_limit: default!(Option<i32>, "1000"),
+    commit_safe: default!(Option<bool>, "false"),
+) -> TableIterator<
+    'static,
+    (
+        name!(originator_node_id, i32),
+        name!(originator_sequence_id, i64),
+        name!(gateway_time, TimestampWithTimeZone),
+        name!(topic, Vec<u8>),
+        name!(payer_id, Option<i32>),
+        name!(expiry, Option<i64>),
+        name!(originator_envelope, Vec<u8>),
+    ),
+> {
+    let rows = by_topic_cursors(
+        cursor_topics,
+        cursor_node_ids,
+        cursor_sequence_ids,
+        rows_per_entry,
+        row_limit,
+        commit_safe,
+    )
+    .or_raise();
+    TableIterator::new(rows)
+}
+
+/// One page of a catch-up wave: the rows matching a per-topic cursor entry
+/// (above its sequence id), at most the ceiling given for their originator
+/// (originators without one are not read), strictly after the position
+/// `(after_node_id, after_sequence_id)` (the previous page's last row; NULL for
+/// the first page), ordered by `(originator_node_id, originator_sequence_id)`,
+/// at most `row_limit`.
+#[pg_extern(volatile, parallel_unsafe)]
+#[allow(clippy::type_complexity, clippy::too_many_arguments)]
+fn select_wave(
+    cursor_topics: Option<Array<'_, &[u8]>>,
+    cursor_node_ids: Option<Array<'_, i32>>,
+    cursor_sequence_ids: Option<Array<'_, i64>>,
+    ceiling_node_ids: Option<Array<'_, i32>>,
+    ceiling_sequence_ids: Option<Array<'_, i64>>,
+    after_node_id: default!(Option<i32>, "NULL"),
+    after_sequence_id: default!(Option<i64>, "NULL"),
+    row_limit: default!(Option<i32>, "1000"),
+    commit_safe: default!(Option<bool>, "false"),
+) -> TableIterator<
+    'static,
+    (
+        name!(originator_node_id, i32),
+        name!(originator_sequence_id, i64),
+        name!(gateway_time, TimestampWithTimeZone),
+        name!(topic, Vec<u8>),
+        name!(payer_id, Option<i32>),
+        name!(expiry, Option<i64>),
+        name!(originator_envelope, Vec<u8>),
+    ),
+> {
+    let rows = wave(
+        cursor_topics,
+        cursor_node_ids,
+        cursor_sequence_ids,
+        ceiling_node_ids,
+        ceiling_sequence_ids,
+        after_node_id,
+        after_sequence_id,
+        row_limit,
+        commit_safe,
+    )
+    .or_raise();
+    TableIterator::new(rows)
+}
+
+/// The newest envelope of each of `topics` (one row per topic that has any,
+/// ordered by topic): of each originator's envelope with the highest sequence id
+/// on the topic, the one with the latest `gateway_time` (on a tie, the higher
+/// originator).
+#[pg_extern(stable, parallel_unsafe)]
+#[allow(clippy::type_complexity)]
+fn select_newest_by_topic(
+    topics: Option<Array<'_, &[u8]>>,
+) -> TableIterator<
+    'static,
+    (
+        name!(originator_node_id, i32),
+        name!(originator_sequence_id, i64),
+        name!(gateway_time, TimestampWithTimeZone),
+        name!(topic, Vec<u8>),
+        name!(payer_id, Option<i32>),
+        name!(expiry, Option<i64>),
+        name!(originator_envelope, Vec<u8>),
+    ),
+> {
+    TableIterator::new(newest_by_topic(topics).or_raise())
+}
+
+/// One originator's envelopes after `after_sequence_id`, in sequence order, at
+/// most `row_limit`.
+#[pg_extern(volatile, parallel_unsafe)]
+#[allow(clippy::type_complexity)]
+fn select_originator(
+    originator_node_id: Option<i32>,
+    after_sequence_id: default!(Option<i64>, "0"),
+    row_limit: default!(Option<i32>, "1000"),
+    commit_safe: default!(Option<bool>, "false"),
+) -> TableIterator<
+    'static,
+    (
+        name!(originator_node_id, i32),
+        name!(originator_sequence_id, i64),
+        name!(gateway_time, TimestampWithTimeZone),
+        name!(topic, Vec<u8>),
+        name!(payer_id, Option<i32>),
+        name!(expiry, Option<i64>),
+        name!(originator_envelope, Vec<u8>),
+    ),
+> {
+    let rows = originator(
+        originator_node_id,
+        after_sequence_id,
+        row_limit,
+        commit_safe,
+    )
+    .or_raise();
+    TableIterator::new(rows)
+}
+
+/// The highest sequence id of each given originator (0 when it has none), one
+/// row per distinct originator, ascending. Unlike `originator_ceilings()` this
+/// is the highest row visible now, committed or not below it.
+#[pg_extern(stable, parallel_unsafe)]
+fn originator_maxima(
+    originator_node_ids: Option<Array<'_, i32>>,
+) -> TableIterator<'static, (name!(originator_node_id, i32), name!(max_sequence_id, i64))> {
+    TableIterator::new(maxima(originator_node_ids).or_raise())
+}
