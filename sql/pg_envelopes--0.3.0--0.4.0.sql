@@ -425,3 +425,168 @@ ALTER FUNCTION @extschema@.insert_gateway_envelope(integer, bigint, bytea, bytea
     timestamp with time zone, bigint) RESET search_path;
 ALTER FUNCTION @extschema@.insert_gateway_envelopes(integer[], bigint[], bytea[], bytea[], integer[],
     timestamp with time zone[], bigint[]) RESET search_path;
+
+-- The read shapes of an xmtpd node (src/shapes.rs), and the vector-clock
+-- selector on the same direct index scans: no SQL runs in them, so they are no
+-- longer SECURITY DEFINER with a pinned search_path (set up again on every
+-- returned row); EXECUTE, granted by grant_reader, is the privilege they need.
+ALTER FUNCTION select_gateway_envelopes(integer[], bigint[], bytea[], integer[], integer)
+    SECURITY INVOKER RESET ALL;
+
+-- pg_envelopes::shapes::originator_maxima
+CREATE  FUNCTION "originator_maxima"(
+	"originator_node_ids" INT[] /* :: std :: option :: Option < Array < '_, i32 > > */
+) RETURNS TABLE (
+	"originator_node_id" INT,  /* i32 */
+	"max_sequence_id" bigint  /* i64 */
+)
+STABLE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'originator_maxima_wrapper';
+
+-- pg_envelopes::shapes::select_by_topic_cursors
+CREATE  FUNCTION "select_by_topic_cursors"(
+	"cursor_topics" bytea[], /* :: std :: option :: Option < Array < '_, & [u8] > > */
+	"cursor_node_ids" INT[], /* :: std :: option :: Option < Array < '_, i32 > > */
+	"cursor_sequence_ids" bigint[], /* :: std :: option :: Option < Array < '_, i64 > > */
+	"rows_per_entry" INT DEFAULT 1000, /* Option < i32 > */
+	"row_limit" INT DEFAULT 1000, /* Option < i32 > */
+	"commit_safe" bool DEFAULT false /* Option < bool > */
+) RETURNS TABLE (
+	"originator_node_id" INT,  /* i32 */
+	"originator_sequence_id" bigint,  /* i64 */
+	"gateway_time" timestamp with time zone,  /* TimestampWithTimeZone */
+	"topic" bytea,  /* Vec < u8 > */
+	"payer_id" INT,  /* Option < i32 > */
+	"expiry" bigint,  /* Option < i64 > */
+	"originator_envelope" bytea  /* Vec < u8 > */
+)
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'select_by_topic_cursors_wrapper';
+
+-- pg_envelopes::shapes::select_newest_by_topic
+CREATE  FUNCTION "select_newest_by_topic"(
+	"topics" bytea[] /* :: std :: option :: Option < Array < '_, & [u8] > > */
+) RETURNS TABLE (
+	"originator_node_id" INT,  /* i32 */
+	"originator_sequence_id" bigint,  /* i64 */
+	"gateway_time" timestamp with time zone,  /* TimestampWithTimeZone */
+	"topic" bytea,  /* Vec < u8 > */
+	"payer_id" INT,  /* Option < i32 > */
+	"expiry" bigint,  /* Option < i64 > */
+	"originator_envelope" bytea  /* Vec < u8 > */
+)
+STABLE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'select_newest_by_topic_wrapper';
+
+-- pg_envelopes::shapes::select_originator
+CREATE  FUNCTION "select_originator"(
+	"originator_node_id" INT, /* Option < i32 > */
+	"after_sequence_id" bigint DEFAULT 0, /* Option < i64 > */
+	"row_limit" INT DEFAULT 1000, /* Option < i32 > */
+	"commit_safe" bool DEFAULT false /* Option < bool > */
+) RETURNS TABLE (
+	"originator_node_id" INT,  /* i32 */
+	"originator_sequence_id" bigint,  /* i64 */
+	"gateway_time" timestamp with time zone,  /* TimestampWithTimeZone */
+	"topic" bytea,  /* Vec < u8 > */
+	"payer_id" INT,  /* Option < i32 > */
+	"expiry" bigint,  /* Option < i64 > */
+	"originator_envelope" bytea  /* Vec < u8 > */
+)
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'select_originator_wrapper';
+
+-- pg_envelopes::shapes::select_wave
+CREATE  FUNCTION "select_wave"(
+	"cursor_topics" bytea[], /* :: std :: option :: Option < Array < '_, & [u8] > > */
+	"cursor_node_ids" INT[], /* :: std :: option :: Option < Array < '_, i32 > > */
+	"cursor_sequence_ids" bigint[], /* :: std :: option :: Option < Array < '_, i64 > > */
+	"ceiling_node_ids" INT[], /* :: std :: option :: Option < Array < '_, i32 > > */
+	"ceiling_sequence_ids" bigint[], /* :: std :: option :: Option < Array < '_, i64 > > */
+	"after_node_id" INT DEFAULT NULL, /* Option < i32 > */
+	"after_sequence_id" bigint DEFAULT NULL, /* Option < i64 > */
+	"row_limit" INT DEFAULT 1000, /* Option < i32 > */
+	"commit_safe" bool DEFAULT false /* Option < bool > */
+) RETURNS TABLE (
+	"originator_node_id" INT,  /* i32 */
+	"originator_sequence_id" bigint,  /* i64 */
+	"gateway_time" timestamp with time zone,  /* TimestampWithTimeZone */
+	"topic" bytea,  /* Vec < u8 > */
+	"payer_id" INT,  /* Option < i32 > */
+	"expiry" bigint,  /* Option < i64 > */
+	"originator_envelope" bytea  /* Vec < u8 > */
+)
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'select_wave_wrapper';
+
+REVOKE ALL ON FUNCTION
+    select_by_topic_cursors(bytea[], integer[], bigint[], integer, integer, boolean),
+    select_wave(bytea[], integer[], bigint[], integer[], bigint[], integer, bigint, integer, boolean),
+    select_newest_by_topic(bytea[]),
+    select_originator(integer, bigint, integer, boolean),
+    originator_maxima(integer[])
+    FROM PUBLIC;
+
+-- Roles granted the reader bundle before this upgrade get the new selectors too.
+DO $$
+DECLARE
+    grantee pg_catalog.regrole;
+BEGIN
+    FOR grantee IN
+        SELECT DISTINCT a.grantee::pg_catalog.regrole
+          FROM pg_catalog.pg_proc p,
+               LATERAL pg_catalog.aclexplode(p.proacl) a
+         WHERE p.oid = '@extschema@.select_gateway_envelopes(integer[], bigint[], bytea[], integer[], integer)'::pg_catalog.regprocedure
+           AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner AND a.grantee <> 0
+    LOOP
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION
+            @extschema@.select_by_topic_cursors(bytea[], integer[], bigint[], integer, integer, boolean),
+            @extschema@.select_wave(bytea[], integer[], bigint[], integer[], bigint[], integer, bigint, integer, boolean),
+            @extschema@.select_newest_by_topic(bytea[]),
+            @extschema@.select_originator(integer, bigint, integer, boolean),
+            @extschema@.originator_maxima(integer[])
+            TO %s', grantee);
+    END LOOP;
+END $$;
+
+CREATE OR REPLACE FUNCTION grant_reader(role name) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@._check_role(role);
+    EXECUTE format('GRANT USAGE ON SCHEMA @extschema@ TO %I', role);
+    EXECUTE format('GRANT SELECT ON @extschema@.gateway_envelopes_view TO %I', role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION
+        @extschema@.select_gateway_envelopes(integer[], bigint[], bytea[], integer[], integer),
+        @extschema@.select_by_topic_cursors(bytea[], integer[], bigint[], integer, integer, boolean),
+        @extschema@.select_wave(bytea[], integer[], bigint[], integer[], bigint[], integer, bigint, integer, boolean),
+        @extschema@.select_newest_by_topic(bytea[]),
+        @extschema@.select_originator(integer, bigint, integer, boolean),
+        @extschema@.originator_maxima(integer[]),
+        @extschema@.originator_ceilings(),
+        @extschema@.partitions()
+        TO %I', role);
+END $$;
+
+CREATE OR REPLACE FUNCTION revoke_reader(role name) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@._check_role(role);
+    EXECUTE format('REVOKE SELECT ON @extschema@.gateway_envelopes_view FROM %I', role);
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION
+        @extschema@.select_gateway_envelopes(integer[], bigint[], bytea[], integer[], integer),
+        @extschema@.select_by_topic_cursors(bytea[], integer[], bigint[], integer, integer, boolean),
+        @extschema@.select_wave(bytea[], integer[], bigint[], integer[], bigint[], integer, bigint, integer, boolean),
+        @extschema@.select_newest_by_topic(bytea[]),
+        @extschema@.select_originator(integer, bigint, integer, boolean),
+        @extschema@.originator_maxima(integer[]),
+        @extschema@.originator_ceilings(),
+        @extschema@.partitions()
+        FROM %I', role);
+END $$;

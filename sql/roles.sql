@@ -11,10 +11,14 @@
 -- them (members of the owning role and the extension owner excepted), so one
 -- bridge cannot move another's cursor. consumer_set_owner hands one over.
 --
--- The functions that write, or that read partitions directly, are SECURITY
+-- The functions that write, or that run SQL on the partitions, are SECURITY
 -- DEFINER with search_path pinned to pg_catalog, pg_temp, and name every object
 -- schema-qualified: the roles need no privilege on the tables, own nothing, and
--- have no CREATE anywhere, so they cannot drop or alter a partition.
+-- have no CREATE anywhere, so they cannot drop or alter a partition. The
+-- selectors run no SQL (they scan the band leaves' indexes directly, which
+-- checks no table privilege), so EXECUTE granted here is what lets a role use
+-- them; those with a commit-safe form are SECURITY DEFINER without a SET clause
+-- (that form samples the feed's sequences), the others run as the caller.
 
 CREATE FUNCTION grant_writer(role name) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
@@ -56,6 +60,11 @@ BEGIN
     EXECUTE format('GRANT SELECT ON @extschema@.gateway_envelopes_view TO %I', role);
     EXECUTE format('GRANT EXECUTE ON FUNCTION
         @extschema@.select_gateway_envelopes(integer[], bigint[], bytea[], integer[], integer),
+        @extschema@.select_by_topic_cursors(bytea[], integer[], bigint[], integer, integer, boolean),
+        @extschema@.select_wave(bytea[], integer[], bigint[], integer[], bigint[], integer, bigint, integer, boolean),
+        @extschema@.select_newest_by_topic(bytea[]),
+        @extschema@.select_originator(integer, bigint, integer, boolean),
+        @extschema@.originator_maxima(integer[]),
         @extschema@.originator_ceilings(),
         @extschema@.partitions()
         TO %I', role);
@@ -69,6 +78,11 @@ BEGIN
     EXECUTE format('REVOKE SELECT ON @extschema@.gateway_envelopes_view FROM %I', role);
     EXECUTE format('REVOKE EXECUTE ON FUNCTION
         @extschema@.select_gateway_envelopes(integer[], bigint[], bytea[], integer[], integer),
+        @extschema@.select_by_topic_cursors(bytea[], integer[], bigint[], integer, integer, boolean),
+        @extschema@.select_wave(bytea[], integer[], bigint[], integer[], bigint[], integer, bigint, integer, boolean),
+        @extschema@.select_newest_by_topic(bytea[]),
+        @extschema@.select_originator(integer, bigint, integer, boolean),
+        @extschema@.originator_maxima(integer[]),
         @extschema@.originator_ceilings(),
         @extschema@.partitions()
         FROM %I', role);

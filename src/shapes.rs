@@ -7,9 +7,11 @@
 //! scan of the blob leaves, a topic's rows through each meta leaf's
 //! `(topic, originator_sequence_id)` index, one scan per cursor entry merged by
 //! sequence id. No SQL runs, so there is no plan to cache (or to turn generic),
-//! and the functions are not `SECURITY DEFINER`: reading the leaves directly
-//! needs no privilege on the tables, and `EXECUTE` (granted by `grant_reader`)
-//! is the only one the caller needs.
+//! and nothing to pin `search_path` for: reading the leaves directly checks no
+//! privilege on the tables, so `EXECUTE` (granted by `grant_reader`) is the
+//! only one a reader needs. The shapes with a cursor are `SECURITY DEFINER`
+//! (without a `SET` clause, like the insert functions) because their commit-safe
+//! form samples the feed's sequences, which only the owner may read.
 //!
 //! The shapes with a cursor take `commit_safe`: when true, each originator is
 //! read no further than its ceiling (`originator_ceilings()`), with a snapshot
@@ -141,14 +143,14 @@ enum Horizon {
     /// The calling statement's snapshot, no bound.
     Statement(pg_sys::Snapshot),
     /// Up to the originator's ceiling, with the snapshot taken after it.
-    CommitSafe(Gate),
+    CommitSafe(Box<Gate>),
 }
 
 impl Horizon {
     fn new(commit_safe: Option<bool>) -> Result<Horizon, ShapeError> {
         match commit_safe {
             None => Err(ShapeError::Null("commit_safe")),
-            Some(true) => Ok(Horizon::CommitSafe(Gate::open()?)),
+            Some(true) => Ok(Horizon::CommitSafe(Box::new(Gate::open()?))),
             Some(false) => Ok(Horizon::Statement(statement_snapshot()?)),
         }
     }
@@ -217,6 +219,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// Reads the rows of `node`'s `entries` into `rows`, up to `limit` in all.
+#[allow(clippy::too_many_arguments)]
 fn read_entries(
     node: i32,
     entries: &[(Vec<u8>, i64)],
@@ -417,7 +420,7 @@ fn maxima(originator_node_ids: Option<Array<'_, i32>>) -> Result<Vec<(i32, i64)>
 /// cursor_node_ids[i], cursor_sequence_ids[i])`, the first `rows_per_entry` rows
 /// of that topic and originator after that sequence id; all of them ordered by
 /// `(originator_node_id, originator_sequence_id)`, at most `row_limit`.
-#[pg_extern(volatile, parallel_unsafe)]
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[allow(clippy::type_complexity)]
 fn select_by_topic_cursors(
     cursor_topics: Option<Array<'_, &[u8]>>,
@@ -456,7 +459,7 @@ fn select_by_topic_cursors(
 /// `(after_node_id, after_sequence_id)` (the previous page's last row; NULL for
 /// the first page), ordered by `(originator_node_id, originator_sequence_id)`,
 /// at most `row_limit`.
-#[pg_extern(volatile, parallel_unsafe)]
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[allow(clippy::type_complexity, clippy::too_many_arguments)]
 fn select_wave(
     cursor_topics: Option<Array<'_, &[u8]>>,
@@ -520,7 +523,7 @@ fn select_newest_by_topic(
 
 /// One originator's envelopes after `after_sequence_id`, in sequence order, at
 /// most `row_limit`.
-#[pg_extern(volatile, parallel_unsafe)]
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[allow(clippy::type_complexity)]
 fn select_originator(
     originator_node_id: Option<i32>,

@@ -87,6 +87,9 @@ fn a_writer_inserts_and_creates_partitions_but_cannot_read_or_alter() {
         "SELECT * FROM envelopes.gateway_envelopes_view",
         "SELECT * FROM envelopes.gateway_envelopes_meta_o50_s0_1000000",
         "SELECT * FROM envelopes.select_gateway_envelopes()",
+        "SELECT * FROM envelopes.select_originator(50)",
+        "SELECT * FROM envelopes.originator_maxima('{50}')",
+        "SELECT * FROM envelopes.select_newest_by_topic('{\\x01}')",
         "SELECT * FROM envelopes.outbox",
         "DROP TABLE envelopes.gateway_envelopes_meta_o50_s0_1000000",
         "ALTER TABLE envelopes.gateway_envelopes_meta_o50 DETACH PARTITION envelopes.gateway_envelopes_meta_o50_s0_1000000",
@@ -136,6 +139,11 @@ fn a_reader_reads_and_nothing_else() {
         "SELECT * FROM envelopes.gateway_envelopes_view",
         "SELECT * FROM envelopes.originator_ceilings()",
         "SELECT * FROM envelopes.partitions()",
+        "SELECT * FROM envelopes.select_by_topic_cursors('{\\x01}', '{1}', '{0}')",
+        "SELECT * FROM envelopes.select_wave('{\\x01}', '{1}', '{0}', '{1}', '{9}', commit_safe => true)",
+        "SELECT * FROM envelopes.select_newest_by_topic('{\\x01}')",
+        "SELECT * FROM envelopes.select_originator(1)",
+        "SELECT * FROM envelopes.originator_maxima('{1}')",
     ] {
         assert_eq!(outcome(&mut c, sql), "ok", "{sql}");
     }
@@ -214,6 +222,8 @@ fn a_consumer_keeps_its_cursor_and_a_stranger_gets_nothing() {
     let mut s = stranger.connect(&db);
     for sql in [
         "SELECT * FROM envelopes.select_gateway_envelopes()",
+        "SELECT * FROM envelopes.select_by_topic_cursors('{\\\\x01}', '{1}', '{0}')",
+        "SELECT * FROM envelopes.select_wave('{\\\\x01}', '{1}', '{0}', '{1}', '{9}')",
         "SELECT envelopes.insert_gateway_envelope(1, 1, '\\x01', '\\x02')",
         "SELECT envelopes.publish('s', '\\x01')",
         "SELECT * FROM envelopes.gateway_envelopes_view",
