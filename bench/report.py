@@ -119,6 +119,20 @@ RATIOS = [
      "one envelope by key, key-lookup view (candidate) / gateway_envelopes_view (join)"),
     ("view", "topic_lookup", "topic_join", None, "higher",
      "newest 50 envelopes of a topic across originators, key-lookup view (candidate) / gateway_envelopes_view (join)"),
+] + [
+    (f"shapes_{shape}_{parts}_c{clients}", "fn", "sql", 1.5, "higher",
+     f"{what}, function / plain SQL over the roots, {parts} leaf partitions, {clients} client{'s' if clients > 1 else ''}")
+    for shape, what in [
+        ("originator", "one originator from the start (1,000 rows)"),
+        ("poll", "poll at the end of one originator's data"),
+        ("topics", "per-topic cursors, 4 topics x every originator from mid-history"),
+        ("wave", "a wave page over the same entries with ceilings"),
+        ("newest", "newest envelope of 4 topics"),
+        ("maxima", "highest sequence id of every originator"),
+    ]
+    for parts in (50, 1000, 5000)
+    for clients in (1, 4)
+] + [
     ("read", "selector_50", "selector_5000", 1.3, "lower",
      "1,000-row cursor read, time at 5,000 leaf partitions / time at 50"),
     ("read", "selector_50", "selector_1000", 1.3, "lower",

@@ -19,6 +19,7 @@
 # prune (p99 latency of 8 writers while prune_expired drops 104 bands of their
 # originators, in its worker or in one transaction, vs no pruning), view
 # (xmtpd-shaped reads through gateway_envelopes_view vs a key-lookup form),
+# shapes (xmtpd's read shapes: each read function vs the same read in plain SQL),
 # read (1,000-row cursor read at 50 vs 5,000 leaf partitions, selector vs a
 # hand-written LATERAL query), bridge (backlog drain rate and commit -> JetStream
 # latency), sinks (every sink side by side: drain rate in 1,000-row batches and
@@ -547,6 +548,38 @@ for durability in off on; do
                 [ -n "$tps" ] || { cat "$OUT/pgbench.err" >&2; exit 1; }
                 record read "${kind}_$parts" "$durability" "$run" "$tps" reads/s
                 log "read [$durability] ${kind}_$parts run $run: $tps reads/s"
+            done
+        done
+    fi
+
+    if selected shapes && [ "$durability" = off ]; then
+        # xmtpd's read shapes, each function vs the same read in plain SQL over
+        # the roots as xmtpd writes it (bench/sql/shape_*.sql), at 50 leaf
+        # partitions (5 originators x 10 bands) and 5,000 (50 x 100; 1,000 with
+        # --quick), 1 and 4 clients. Shapes: one originator from the start, a
+        # poll at the end of one originator's data, per-topic cursors (4 topics
+        # of every originator from mid-history, 100 per entry), a wave page over
+        # the same entries, the newest envelope of 4 topics, every originator's
+        # highest sequence id.
+        if $quick; then big_bands=20; else big_bands=100; fi
+        big=$((50 * big_bands))
+        sql postgres -q -c "CREATE DATABASE shapes50" -c "CREATE DATABASE shapesbig"
+        sql shapes50 -q -v nodes=5 -v bands=10 -f bench/sql/read_setup.sql >/dev/null
+        sql shapesbig -q -v nodes=50 -v bands=$big_bands -f bench/sql/read_setup.sql >/dev/null
+        for db in shapes50 shapesbig; do sql "$db" -q -f bench/sql/shapes_setup.sql; done
+        for run in $(seq "$RUNS"); do
+            for shape in originator poll topics wave newest maxima; do
+                for pair in shapes50:50 shapesbig:$big; do
+                    IFS=: read -r db parts <<<"$pair"
+                    for clients in 1 4; do
+                        for form in fn sql; do
+                            tps=$(pgbench_tps "$db" "$clients" "bench/sql/shape_${shape}_$form.sql")
+                            [ -n "$tps" ] || { cat "$OUT/pgbench.err" >&2; exit 1; }
+                            record "shapes_${shape}_${parts}_c$clients" "$form" "$durability" "$run" "$tps" reads/s
+                            log "shapes [$durability] ${shape} ${parts} parts ${clients} clients $form run $run: $tps reads/s"
+                        done
+                    done
+                done
             done
         done
     fi

@@ -1,0 +1,1 @@
+SELECT count(*) FROM bench_cursor c, envelopes.originator_maxima(c.nodes);

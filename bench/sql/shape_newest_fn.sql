@@ -1,0 +1,2 @@
+SELECT count(*) FROM envelopes.select_newest_by_topic(
+    ARRAY[pg_catalog.int4send(0), pg_catalog.int4send(1), pg_catalog.int4send(2), pg_catalog.int4send(3)]);

@@ -1,0 +1,1 @@
+SELECT count(*) FROM envelopes.select_originator(3, 0, 1000);

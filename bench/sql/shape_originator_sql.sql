@@ -1,0 +1,12 @@
+-- One originator from the start, as xmtpd writes it: meta joined with blob on
+-- the key, both restricted to the originator.
+SELECT count(*) FROM (
+    SELECT m.originator_node_id, m.originator_sequence_id, m.gateway_time, m.topic, b.originator_envelope
+      FROM envelopes.gateway_envelopes_meta m
+      JOIN envelopes.gateway_envelopes_blob b
+        ON b.originator_node_id = m.originator_node_id
+       AND b.originator_sequence_id = m.originator_sequence_id
+       AND b.originator_node_id = 3
+     WHERE m.originator_node_id = 3 AND m.originator_sequence_id > 0
+     ORDER BY m.originator_sequence_id
+     LIMIT 1000) r;

@@ -1,0 +1,12 @@
+-- Polling one originator at the end of its data (nothing new).
+SELECT count(*) FROM (
+    SELECT m.originator_node_id, m.originator_sequence_id, b.originator_envelope
+      FROM envelopes.gateway_envelopes_meta m
+      JOIN envelopes.gateway_envelopes_blob b
+        ON b.originator_node_id = m.originator_node_id
+       AND b.originator_sequence_id = m.originator_sequence_id
+       AND b.originator_node_id = 1
+     WHERE m.originator_node_id = 1
+       AND m.originator_sequence_id > (SELECT c.seqs[1] FROM bench_cursor c)
+     ORDER BY m.originator_sequence_id
+     LIMIT 1000) r;

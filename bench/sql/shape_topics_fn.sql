@@ -1,0 +1,2 @@
+SELECT count(*) FROM bench_topic_cursor c,
+       envelopes.select_by_topic_cursors(c.topics, c.nodes, c.seqs, 100, 1000);

@@ -1,0 +1,2 @@
+SELECT count(*) FROM bench_topic_cursor c, bench_ceilings l,
+       envelopes.select_wave(c.topics, c.nodes, c.seqs, l.nodes, l.seqs, row_limit => 1000);
