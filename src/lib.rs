@@ -22,6 +22,7 @@ mod read;
 mod scan;
 mod select;
 mod shapes;
+mod srf;
 #[cfg(any(test, feature = "pg_test"))]
 mod testing;
 
@@ -55,6 +56,9 @@ pgrx::extension_sql_file!(
     ]
 );
 
+// The read functions, in materialize mode (src/srf.rs), over the tables above.
+pgrx::extension_sql_file!("../sql/reads.sql", name = "reads", requires = ["storage"]);
+
 // Positions of ingress consumers (bus -> store).
 pgrx::extension_sql_file!(
     "../sql/ingress.sql",
@@ -71,7 +75,8 @@ pgrx::extension_sql_file!(
         "retention",
         "outbox_tables",
         "consumers",
-        "ingress_positions"
+        "ingress_positions",
+        "reads"
     ]
 );
 // Last: nothing is usable by PUBLIC until granted.

@@ -43,14 +43,14 @@ pub enum Flow {
 }
 
 /// Column numbers of a meta leaf, looked up by name once per scan.
-struct MetaColumns {
-    seq: i32,
-    gateway_time: i32,
-    topic: i32,
-    payer_id: i32,
-    expiry: i32,
-    inserted_xid: i32,
-    late: Option<i32>,
+pub struct MetaColumns {
+    pub seq: i32,
+    pub gateway_time: i32,
+    pub topic: i32,
+    pub payer_id: i32,
+    pub expiry: i32,
+    pub inserted_xid: i32,
+    pub late: Option<i32>,
 }
 
 impl MetaColumns {
@@ -97,29 +97,53 @@ fn aligned(bands: &[(RangeBound, Oid)], bound: &RangeBound) -> Option<Oid> {
     bands.iter().find(|(b, _)| b == bound).map(|(_, oid)| *oid)
 }
 
-/// The envelope bytes of `(node, seq)` from whichever blob band holds it.
+/// A scan of whichever blob band holds `(node, seq)`, standing on that row, with
+/// the envelope's column number.
 fn blob_of(
     blob: &partition::cache::OriginatorParts,
     node: i32,
     seq: i64,
     snapshot: pg_sys::Snapshot,
-) -> Option<Vec<u8>> {
+) -> Option<(Scan, i32)> {
     let leaf = blob.leaf_for(seq)?;
-    let mut scan = Scan::open(
-        leaf,
-        snapshot,
-        Range::Envelope {
-            node,
-            after: seq - 1,
-            upto: seq,
-        },
-        false,
-    )?;
+    let mut scan = Scan::open(leaf, snapshot, key_range(node, seq), false)?;
     let col = scan.attno("originator_envelope")?;
-    if scan.next() {
-        scan.get(col)
-    } else {
-        None
+    scan.next().then_some((scan, col))
+}
+
+/// The primary-key range holding exactly `(node, seq)`.
+fn key_range(node: i32, seq: i64) -> Range {
+    Range::Envelope {
+        node,
+        after: seq.saturating_sub(1),
+        upto: seq,
+    }
+}
+
+/// One row of a walk: the meta scan standing on it, that leaf's columns, and
+/// the envelope (a flat `bytea` datum) when it was read. Everything in it is
+/// valid until the callback returns.
+pub struct At<'a> {
+    pub meta: &'a mut Scan,
+    pub cols: &'a MetaColumns,
+    pub node: i32,
+    pub seq: i64,
+    pub envelope: Option<pg_sys::Datum>,
+}
+
+impl At<'_> {
+    /// The row copied out as an [`EnvelopeRow`].
+    pub fn copy_out(&mut self) -> Result<EnvelopeRow, PartitionError> {
+        let mut row = meta_row(self.meta, self.cols, self.node)?;
+        if let Some(datum) = self.envelope {
+            // SAFETY: a flat bytea datum, valid while the callback runs; the
+            // conversion copies it.
+            row.envelope = unsafe {
+                <Vec<u8> as pgrx::FromDatum>::from_polymorphic_datum(datum, false, Oid::INVALID)
+            }
+            .ok_or(MISSING)?;
+        }
+        Ok(row)
     }
 }
 
@@ -145,6 +169,20 @@ pub fn originator_rows(
     snapshot: pg_sys::Snapshot,
     blobs_wanted: Blobs,
     mut each: impl FnMut(EnvelopeRow) -> Flow,
+) -> Result<bool, PartitionError> {
+    walk_originator(node, after, upto, snapshot, blobs_wanted, |mut at| {
+        Ok(each(at.copy_out()?))
+    })
+}
+
+/// [`originator_rows`] without copying: `each` gets the row where it stands.
+pub fn walk_originator(
+    node: i32,
+    after: i64,
+    upto: i64,
+    snapshot: pg_sys::Snapshot,
+    blobs_wanted: Blobs,
+    mut each: impl FnMut(At<'_>) -> Result<Flow, PartitionError>,
 ) -> Result<bool, PartitionError> {
     if upto <= after {
         return Ok(true);
@@ -179,22 +217,40 @@ pub fn originator_rows(
             });
         let mut blob_seq: Option<i64> = None;
         while metas.next() {
-            let mut row = meta_row(&mut metas, &cols, node)?;
-            if blobs_wanted == Blobs::None || (row.late && blobs_wanted == Blobs::NotOfLateRows) {
-                if let Flow::Stop = each(row) {
+            let seq = metas
+                .value(cols.seq)
+                .map(|d| d.value() as i64)
+                .ok_or(MISSING)?;
+            let late = || {
+                cols.late
+                    .and_then(|c| metas.raw(c))
+                    .is_some_and(|d| d.value() != 0)
+            };
+            let skip_blob =
+                blobs_wanted == Blobs::None || (blobs_wanted == Blobs::NotOfLateRows && late());
+            if skip_blob {
+                let at = At {
+                    meta: &mut metas,
+                    cols: &cols,
+                    node,
+                    seq,
+                    envelope: None,
+                };
+                if let Flow::Stop = each(at)? {
                     return Ok(false);
                 }
                 continue;
             }
+            let mut fallback = None;
             let envelope = match &mut blobs {
                 Some((scan, col, seq_col)) => {
                     // Advance the blob scan to the first sequence id >= the meta row's.
                     let mut found = None;
                     loop {
                         match blob_seq {
-                            Some(s) if s > row.seq => break,
-                            Some(s) if s == row.seq => {
-                                found = scan.get::<Vec<u8>>(*col);
+                            Some(s) if s > seq => break,
+                            Some(s) if s == seq => {
+                                found = scan.flat_value(*col);
                                 break;
                             }
                             _ => {}
@@ -203,17 +259,30 @@ pub fn originator_rows(
                             blob_seq = Some(i64::MAX);
                             break;
                         }
-                        blob_seq = scan.get::<i64>(*seq_col);
+                        blob_seq = scan.value(*seq_col).map(|d| d.value() as i64);
                     }
                     found
                 }
-                None => blob_of(&blob, node, row.seq, snapshot),
+                None => {
+                    fallback = blob_of(&blob, node, seq, snapshot);
+                    fallback
+                        .as_mut()
+                        .and_then(|(scan, col)| scan.flat_value(*col))
+                }
             };
             let Some(envelope) = envelope else {
                 continue;
             };
-            row.envelope = envelope;
-            if let Flow::Stop = each(row) {
+            let at = At {
+                meta: &mut metas,
+                cols: &cols,
+                node,
+                seq,
+                envelope: Some(envelope),
+            };
+            let flow = each(at)?;
+            drop(fallback);
+            if let Flow::Stop = flow {
                 return Ok(false);
             }
         }
@@ -267,7 +336,7 @@ pub fn highest_above(
         let xid_col = scan.attno("inserted_xid").ok_or(MISSING)?;
         while scan.next() {
             if counts(xid8(&mut scan, xid_col)?) {
-                return Ok(scan.get::<i64>(seq_col));
+                return Ok(scan.value(seq_col).map(|d| d.value() as i64));
             }
         }
     }
@@ -298,12 +367,12 @@ struct TopicCursor {
 /// blob band (topic rows are sparse: a range scan of the blob band would read
 /// the rows of every other topic too). Returns true when every entry reached
 /// its end or its limit. The entries' topics must be distinct.
-pub fn topic_rows(
+pub fn walk_topics(
     node: i32,
     entries: &mut [TopicEntry],
     upto: i64,
     snapshot: pg_sys::Snapshot,
-    mut each: impl FnMut(EnvelopeRow) -> Flow,
+    mut each: impl FnMut(At<'_>) -> Result<Flow, PartitionError>,
 ) -> Result<bool, PartitionError> {
     use pgrx::IntoDatum;
     let Some(lowest) = entries
@@ -376,24 +445,14 @@ pub fn topic_rows(
         let mut probe: Option<(Scan, i32)> = None;
         let blob_leaf = aligned(&blob.bands, bound);
         while let Some(at) = (0..cursors.len()).min_by_key(|&i| cursors[i].seq) {
-            let cursor = &mut cursors[at];
-            let mut row = meta_row(&mut cursor.scan, &cols, node)?;
-            let entry = &mut entries[cursor.entry];
-            entry.limit -= 1;
-            entry.after = row.seq;
-            if entry.limit == 0 || !advance(cursor, &cols) {
-                cursors.swap_remove(at);
-            }
-            let range = Range::Envelope {
-                node,
-                after: row.seq - 1,
-                upto: row.seq,
-            };
+            let seq = cursors[at].seq;
+            let range = key_range(node, seq);
+            let mut fallback = None;
             let envelope = match (&mut probe, blob_leaf) {
                 (Some((scan, col)), _) => {
                     scan.rescan(range);
                     if scan.next() {
-                        scan.get::<Vec<u8>>(*col)
+                        scan.flat_value(*col)
                     } else {
                         None
                     }
@@ -402,7 +461,7 @@ pub fn topic_rows(
                     Some(mut scan) => {
                         let col = scan.attno("originator_envelope").ok_or(MISSING)?;
                         let found = if scan.next() {
-                            scan.get::<Vec<u8>>(col)
+                            scan.flat_value(col)
                         } else {
                             None
                         };
@@ -411,14 +470,34 @@ pub fn topic_rows(
                     }
                     None => None,
                 },
-                (None, None) => blob_of(&blob, node, row.seq, snapshot),
+                (None, None) => {
+                    fallback = blob_of(&blob, node, seq, snapshot);
+                    fallback
+                        .as_mut()
+                        .and_then(|(scan, col)| scan.flat_value(*col))
+                }
             };
-            let Some(envelope) = envelope else {
-                continue; // a meta row without its blob twin (hand edits only)
+            let cursor = &mut cursors[at];
+            let entry = &mut entries[cursor.entry];
+            entry.limit -= 1;
+            entry.after = seq;
+            let flow = match envelope {
+                Some(envelope) => each(At {
+                    meta: &mut cursor.scan,
+                    cols: &cols,
+                    node,
+                    seq,
+                    envelope: Some(envelope),
+                })?,
+                None => Flow::Continue, // a meta row without its blob twin (hand edits only)
             };
-            row.envelope = envelope;
-            if let Flow::Stop = each(row) {
+            drop(fallback);
+            if let Flow::Stop = flow {
                 return Ok(false);
+            }
+            let cursor = &mut cursors[at];
+            if entries[cursor.entry].limit == 0 || !advance(cursor, &cols) {
+                cursors.swap_remove(at);
             }
         }
     }
@@ -430,9 +509,9 @@ fn advance(cursor: &mut TopicCursor, cols: &MetaColumns) -> bool {
     if !cursor.scan.next() {
         return false;
     }
-    match cursor.scan.get::<i64>(cols.seq) {
+    match cursor.scan.value(cols.seq) {
         Some(seq) => {
-            cursor.seq = seq;
+            cursor.seq = seq.value() as i64;
             true
         }
         None => false,
@@ -466,11 +545,23 @@ pub fn newest_with_topic(
         };
         let cols = MetaColumns::of(&scan)?;
         while scan.next() {
-            let mut row = meta_row(&mut scan, &cols, node)?;
-            if let Some(envelope) = blob_of(&blob, node, row.seq, snapshot) {
-                row.envelope = envelope;
-                return Ok(Some(row));
+            let seq = scan
+                .value(cols.seq)
+                .map(|d| d.value() as i64)
+                .ok_or(MISSING)?;
+            let Some((mut blob_scan, col)) = blob_of(&blob, node, seq, snapshot) else {
+                continue;
+            };
+            let envelope = blob_scan.flat_value(col);
+            let row = At {
+                meta: &mut scan,
+                cols: &cols,
+                node,
+                seq,
+                envelope,
             }
+            .copy_out()?;
+            return Ok(Some(row));
         }
     }
     Ok(None)

@@ -169,6 +169,58 @@ impl Scan {
         (!isnull).then_some(datum)
     }
 
+    /// The datum of column `attno` of the current row as it sits in the slot
+    /// (`None` for NULL), deforming the row up to that column if needed: no copy,
+    /// valid until the next call to [`Scan::next`].
+    pub fn value(&mut self, attno: i32) -> Option<Datum> {
+        // SAFETY: the slot holds the row returned by the last successful next();
+        // attno came from attno() and is within the slot's descriptor, so after
+        // slot_getsomeattrs_int (to natts >= attno) the first attno entries of
+        // tts_values/tts_isnull are valid.
+        unsafe {
+            if i32::from((*self.slot).tts_nvalid) < attno {
+                // Every column at once: a row is read whole, and each call
+                // crosses into Postgres.
+                let natts = (*(*self.slot).tts_tupleDescriptor).natts;
+                pg_sys::slot_getsomeattrs_int(self.slot, natts.max(attno));
+            }
+            let i = (attno - 1) as usize;
+            if *(*self.slot).tts_isnull.add(i) {
+                None
+            } else {
+                Some(*(*self.slot).tts_values.add(i))
+            }
+        }
+    }
+
+    /// Like [`Scan::value`] for a varlena column, detoasted (fetched from TOAST
+    /// or decompressed, into this scan's scratch context) when it is not stored
+    /// plainly in the row: valid until the next call to [`Scan::next`].
+    pub fn flat_value(&mut self, attno: i32) -> Option<Datum> {
+        let datum = self.value(attno)?;
+        let ptr = datum.cast_mut_ptr::<pg_sys::varlena>();
+        // SAFETY: a varlena column's datum points at its header. The first byte
+        // tells whether it is stored plainly (4-byte uncompressed or 1-byte
+        // short header, which tuple forming copies as they are) or external /
+        // compressed; those are detoasted in the scratch context, which is reset
+        // only at the next row.
+        unsafe {
+            let first = *ptr.cast::<u8>();
+            // postgres.h's VARATT_IS_4B_U / VARATT_IS_1B / VARATT_IS_1B_E.
+            #[cfg(target_endian = "little")]
+            let plain = first & 0x03 == 0x00 || (first & 0x01 == 0x01 && first != 0x01);
+            #[cfg(target_endian = "big")]
+            let plain = first & 0xC0 == 0x00 || (first & 0x80 == 0x80 && first != 0x80);
+            if plain {
+                return Some(datum);
+            }
+            let scratch = self
+                .scratch
+                .get_or_insert_with(|| PgMemoryContexts::new("pg_envelopes scan row"));
+            Some(scratch.switch_to(|_| Datum::from(pg_sys::pg_detoast_datum_packed(ptr))))
+        }
+    }
+
     /// Reads column `attno` of the current row as `T` (copied out of Postgres
     /// memory), `None` for NULL.
     pub fn get<T: FromDatum + CopiedOut>(&mut self, attno: i32) -> Option<T> {

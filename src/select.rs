@@ -14,9 +14,10 @@
 //! ([`crate::feed`]) tells readers how far they may move; the consumer functions
 //! ([`crate::consumer`]) also hand out the rows that arrive late.
 
-use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
+use crate::error::{PgSqlErrorCode, SqlError};
 use crate::partition::{self, PartitionError};
 use crate::read;
+use crate::srf::Materialized;
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -129,9 +130,9 @@ pub fn as_row(row: read::EnvelopeRow) -> Row {
     )
 }
 
-/// Reads up to `limit` rows (counting those already in `rows`) of one
-/// originator with `after < seq <= upto`, in order, restricted to `topics` when
-/// given, as seen by `snapshot`.
+/// Reads into `out` the rows of one originator with `after < seq <= upto`, in
+/// order, restricted to `topics` when given, as seen by `snapshot`, until `out`
+/// holds `limit` rows.
 pub fn read_originator(
     node: i32,
     after: i64,
@@ -139,21 +140,21 @@ pub fn read_originator(
     topics: Option<&[Vec<u8>]>,
     limit: usize,
     snapshot: pg_sys::Snapshot,
-    rows: &mut Vec<Row>,
+    out: &mut Materialized,
 ) -> Result<(), SelectError> {
-    if rows.len() >= limit {
+    if out.len >= limit {
         return Ok(());
     }
-    let mut take = |row: read::EnvelopeRow| {
-        rows.push(as_row(row));
-        if rows.len() >= limit {
+    let mut take = |mut at: read::At<'_>| {
+        out.put_at(&mut at)?;
+        Ok(if out.len >= limit {
             read::Flow::Stop
         } else {
             read::Flow::Continue
-        }
+        })
     };
     match topics {
-        None => read::originator_rows(node, after, upto, snapshot, read::Blobs::All, take)?,
+        None => read::walk_originator(node, after, upto, snapshot, read::Blobs::All, take)?,
         Some(topics) => {
             let mut entries: Vec<read::TopicEntry> = topics
                 .iter()
@@ -163,7 +164,7 @@ pub fn read_originator(
                     limit: usize::MAX,
                 })
                 .collect();
-            read::topic_rows(node, &mut entries, upto, snapshot, &mut take)?
+            read::walk_topics(node, &mut entries, upto, snapshot, &mut take)?
         }
     };
     Ok(())
@@ -175,7 +176,8 @@ fn select(
     topics: Option<Array<'_, &[u8]>>,
     originator_node_ids: Option<Array<'_, i32>>,
     row_limit: Option<i32>,
-) -> Result<Vec<Row>, SelectError> {
+    out: &mut Materialized,
+) -> Result<(), SelectError> {
     let limit = match row_limit {
         None => return Err(SelectError::Null("row_limit")),
         Some(l) if l < 0 => return Err(SelectError::NegativeLimit(l)),
@@ -206,7 +208,7 @@ fn select(
     originators.sort_unstable();
     originators.dedup();
     if limit == 0 || topics.as_ref().is_some_and(Vec::is_empty) {
-        return Ok(Vec::new());
+        return Ok(());
     }
 
     if let Some(topics) = topics.as_mut() {
@@ -214,9 +216,8 @@ fn select(
         topics.dedup();
     }
     let snapshot = statement_snapshot()?;
-    let mut rows = Vec::new();
     for node in originators {
-        if rows.len() >= limit {
+        if out.len >= limit {
             break;
         }
         let after = cursor.get(&node).copied().unwrap_or(0);
@@ -227,49 +228,31 @@ fn select(
             topics.as_deref(),
             limit,
             snapshot,
-            &mut rows,
+            out,
         )?;
     }
-    Ok(rows)
+    Ok(())
 }
 
-/// Envelopes after a vector-clock cursor, ordered by
-/// `(originator_node_id, originator_sequence_id)`, at most `row_limit` of them.
-///
-/// A row is returned when its sequence id is greater than the cursor's entry for
-/// its originator, or greater than 0 when the cursor has no entry for it. `topics`
-/// and `originator_node_ids` restrict the rows when given (both apply together);
-/// NULL means no restriction, an empty array matches nothing.
-#[pg_extern(stable, parallel_unsafe)]
-#[allow(clippy::type_complexity)]
-fn select_gateway_envelopes(
-    cursor_node_ids: default!(Option<Array<'_, i32>>, "'{}'"),
-    cursor_sequence_ids: default!(Option<Array<'_, i64>>, "'{}'"),
-    topics: default!(Option<Array<'_, &[u8]>>, "NULL"),
-    originator_node_ids: default!(Option<Array<'_, i32>>, "NULL"),
-    row_limit: default!(Option<i32>, "1000"),
-) -> TableIterator<
-    'static,
-    (
-        name!(originator_node_id, i32),
-        name!(originator_sequence_id, i64),
-        name!(gateway_time, TimestampWithTimeZone),
-        name!(topic, Vec<u8>),
-        name!(payer_id, Option<i32>),
-        name!(expiry, Option<i64>),
-        name!(originator_envelope, Vec<u8>),
-    ),
-> {
-    let rows = select(
-        cursor_node_ids,
-        cursor_sequence_ids,
-        topics,
-        originator_node_ids,
-        row_limit,
-    )
-    .or_raise();
-    TableIterator::new(rows)
-}
+// `select_gateway_envelopes` (sql/reads.sql): envelopes after a vector-clock
+// cursor, ordered by (originator_node_id, originator_sequence_id), at most
+// row_limit of them, in materialize mode (crate::srf).
+crate::srf::materialized_srf!(
+    select_gateway_envelopes_wrapper,
+    pg_finfo_select_gateway_envelopes_wrapper,
+    // SAFETY: sql/reads.sql declares the five arguments with these types.
+    |fcinfo, out| unsafe {
+        use crate::srf::arg;
+        select(
+            arg(fcinfo, 0),
+            arg(fcinfo, 1),
+            arg(fcinfo, 2),
+            arg(fcinfo, 3),
+            arg(fcinfo, 4),
+            out,
+        )
+    }
+);
 
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]

@@ -13,18 +13,21 @@
 //! (without a `SET` clause, like the insert functions) because their commit-safe
 //! form samples the feed's sequences, which only the owner may read.
 //!
+//! The SQL definitions are in `sql/reads.sql`; the functions return their rows
+//! in one call (materialize mode, `crate::srf`).
+//!
 //! The shapes with a cursor take `commit_safe`: when true, each originator is
 //! read no further than its ceiling (`originator_ceilings()`), with a snapshot
 //! taken after the ceiling was established, so a caller that moves its cursor
 //! to the last row returned never skips a lower sequence id that commits later.
 
-use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
+use crate::error::{PgSqlErrorCode, SqlError};
 use crate::feed::markers::MarkerError;
 use crate::feed::Gate;
 use crate::partition::PartitionError;
 use crate::read::{self, Flow, TopicEntry};
-use crate::select::{self, elements, statement_snapshot, Row, SelectError};
-use pgrx::datum::TimestampWithTimeZone;
+use crate::select::{self, elements, statement_snapshot, SelectError};
+use crate::srf::{arg, materialized_srf, Materialized};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -218,7 +221,7 @@ fn hex(bytes: &[u8]) -> String {
     out
 }
 
-/// Reads the rows of `node`'s `entries` into `rows`, up to `limit` in all.
+/// Reads the rows of `node`'s `entries` into `out`, until it holds `limit`.
 #[allow(clippy::too_many_arguments)]
 fn read_entries(
     node: i32,
@@ -228,7 +231,7 @@ fn read_entries(
     upto: i64,
     snapshot: pg_sys::Snapshot,
     limit: usize,
-    rows: &mut Vec<Row>,
+    out: &mut Materialized,
 ) -> Result<(), ShapeError> {
     let mut entries: Vec<TopicEntry> = entries
         .iter()
@@ -238,13 +241,13 @@ fn read_entries(
             limit: per_entry,
         })
         .collect();
-    read::topic_rows(node, &mut entries, upto, snapshot, |row| {
-        rows.push(select::as_row(row));
-        if rows.len() >= limit {
+    read::walk_topics(node, &mut entries, upto, snapshot, |mut at| {
+        out.put_at(&mut at)?;
+        Ok(if out.len >= limit {
             Flow::Stop
         } else {
             Flow::Continue
-        }
+        })
     })?;
     Ok(())
 }
@@ -256,17 +259,17 @@ fn by_topic_cursors(
     rows_per_entry: Option<i32>,
     row_limit: Option<i32>,
     commit_safe: Option<bool>,
-) -> Result<Vec<Row>, ShapeError> {
+    out: &mut Materialized,
+) -> Result<(), ShapeError> {
     let entries = cursor_entries(cursor_topics, cursor_node_ids, cursor_sequence_ids)?;
     let per_entry = limit("rows_per_entry", rows_per_entry)?;
     let limit = limit("row_limit", row_limit)?;
     let horizon = Horizon::new(commit_safe)?;
-    let mut rows = Vec::new();
-    if per_entry == 0 {
-        return Ok(rows);
+    if per_entry == 0 || limit == 0 {
+        return Ok(());
     }
     for (node, entries) in &entries {
-        if rows.len() >= limit {
+        if out.len >= limit {
             break;
         }
         let Some(upto) = horizon.upto(*node)? else {
@@ -280,10 +283,10 @@ fn by_topic_cursors(
             upto,
             horizon.snapshot(),
             limit,
-            &mut rows,
+            out,
         )?;
     }
-    Ok(rows)
+    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -297,7 +300,8 @@ fn wave(
     after_sequence_id: Option<i64>,
     row_limit: Option<i32>,
     commit_safe: Option<bool>,
-) -> Result<Vec<Row>, ShapeError> {
+    out: &mut Materialized,
+) -> Result<(), ShapeError> {
     let entries = cursor_entries(cursor_topics, cursor_node_ids, cursor_sequence_ids)?;
     let ceiling_nodes = required("ceiling_node_ids", ceiling_node_ids)?;
     let ceiling_seqs = required("ceiling_sequence_ids", ceiling_sequence_ids)?;
@@ -320,9 +324,11 @@ fn wave(
     };
     let limit = limit("row_limit", row_limit)?;
     let horizon = Horizon::new(commit_safe)?;
-    let mut rows = Vec::new();
+    if limit == 0 {
+        return Ok(());
+    }
     for (node, entries) in &entries {
-        if rows.len() >= limit {
+        if out.len >= limit {
             break;
         }
         let floor = match position {
@@ -344,17 +350,19 @@ fn wave(
             upto.min(*ceiling),
             horizon.snapshot(),
             limit,
-            &mut rows,
+            out,
         )?;
     }
-    Ok(rows)
+    Ok(())
 }
 
-fn newest_by_topic(topics: Option<Array<'_, &[u8]>>) -> Result<Vec<Row>, ShapeError> {
+fn newest_by_topic(
+    topics: Option<Array<'_, &[u8]>>,
+    out: &mut Materialized,
+) -> Result<(), ShapeError> {
     let topics: BTreeSet<Vec<u8>> = topics_of("topics", topics)?.into_iter().collect();
     let snapshot = statement_snapshot()?;
     let originators = crate::partition::originators()?;
-    let mut rows = Vec::new();
     for topic in topics {
         let mut newest: Option<read::EnvelopeRow> = None;
         for node in &originators {
@@ -369,9 +377,11 @@ fn newest_by_topic(topics: Option<Array<'_, &[u8]>>) -> Result<Vec<Row>, ShapeEr
                 newest = Some(row);
             }
         }
-        rows.extend(newest.map(select::as_row));
+        if let Some(row) = newest {
+            out.put_envelope(select::as_row(row));
+        }
     }
-    Ok(rows)
+    Ok(())
 }
 
 fn originator(
@@ -379,185 +389,101 @@ fn originator(
     after_sequence_id: Option<i64>,
     row_limit: Option<i32>,
     commit_safe: Option<bool>,
-) -> Result<Vec<Row>, ShapeError> {
+    out: &mut Materialized,
+) -> Result<(), ShapeError> {
     let node = originator_node_id.ok_or(ShapeError::Null("originator_node_id"))?;
     let after = after_sequence_id.ok_or(ShapeError::Null("after_sequence_id"))?;
     let limit = limit("row_limit", row_limit)?;
     let horizon = Horizon::new(commit_safe)?;
-    let mut rows = Vec::new();
     if limit == 0 {
-        return Ok(rows);
+        return Ok(());
     }
     if let Some(upto) = horizon.upto(node)? {
-        select::read_originator(
-            node,
-            after,
-            upto,
-            None,
-            limit,
-            horizon.snapshot(),
-            &mut rows,
-        )?;
+        select::read_originator(node, after, upto, None, limit, horizon.snapshot(), out)?;
     }
-    Ok(rows)
+    Ok(())
 }
 
-fn maxima(originator_node_ids: Option<Array<'_, i32>>) -> Result<Vec<(i32, i64)>, ShapeError> {
+fn maxima(
+    originator_node_ids: Option<Array<'_, i32>>,
+    out: &mut Materialized,
+) -> Result<(), ShapeError> {
     let nodes: BTreeSet<i32> = required("originator_node_ids", originator_node_ids)?
         .into_iter()
         .collect();
     let snapshot = statement_snapshot()?;
-    nodes
-        .into_iter()
-        .map(|node| {
-            let max = read::highest_above(node, i64::MIN, snapshot, |_| true)?;
-            Ok((node, max.unwrap_or(0)))
-        })
-        .collect()
+    for node in nodes {
+        let max = read::highest_above(node, i64::MIN, snapshot, |_| true)?;
+        out.put_pair((node, max.unwrap_or(0)));
+    }
+    Ok(())
 }
 
-/// Envelopes of per-topic cursor entries: for each entry `(cursor_topics[i],
-/// cursor_node_ids[i], cursor_sequence_ids[i])`, the first `rows_per_entry` rows
-/// of that topic and originator after that sequence id; all of them ordered by
-/// `(originator_node_id, originator_sequence_id)`, at most `row_limit`.
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
-#[allow(clippy::type_complexity)]
-fn select_by_topic_cursors(
-    cursor_topics: Option<Array<'_, &[u8]>>,
-    cursor_node_ids: Option<Array<'_, i32>>,
-    cursor_sequence_ids: Option<Array<'_, i64>>,
-    rows_per_entry: default!(Option<i32>, "1000"),
-    row_limit: default!(Option<i32>, "1000"),
-    commit_safe: default!(Option<bool>, "false"),
-) -> TableIterator<
-    'static,
-    (
-        name!(originator_node_id, i32),
-        name!(originator_sequence_id, i64),
-        name!(gateway_time, TimestampWithTimeZone),
-        name!(topic, Vec<u8>),
-        name!(payer_id, Option<i32>),
-        name!(expiry, Option<i64>),
-        name!(originator_envelope, Vec<u8>),
-    ),
-> {
-    let rows = by_topic_cursors(
-        cursor_topics,
-        cursor_node_ids,
-        cursor_sequence_ids,
-        rows_per_entry,
-        row_limit,
-        commit_safe,
-    )
-    .or_raise();
-    TableIterator::new(rows)
-}
+// The SQL functions (sql/reads.sql) over the bodies above, in materialize mode
+// (crate::srf).
 
-/// One page of a catch-up wave: the rows matching a per-topic cursor entry
-/// (above its sequence id), at most the ceiling given for their originator
-/// (originators without one are not read), strictly after the position
-/// `(after_node_id, after_sequence_id)` (the previous page's last row; NULL for
-/// the first page), ordered by `(originator_node_id, originator_sequence_id)`,
-/// at most `row_limit`.
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
-#[allow(clippy::type_complexity, clippy::too_many_arguments)]
-fn select_wave(
-    cursor_topics: Option<Array<'_, &[u8]>>,
-    cursor_node_ids: Option<Array<'_, i32>>,
-    cursor_sequence_ids: Option<Array<'_, i64>>,
-    ceiling_node_ids: Option<Array<'_, i32>>,
-    ceiling_sequence_ids: Option<Array<'_, i64>>,
-    after_node_id: default!(Option<i32>, "NULL"),
-    after_sequence_id: default!(Option<i64>, "NULL"),
-    row_limit: default!(Option<i32>, "1000"),
-    commit_safe: default!(Option<bool>, "false"),
-) -> TableIterator<
-    'static,
-    (
-        name!(originator_node_id, i32),
-        name!(originator_sequence_id, i64),
-        name!(gateway_time, TimestampWithTimeZone),
-        name!(topic, Vec<u8>),
-        name!(payer_id, Option<i32>),
-        name!(expiry, Option<i64>),
-        name!(originator_envelope, Vec<u8>),
-    ),
-> {
-    let rows = wave(
-        cursor_topics,
-        cursor_node_ids,
-        cursor_sequence_ids,
-        ceiling_node_ids,
-        ceiling_sequence_ids,
-        after_node_id,
-        after_sequence_id,
-        row_limit,
-        commit_safe,
-    )
-    .or_raise();
-    TableIterator::new(rows)
-}
+materialized_srf!(
+    select_by_topic_cursors_wrapper,
+    pg_finfo_select_by_topic_cursors_wrapper,
+    // SAFETY: sql/reads.sql declares the six arguments with these types.
+    |fcinfo, out| unsafe {
+        by_topic_cursors(
+            arg(fcinfo, 0),
+            arg(fcinfo, 1),
+            arg(fcinfo, 2),
+            arg(fcinfo, 3),
+            arg(fcinfo, 4),
+            arg(fcinfo, 5),
+            out,
+        )
+    }
+);
 
-/// The newest envelope of each of `topics` (one row per topic that has any,
-/// ordered by topic): of each originator's envelope with the highest sequence id
-/// on the topic, the one with the latest `gateway_time` (on a tie, the higher
-/// originator).
-#[pg_extern(stable, parallel_unsafe)]
-#[allow(clippy::type_complexity)]
-fn select_newest_by_topic(
-    topics: Option<Array<'_, &[u8]>>,
-) -> TableIterator<
-    'static,
-    (
-        name!(originator_node_id, i32),
-        name!(originator_sequence_id, i64),
-        name!(gateway_time, TimestampWithTimeZone),
-        name!(topic, Vec<u8>),
-        name!(payer_id, Option<i32>),
-        name!(expiry, Option<i64>),
-        name!(originator_envelope, Vec<u8>),
-    ),
-> {
-    TableIterator::new(newest_by_topic(topics).or_raise())
-}
+materialized_srf!(
+    select_wave_wrapper,
+    pg_finfo_select_wave_wrapper,
+    // SAFETY: sql/reads.sql declares the nine arguments with these types.
+    |fcinfo, out| unsafe {
+        wave(
+            arg(fcinfo, 0),
+            arg(fcinfo, 1),
+            arg(fcinfo, 2),
+            arg(fcinfo, 3),
+            arg(fcinfo, 4),
+            arg(fcinfo, 5),
+            arg(fcinfo, 6),
+            arg(fcinfo, 7),
+            arg(fcinfo, 8),
+            out,
+        )
+    }
+);
 
-/// One originator's envelopes after `after_sequence_id`, in sequence order, at
-/// most `row_limit`.
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
-#[allow(clippy::type_complexity)]
-fn select_originator(
-    originator_node_id: Option<i32>,
-    after_sequence_id: default!(Option<i64>, "0"),
-    row_limit: default!(Option<i32>, "1000"),
-    commit_safe: default!(Option<bool>, "false"),
-) -> TableIterator<
-    'static,
-    (
-        name!(originator_node_id, i32),
-        name!(originator_sequence_id, i64),
-        name!(gateway_time, TimestampWithTimeZone),
-        name!(topic, Vec<u8>),
-        name!(payer_id, Option<i32>),
-        name!(expiry, Option<i64>),
-        name!(originator_envelope, Vec<u8>),
-    ),
-> {
-    let rows = originator(
-        originator_node_id,
-        after_sequence_id,
-        row_limit,
-        commit_safe,
-    )
-    .or_raise();
-    TableIterator::new(rows)
-}
+materialized_srf!(
+    select_newest_by_topic_wrapper,
+    pg_finfo_select_newest_by_topic_wrapper,
+    // SAFETY: sql/reads.sql declares one bytea[] argument.
+    |fcinfo, out| unsafe { newest_by_topic(arg(fcinfo, 0), out) }
+);
 
-/// The highest sequence id of each given originator (0 when it has none), one
-/// row per distinct originator, ascending. Unlike `originator_ceilings()` this
-/// is the highest row visible now, committed or not below it.
-#[pg_extern(stable, parallel_unsafe)]
-fn originator_maxima(
-    originator_node_ids: Option<Array<'_, i32>>,
-) -> TableIterator<'static, (name!(originator_node_id, i32), name!(max_sequence_id, i64))> {
-    TableIterator::new(maxima(originator_node_ids).or_raise())
-}
+materialized_srf!(
+    select_originator_wrapper,
+    pg_finfo_select_originator_wrapper,
+    // SAFETY: sql/reads.sql declares the four arguments with these types.
+    |fcinfo, out| unsafe {
+        originator(
+            arg(fcinfo, 0),
+            arg(fcinfo, 1),
+            arg(fcinfo, 2),
+            arg(fcinfo, 3),
+            out,
+        )
+    }
+);
+
+materialized_srf!(
+    originator_maxima_wrapper,
+    pg_finfo_originator_maxima_wrapper,
+    // SAFETY: sql/reads.sql declares one int[] argument.
+    |fcinfo, out| unsafe { maxima(arg(fcinfo, 0), out) }
+);

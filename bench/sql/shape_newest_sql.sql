@@ -1,5 +1,5 @@
 -- The newest envelope of each of four topics: DISTINCT ON over the topic's rows.
-SELECT count(*) FROM (
+SELECT count(*), sum(pg_catalog.length(r.originator_envelope)) FROM (
     SELECT l.originator_node_id, l.originator_sequence_id, b.originator_envelope
       FROM (SELECT DISTINCT ON (m.topic) m.originator_node_id, m.originator_sequence_id, m.gateway_time, m.topic
               FROM envelopes.gateway_envelopes_meta m

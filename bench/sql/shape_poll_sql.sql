@@ -1,5 +1,5 @@
 -- Polling one originator at the end of its data (nothing new).
-SELECT count(*) FROM (
+SELECT count(*), sum(pg_catalog.length(r.originator_envelope)) FROM (
     SELECT m.originator_node_id, m.originator_sequence_id, b.originator_envelope
       FROM envelopes.gateway_envelopes_meta m
       JOIN envelopes.gateway_envelopes_blob b

@@ -1,6 +1,6 @@
 -- Per-topic cursors: per (topic, originator) entry a LATERAL range of the
 -- topic index, cut per entry and in all, then each row's blob by key.
-SELECT count(*) FROM (
+SELECT count(*), sum(pg_catalog.length(r.originator_envelope)) FROM (
     SELECT f.originator_node_id, f.originator_sequence_id, b.originator_envelope
       FROM (SELECT s.*
               FROM bench_topic_cursor c, unnest(c.topics, c.nodes, c.seqs) AS e(topic, node, seq),

@@ -1,6 +1,6 @@
 -- One page of a catch-up wave: cursor entries and ceilings joined to meta and
 -- blob, one keyset order, one limit.
-SELECT count(*) FROM (
+SELECT count(*), sum(pg_catalog.length(r.originator_envelope)) FROM (
     SELECT m.originator_node_id, m.originator_sequence_id, b.originator_envelope
       FROM envelopes.gateway_envelopes_meta m
       JOIN (SELECT e.* FROM bench_topic_cursor c, unnest(c.topics, c.nodes, c.seqs) AS e(topic, node, seq)) ce

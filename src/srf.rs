@@ -1,0 +1,194 @@
+//! Set-returning functions that hand back their whole result in one call.
+//!
+//! pgrx's `TableIterator` returns a set one row per call (value-per-call mode):
+//! the executor calls the function again for every row, through the function
+//! manager (and, for a `SECURITY DEFINER` function, its user switch) and pgrx's
+//! call guard each time. The read functions collect their rows in one pass
+//! anyway, so they use materialize mode instead: one call fills a tuplestore
+//! (`InitMaterializedSRF`), which the executor then reads. Their SQL
+//! definitions are in `sql/reads.sql`; [`materialized_srf!`] declares the
+//! C-callable symbols those definitions name.
+
+use crate::partition::PartitionError;
+use crate::read::At;
+use crate::select::Row;
+use pgrx::pg_sys::{self, Datum};
+use pgrx::{IntoDatum, PgMemoryContexts};
+
+/// The result set of the current call, as a tuplestore.
+pub struct Materialized {
+    rsinfo: *mut pg_sys::ReturnSetInfo,
+    /// Rows stored so far.
+    pub len: usize,
+    /// Where an owned row's datums are built ([`Materialized::put_envelope`]);
+    /// reset after the row is stored (the tuplestore keeps its own copy). Made
+    /// at the first such row: rows stored from the scans need none.
+    scratch: Option<PgMemoryContexts>,
+}
+
+impl Materialized {
+    /// Sets the call up to return a tuplestore of the function's result type.
+    ///
+    /// # Safety
+    /// `fcinfo` is the current call's, from the function manager.
+    pub unsafe fn begin(fcinfo: pg_sys::FunctionCallInfo) -> Materialized {
+        // SAFETY: InitMaterializedSRF checks that the caller accepts a
+        // materialized set (raising an ERROR otherwise), creates the tuplestore
+        // and descriptor in the per-query context and records them in resultinfo.
+        unsafe {
+            pg_sys::InitMaterializedSRF(fcinfo, 0);
+            Materialized {
+                rsinfo: (*fcinfo).resultinfo.cast(),
+                len: 0,
+                scratch: None,
+            }
+        }
+    }
+
+    /// Appends the envelope row a walk stands on, straight from the scans' slots
+    /// (no copy but the tuplestore's own).
+    pub fn put_at(&mut self, at: &mut At<'_>) -> Result<(), PartitionError> {
+        const MISSING: PartitionError = PartitionError::Catalog("NULL in a NOT NULL column");
+        let cols = at.cols;
+        let time = at.meta.value(cols.gateway_time).ok_or(MISSING)?;
+        let topic = at.meta.flat_value(cols.topic).ok_or(MISSING)?;
+        let payer = at.meta.value(cols.payer_id);
+        let expiry = at.meta.value(cols.expiry);
+        let envelope = at.envelope.ok_or(MISSING)?;
+        let mut values = [
+            Datum::from(at.node),
+            Datum::from(at.seq),
+            time,
+            topic,
+            payer.unwrap_or_else(Datum::null),
+            expiry.unwrap_or_else(Datum::null),
+            envelope,
+        ];
+        let mut nulls = [
+            false,
+            false,
+            false,
+            false,
+            payer.is_none(),
+            expiry.is_none(),
+            false,
+        ];
+        // SAFETY: the datums are the columns' own (int4, int8, timestamptz, flat
+        // bytea, int4, int8, flat bytea), valid while the walk stands on the row.
+        unsafe { store(self.rsinfo, &mut values, &mut nulls) };
+        self.len += 1;
+        Ok(())
+    }
+
+    /// Appends an envelope row (the seven columns of the selectors).
+    pub fn put_envelope(&mut self, row: Row) {
+        let (node, seq, time, topic, payer, expiry, envelope) = row;
+        let rsinfo = self.rsinfo;
+        // SAFETY: the datums are built in the scratch context, copied into the
+        // tuplestore by store, and freed by the reset; nothing else points there.
+        let scratch = self
+            .scratch
+            .get_or_insert_with(|| PgMemoryContexts::new("pg_envelopes result row"));
+        unsafe {
+            scratch.switch_to(|_| {
+                let mut values = [
+                    Datum::from(node),
+                    Datum::from(seq),
+                    time.into_datum().unwrap_or_else(Datum::null),
+                    topic.into_datum().unwrap_or_else(Datum::null),
+                    payer.map(Datum::from).unwrap_or_else(Datum::null),
+                    expiry.map(Datum::from).unwrap_or_else(Datum::null),
+                    envelope.into_datum().unwrap_or_else(Datum::null),
+                ];
+                let mut nulls = [
+                    false,
+                    false,
+                    false,
+                    false,
+                    payer.is_none(),
+                    expiry.is_none(),
+                    false,
+                ];
+                store(rsinfo, &mut values, &mut nulls);
+            });
+            scratch.reset();
+        }
+        self.len += 1;
+    }
+
+    /// Appends an `(originator_node_id, max_sequence_id)` row.
+    pub fn put_pair(&mut self, (node, seq): (i32, i64)) {
+        // SAFETY: rsinfo is this call's; two pass-by-value columns, as declared.
+        unsafe {
+            store(
+                self.rsinfo,
+                &mut [Datum::from(node), Datum::from(seq)],
+                &mut [false, false],
+            )
+        };
+        self.len += 1;
+    }
+}
+
+/// Appends one row to the call's tuplestore.
+///
+/// # Safety
+/// `rsinfo` was set up by [`Materialized::begin`]; `values` and `nulls` have one
+/// entry per column of its descriptor, of the declared types.
+unsafe fn store(rsinfo: *mut pg_sys::ReturnSetInfo, values: &mut [Datum], nulls: &mut [bool]) {
+    // SAFETY: as the caller guarantees; tuplestore_putvalues copies the values.
+    unsafe {
+        let desc = (*rsinfo).setDesc;
+        debug_assert_eq!((*desc).natts as usize, values.len());
+        pg_sys::tuplestore_putvalues(
+            (*rsinfo).setResult,
+            desc,
+            values.as_mut_ptr(),
+            nulls.as_mut_ptr(),
+        );
+    }
+}
+
+/// Declares a C-callable set-returning function `$symbol` (with its
+/// `pg_finfo_` record): `$body` gets the call's `fcinfo` and the result set to
+/// fill, and returns `Result<(), E>` (an error is raised).
+macro_rules! materialized_srf {
+    ($symbol:ident, $finfo:ident, |$fcinfo:ident, $out:ident| $body:expr) => {
+        #[unsafe(no_mangle)]
+        #[doc(hidden)]
+        pub extern "C" fn $finfo() -> &'static ::pgrx::pg_sys::Pg_finfo_record {
+            const V1: ::pgrx::pg_sys::Pg_finfo_record =
+                ::pgrx::pg_sys::Pg_finfo_record { api_version: 1 };
+            &V1
+        }
+
+        #[unsafe(no_mangle)]
+        #[doc(hidden)]
+        pub unsafe extern "C-unwind" fn $symbol(
+            $fcinfo: ::pgrx::pg_sys::FunctionCallInfo,
+        ) -> ::pgrx::pg_sys::Datum {
+            let body = move || {
+                use $crate::error::OrRaise;
+                // SAFETY: fcinfo is this call's, from the function manager.
+                let mut result = unsafe { $crate::srf::Materialized::begin($fcinfo) };
+                let $out = &mut result;
+                $body.or_raise();
+                ::pgrx::pg_sys::Datum::from(0)
+            };
+            // SAFETY: the guard turns a Rust panic (an ERROR raised by or_raise)
+            // into a Postgres ERROR at this boundary, as #[pg_guard] does.
+            unsafe { ::pgrx::pg_sys::submodules::panic::pgrx_extern_c_guard(body) }
+        }
+    };
+}
+pub(crate) use materialized_srf;
+
+/// Argument `n` of the current call (`None` when NULL).
+///
+/// # Safety
+/// `fcinfo` is the current call's and has at least `n + 1` arguments of a type
+/// `T` reads.
+pub unsafe fn arg<T: pgrx::FromDatum>(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<T> {
+    // SAFETY: as the caller guarantees.
+    unsafe { pgrx::fcinfo::pg_getarg::<T>(fcinfo, n) }
+}
