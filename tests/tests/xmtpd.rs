@@ -99,8 +99,10 @@ fn load(c: &mut Client) {
         .unwrap();
 }
 
-/// Cursor entry sets: (topics, nodes, seqs).
-fn entry_sets() -> Vec<(Vec<Vec<u8>>, Vec<i32>, Vec<i64>)> {
+/// Per-topic cursor entries as parallel arrays: (topics, nodes, seqs).
+type EntrySet = (Vec<Vec<u8>>, Vec<i32>, Vec<i64>);
+
+fn entry_sets() -> Vec<EntrySet> {
     let mut sets = Vec::new();
     // Empty.
     sets.push((vec![], vec![], vec![]));
