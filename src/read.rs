@@ -111,13 +111,9 @@ fn blob_of(
     scan.next().then_some((scan, col))
 }
 
-/// The primary-key range holding exactly `(node, seq)`.
+/// The primary key `(node, seq)`.
 fn key_range(node: i32, seq: i64) -> Range {
-    Range::Envelope {
-        node,
-        after: seq.saturating_sub(1),
-        upto: seq,
-    }
+    Range::Key { node, seq }
 }
 
 /// One row of a walk: the meta scan standing on it, that leaf's columns, and

@@ -26,6 +26,8 @@ pub enum Range {
     Envelope { node: i32, after: i64, upto: i64 },
     /// A feed table keyed by a single `bigint` id.
     Id { after: i64, upto: i64 },
+    /// One envelope's key (on a meta or blob leaf).
+    Key { node: i32, seq: i64 },
     /// A meta leaf through its `(topic, originator_sequence_id)` index: one
     /// topic's sequence ids. `topic` is a `bytea` datum that must stay valid while
     /// the scan is open.
@@ -116,9 +118,13 @@ impl Scan {
         }
     }
 
-    /// Restarts the scan over another range of the same shape (same index).
+    /// Restarts the scan over another range of the same shape (same index, and
+    /// the same ends open or closed).
     pub fn rescan(&mut self, range: Range) {
-        self.keys = keys_for(range);
+        let keys = keys_for(range);
+        // index_rescan copies as many keys as the scan was begun with.
+        assert_eq!(keys.len(), self.keys.len(), "rescan with another key shape");
+        self.keys = keys;
         // SAFETY: the scan is open; index_rescan copies the keys, which have the
         // same count and columns as those the scan was begun with.
         unsafe {
@@ -284,31 +290,40 @@ fn key(attno: i16, strategy: u32, procedure: u32, argument: Datum) -> pg_sys::Sc
     key
 }
 
-/// Scan keys on the index columns: (node, seq) for envelope leaves, (id) for feeds.
+/// Scan keys on the index columns: (node, seq) for envelope leaves, (id) for
+/// feeds, (topic, seq) for topic scans. An open end (`after` = `i64::MIN`,
+/// `upto` = `i64::MAX`) gets no key: btree checks every key on every tuple of
+/// each page it reads, through the function manager.
 fn keys_for(range: Range) -> Vec<pg_sys::ScanKeyData> {
+    let eq = pg_sys::BTEqualStrategyNumber;
     let gt = pg_sys::BTGreaterStrategyNumber;
     let le = pg_sys::BTLessEqualStrategyNumber;
-    match range {
-        Range::Envelope { node, after, upto } => vec![
-            key(
-                1,
-                pg_sys::BTEqualStrategyNumber,
-                pg_sys::F_INT4EQ,
-                Datum::from(node),
-            ),
-            key(2, gt, pg_sys::F_INT8GT, Datum::from(after)),
-            key(2, le, pg_sys::F_INT8LE, Datum::from(upto)),
-        ],
-        Range::Id { after, upto } => vec![
-            key(1, gt, pg_sys::F_INT8GT, Datum::from(after)),
-            key(1, le, pg_sys::F_INT8LE, Datum::from(upto)),
-        ],
-        Range::Topic { topic, after, upto } => vec![
-            key(1, pg_sys::BTEqualStrategyNumber, pg_sys::F_BYTEAEQ, topic),
-            key(2, gt, pg_sys::F_INT8GT, Datum::from(after)),
-            key(2, le, pg_sys::F_INT8LE, Datum::from(upto)),
-        ],
+    let (first, column, after, upto) = match range {
+        Range::Envelope { node, after, upto } => (
+            Some(key(1, eq, pg_sys::F_INT4EQ, Datum::from(node))),
+            2,
+            after,
+            upto,
+        ),
+        Range::Id { after, upto } => (None, 1, after, upto),
+        Range::Key { node, seq } => {
+            return vec![
+                key(1, eq, pg_sys::F_INT4EQ, Datum::from(node)),
+                key(2, eq, pg_sys::F_INT8EQ, Datum::from(seq)),
+            ]
+        }
+        Range::Topic { topic, after, upto } => {
+            (Some(key(1, eq, pg_sys::F_BYTEAEQ, topic)), 2, after, upto)
+        }
+    };
+    let mut keys: Vec<_> = first.into_iter().collect();
+    if after != i64::MIN {
+        keys.push(key(column, gt, pg_sys::F_INT8GT, Datum::from(after)));
     }
+    if upto != i64::MAX {
+        keys.push(key(column, le, pg_sys::F_INT8LE, Datum::from(upto)));
+    }
+    keys
 }
 
 /// The valid, non-partial index of `heap` on exactly `(topic,

@@ -35,8 +35,20 @@ impl Materialized {
         // SAFETY: InitMaterializedSRF checks that the caller accepts a
         // materialized set (raising an ERROR otherwise), creates the tuplestore
         // and descriptor in the per-query context and records them in resultinfo.
+        // A function scan hands the row type it expects in expectedDesc: used as
+        // is, it spares building the descriptor from the catalog on every call
+        // (a call in a target list may have none: then it is built).
         unsafe {
-            pg_sys::InitMaterializedSRF(fcinfo, 0);
+            let rsinfo: *mut pg_sys::ReturnSetInfo = (*fcinfo).resultinfo.cast();
+            let flags = if !rsinfo.is_null()
+                && pgrx::is_a(rsinfo.cast(), pg_sys::NodeTag::T_ReturnSetInfo)
+                && !(*rsinfo).expectedDesc.is_null()
+            {
+                pg_sys::MAT_SRF_USE_EXPECTED_DESC
+            } else {
+                0
+            };
+            pg_sys::InitMaterializedSRF(fcinfo, flags as pg_sys::bits32);
             Materialized {
                 rsinfo: (*fcinfo).resultinfo.cast(),
                 len: 0,
