@@ -577,14 +577,14 @@ for durability in off on; do
                             if [ "$db:$form" = shapesbig:sql ] && [[ $shape = topics || $shape = wave ]]; then
                                 # Plain SQL over every partition: one call takes
                                 # minutes, so it is timed once per round, one
-                                # client, and cut at 300 s (recorded as 1/300).
+                                # client, and cut at 120 s (recorded as 1/120).
                                 [ "$clients" = 1 ] || continue
                                 started=$(date +%s.%N)
-                                if PGOPTIONS="-c jit=off -c statement_timeout=300s" sql "$db" -q \
+                                if PGOPTIONS="-c jit=off -c statement_timeout=120s" sql "$db" -q \
                                     -f "bench/sql/shape_${shape}_$form.sql" >/dev/null 2>&1; then
                                     tps=$(python3 -c "print(1 / ($(date +%s.%N) - $started))")
                                 else
-                                    tps=$(python3 -c "print(1 / 300)")
+                                    tps=$(python3 -c "print(1 / 120)")
                                 fi
                             else
                                 tps=$(PGOPTIONS="-c jit=off" pgbench_tps "$db" "$clients" "bench/sql/shape_${shape}_$form.sql")

@@ -299,6 +299,14 @@ fn keys_for(range: Range) -> Vec<pg_sys::ScanKeyData> {
     let gt = pg_sys::BTGreaterStrategyNumber;
     let le = pg_sys::BTLessEqualStrategyNumber;
     let (first, column, after, upto) = match range {
+        // A band leaf holds one originator only (it is a partition of that
+        // originator's LIST partition): with both ends open the node key would
+        // only be checked on every tuple read.
+        Range::Envelope {
+            after: i64::MIN,
+            upto: i64::MAX,
+            ..
+        } => return Vec::new(),
         Range::Envelope { node, after, upto } => (
             Some(key(1, eq, pg_sys::F_INT4EQ, Datum::from(node))),
             2,

@@ -483,3 +483,86 @@ fn read_shapes_reject_bad_arguments_with_sqlstates() {
         assert_eq!(sqlstate(&err), code, "{sql}: {err}");
     }
 }
+
+/// The read functions hand back their rows in one call (materialize mode): they
+/// work in FROM, in a target list, in a LATERAL join called once per outer row,
+/// inside PL/pgSQL, and in a REPEATABLE READ transaction they read its snapshot.
+#[test]
+fn read_functions_work_wherever_a_set_returning_function_does() {
+    let db = TestDb::new("xmtpd_calls");
+    let mut c = db.connect();
+    for seq in 1..=5i64 {
+        pg_envelopes_tests::insert(&mut c, 2, seq);
+        pg_envelopes_tests::insert(&mut c, 4, seq);
+    }
+    let count = |c: &mut Client, sql: &str| -> i64 { c.query_one(sql, &[]).unwrap().get(0) };
+    assert_eq!(
+        count(
+            &mut c,
+            "SELECT count(*) FROM (SELECT envelopes.select_originator(2)) s"
+        ),
+        5
+    );
+    assert_eq!(
+        count(
+            &mut c,
+            "SELECT count(*) FROM (SELECT (envelopes.select_gateway_envelopes()).originator_sequence_id) s"
+        ),
+        10
+    );
+    assert_eq!(
+        count(
+            &mut c,
+            "SELECT count(*) FROM unnest('{2,4,9}'::int[]) n,
+                    LATERAL envelopes.select_originator(n, n - 2) r"
+        ),
+        5 + 3
+    );
+    assert_eq!(
+        count(
+            &mut c,
+            "SELECT sum(m.max_sequence_id)::bigint FROM envelopes.originator_maxima('{2,4}') m"
+        ),
+        10
+    );
+    c.batch_execute(
+        "CREATE FUNCTION pg_temp.through_plpgsql() RETURNS bigint LANGUAGE plpgsql AS $$
+         DECLARE n bigint := 0; r record;
+         BEGIN
+             FOR r IN SELECT * FROM envelopes.select_by_topic_cursors(
+                          ARRAY[(SELECT topic FROM envelopes.gateway_envelopes_meta LIMIT 1)],
+                          '{2}', '{0}') LOOP
+                 n := n + 1;
+             END LOOP;
+             RETURN n;
+         END $$",
+    )
+    .unwrap();
+    assert!(count(&mut c, "SELECT pg_temp.through_plpgsql()") >= 1);
+    // A REPEATABLE READ transaction keeps its snapshot: a row committed by
+    // another session after the first read stays invisible to later reads.
+    let mut tx = c
+        .build_transaction()
+        .isolation_level(postgres::IsolationLevel::RepeatableRead)
+        .start()
+        .unwrap();
+    let before: i64 = tx
+        .query_one("SELECT count(*) FROM envelopes.select_originator(2)", &[])
+        .unwrap()
+        .get(0);
+    let mut other = db.connect();
+    pg_envelopes_tests::insert(&mut other, 2, 6);
+    let after: i64 = tx
+        .query_one("SELECT count(*) FROM envelopes.select_originator(2)", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!((before, after), (5, 5));
+    tx.commit().unwrap();
+    assert_eq!(
+        count(
+            &mut c,
+            "SELECT count(*) FROM envelopes.select_originator(2)"
+        ),
+        6
+    );
+}
