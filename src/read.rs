@@ -537,7 +537,12 @@ pub fn newest_with_topic(
             upto: i64::MAX,
         };
         let Some(mut scan) = Scan::open(*leaf, snapshot, range, true) else {
-            continue;
+            if partition::qualified_name(*leaf).is_some() {
+                return Err(PartitionError::Catalog(
+                    "a meta partition lacks its (topic, originator_sequence_id) index",
+                ));
+            }
+            continue; // dropped (by prune_expired) after it was listed: it was empty
         };
         let cols = MetaColumns::of(&scan)?;
         while scan.next() {

@@ -566,3 +566,57 @@ fn read_functions_work_wherever_a_set_returning_function_does() {
         6
     );
 }
+
+/// A band created by another session after a transaction first read an
+/// originator is read by that transaction's next statement (READ COMMITTED):
+/// the reads take in the catalog change although the statement locks nothing
+/// before reading and every band they knew of is below the cursor.
+#[test]
+fn a_band_created_mid_transaction_is_read_by_the_next_statement() {
+    let db = TestDb::new("xmtpd_bands");
+    let mut c = db.connect();
+    c.batch_execute("SET envelopes.band_width = 50").unwrap();
+    for seq in 1..=49i64 {
+        pg_envelopes_tests::insert(&mut c, 1, seq);
+    }
+    let mut tx = c.transaction().unwrap();
+    let count = |tx: &mut postgres::Transaction<'_>, sql: &str| -> i64 {
+        tx.query_one(sql, &[]).unwrap().get(0)
+    };
+    assert_eq!(
+        count(
+            &mut tx,
+            "SELECT count(*) FROM envelopes.select_originator(1)"
+        ),
+        49
+    );
+    assert_eq!(count(&mut tx, "SELECT max_sequence_id FROM envelopes.originator_maxima('{1,2}') WHERE originator_node_id = 1"), 49);
+    let mut other = db.connect();
+    other
+        .batch_execute("SET envelopes.band_width = 50")
+        .unwrap();
+    pg_envelopes_tests::insert(&mut other, 1, 75); // a new band [50, 100)
+    pg_envelopes_tests::insert(&mut other, 2, 1); // a new originator
+    assert_eq!(
+        count(
+            &mut tx,
+            "SELECT count(*) FROM envelopes.select_originator(1, 49)"
+        ),
+        1
+    );
+    assert_eq!(
+        count(
+            &mut tx,
+            "SELECT max_sequence_id FROM envelopes.originator_maxima('{1}')"
+        ),
+        75
+    );
+    assert_eq!(
+        count(
+            &mut tx,
+            "SELECT count(*) FROM envelopes.select_gateway_envelopes('{1}', '{49}')"
+        ),
+        2
+    );
+    tx.commit().unwrap();
+}
