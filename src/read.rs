@@ -71,7 +71,7 @@ impl MetaColumns {
     }
 }
 
-const MISSING: PartitionError = PartitionError::Catalog("NULL in a NOT NULL column");
+pub const MISSING: PartitionError = PartitionError::Catalog("NULL in a NOT NULL column");
 
 fn xid8(scan: &mut Scan, attno: i32) -> Result<u64, PartitionError> {
     scan.raw(attno).map(|d| d.value() as u64).ok_or(MISSING)
@@ -106,14 +106,9 @@ fn blob_of(
     snapshot: pg_sys::Snapshot,
 ) -> Option<(Scan, i32)> {
     let leaf = blob.leaf_for(seq)?;
-    let mut scan = Scan::open(leaf, snapshot, key_range(node, seq), false)?;
+    let mut scan = Scan::open(leaf, snapshot, Range::Key { node, seq }, false)?;
     let col = scan.attno("originator_envelope")?;
     scan.next().then_some((scan, col))
-}
-
-/// The primary key `(node, seq)`.
-fn key_range(node: i32, seq: i64) -> Range {
-    Range::Key { node, seq }
 }
 
 /// One row of a walk: the meta scan standing on it, that leaf's columns, and
@@ -418,13 +413,8 @@ pub fn walk_topics(
                 after: entry.after,
                 upto,
             };
-            let Some(scan) = Scan::open(*leaf, snapshot, range, false) else {
-                if partition::qualified_name(*leaf).is_some() {
-                    return Err(PartitionError::Catalog(
-                        "a meta partition lacks its (topic, originator_sequence_id) index",
-                    ));
-                }
-                break; // dropped (by prune_expired) after it was listed: it was empty
+            let Some(scan) = topic_scan(*leaf, snapshot, range, false)? else {
+                break; // dropped after it was listed
             };
             cursors.push(TopicCursor {
                 scan,
@@ -442,7 +432,7 @@ pub fn walk_topics(
         let blob_leaf = aligned(&blob.bands, bound);
         while let Some(at) = (0..cursors.len()).min_by_key(|&i| cursors[i].seq) {
             let seq = cursors[at].seq;
-            let range = key_range(node, seq);
+            let range = Range::Key { node, seq };
             let mut fallback = None;
             let envelope = match (&mut probe, blob_leaf) {
                 (Some((scan, col)), _) => {
@@ -500,6 +490,24 @@ pub fn walk_topics(
     Ok(true)
 }
 
+/// A topic-index scan of a meta leaf; `None` when the leaf was dropped (by
+/// prune_expired) after it was listed (it was empty), an error when it exists
+/// without its topic index.
+fn topic_scan(
+    leaf: Oid,
+    snapshot: pg_sys::Snapshot,
+    range: Range,
+    backward: bool,
+) -> Result<Option<Scan>, PartitionError> {
+    match Scan::open(leaf, snapshot, range, backward) {
+        Some(scan) => Ok(Some(scan)),
+        None if partition::qualified_name(leaf).is_some() => Err(PartitionError::Catalog(
+            "a meta partition lacks its (topic, originator_sequence_id) index",
+        )),
+        None => Ok(None),
+    }
+}
+
 /// Moves a topic scan to its next row; false at its end.
 fn advance(cursor: &mut TopicCursor, cols: &MetaColumns) -> bool {
     if !cursor.scan.next() {
@@ -536,13 +544,8 @@ pub fn newest_with_topic(
             after: i64::MIN,
             upto: i64::MAX,
         };
-        let Some(mut scan) = Scan::open(*leaf, snapshot, range, true) else {
-            if partition::qualified_name(*leaf).is_some() {
-                return Err(PartitionError::Catalog(
-                    "a meta partition lacks its (topic, originator_sequence_id) index",
-                ));
-            }
-            continue; // dropped (by prune_expired) after it was listed: it was empty
+        let Some(mut scan) = topic_scan(*leaf, snapshot, range, true)? else {
+            continue; // dropped after it was listed
         };
         let cols = MetaColumns::of(&scan)?;
         while scan.next() {

@@ -153,16 +153,7 @@ impl Scan {
 
     /// Attribute number of column `name` in this table, if it has one.
     pub fn attno(&self, name: &str) -> Option<i32> {
-        // SAFETY: heap is open; rd_att is its tuple descriptor with natts entries.
-        unsafe {
-            let desc = (*self.heap).rd_att;
-            let attrs = (*desc).attrs.as_slice((*desc).natts as usize);
-            attrs.iter().position(|a| {
-                !a.attisdropped
-                    && CStr::from_ptr(a.attname.data.as_ptr()).to_bytes() == name.as_bytes()
-            })
-        }
-        .map(|i| i as i32 + 1)
+        column_number(self.heap, name)
     }
 
     /// The raw datum of column `attno` of the current row, `None` for NULL. Only
@@ -334,21 +325,24 @@ fn keys_for(range: Range) -> Vec<pg_sys::ScanKeyData> {
     keys
 }
 
+/// Attribute number of column `name` in the open relation `rel`, if it has one
+/// (by name, so tables whose column order differs from the root's read right).
+fn column_number(rel: pg_sys::Relation, name: &str) -> Option<i32> {
+    // SAFETY: rel is open; rd_att is its tuple descriptor with natts entries.
+    unsafe {
+        let desc = (*rel).rd_att;
+        let attrs = (*desc).attrs.as_slice((*desc).natts as usize);
+        attrs.iter().position(|a| {
+            !a.attisdropped && CStr::from_ptr(a.attname.data.as_ptr()).to_bytes() == name.as_bytes()
+        })
+    }
+    .map(|i| i as i32 + 1)
+}
+
 /// The valid, non-partial index of `heap` on exactly `(topic,
 /// originator_sequence_id)`, or `InvalidOid`.
 fn topic_index(heap: pg_sys::Relation) -> Oid {
-    let attno = |name: &str| -> Option<i16> {
-        // SAFETY: heap is open; rd_att is its tuple descriptor with natts entries.
-        unsafe {
-            let desc = (*heap).rd_att;
-            let attrs = (*desc).attrs.as_slice((*desc).natts as usize);
-            attrs.iter().position(|a| {
-                !a.attisdropped
-                    && CStr::from_ptr(a.attname.data.as_ptr()).to_bytes() == name.as_bytes()
-            })
-        }
-        .map(|i| i as i16 + 1)
-    };
+    let attno = |name: &str| column_number(heap, name).map(|n| n as i16);
     let (Some(topic), Some(seq)) = (attno("topic"), attno("originator_sequence_id")) else {
         return pg_sys::InvalidOid;
     };

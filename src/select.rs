@@ -34,8 +34,8 @@ pub enum SelectError {
     NullElement { name: &'static str, index: usize },
     #[error("originator {0} appears more than once in the cursor")]
     DuplicateCursor(i32),
-    #[error("row_limit must not be negative (got {0})")]
-    NegativeLimit(i32),
+    #[error("{name} must not be negative (got {value})")]
+    Negative { name: &'static str, value: i32 },
     #[error("{0}")]
     Partition(#[from] PartitionError),
     #[error("no snapshot is active: call the read functions from a query")]
@@ -50,7 +50,7 @@ impl SqlError for SelectError {
             SelectError::Null(_) | SelectError::NullElement { .. } => {
                 ERRCODE_NULL_VALUE_NOT_ALLOWED
             }
-            SelectError::DuplicateCursor(_) | SelectError::NegativeLimit(_) => {
+            SelectError::DuplicateCursor(_) | SelectError::Negative { .. } => {
                 ERRCODE_INVALID_PARAMETER_VALUE
             }
             SelectError::Partition(e) => e.sqlstate(),
@@ -85,6 +85,32 @@ where
         .map(|(i, v)| v.ok_or(SelectError::NullElement { name, index: i + 1 }))
         .collect::<Result<Vec<_>, _>>()
         .map(Some)
+}
+
+/// A `bytea[]` argument's elements copied out, rejecting NULL elements.
+pub fn bytea_elements(
+    name: &'static str,
+    array: Option<Array<'_, &[u8]>>,
+) -> Result<Option<Vec<Vec<u8>>>, SelectError> {
+    let Some(array) = array else { return Ok(None) };
+    array
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            t.map(<[u8]>::to_vec)
+                .ok_or(SelectError::NullElement { name, index: i + 1 })
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
+/// A required, non-negative limit argument.
+pub fn limit(name: &'static str, value: Option<i32>) -> Result<usize, SelectError> {
+    match value {
+        None => Err(SelectError::Null(name)),
+        Some(value) if value < 0 => Err(SelectError::Negative { name, value }),
+        Some(value) => Ok(value as usize),
+    }
 }
 
 /// The cursor as a map; absent originators read as 0.
@@ -145,14 +171,7 @@ pub fn read_originator(
     if out.len >= limit {
         return Ok(());
     }
-    let mut take = |mut at: read::At<'_>| {
-        out.put_at(&mut at)?;
-        Ok(if out.len >= limit {
-            read::Flow::Stop
-        } else {
-            read::Flow::Continue
-        })
-    };
+    let mut take = |mut at: read::At<'_>| out.take(&mut at, limit);
     match topics {
         None => read::walk_originator(node, after, upto, snapshot, read::Blobs::All, take)?,
         Some(topics) => {
@@ -178,29 +197,11 @@ fn select(
     row_limit: Option<i32>,
     out: &mut Materialized,
 ) -> Result<(), SelectError> {
-    let limit = match row_limit {
-        None => return Err(SelectError::Null("row_limit")),
-        Some(l) if l < 0 => return Err(SelectError::NegativeLimit(l)),
-        Some(l) => l as usize,
-    };
+    let limit = limit("row_limit", row_limit)?;
     let nodes = elements("cursor_node_ids", cursor_node_ids)?.unwrap_or_default();
     let seqs = elements("cursor_sequence_ids", cursor_sequence_ids)?.unwrap_or_default();
     let cursor = cursor_map(nodes, seqs)?;
-    let mut topics = match topics {
-        None => None,
-        Some(array) => Some(
-            array
-                .iter()
-                .enumerate()
-                .map(|(i, t)| {
-                    t.map(<[u8]>::to_vec).ok_or(SelectError::NullElement {
-                        name: "topics",
-                        index: i + 1,
-                    })
-                })
-                .collect::<Result<Vec<_>, _>>()?,
-        ),
-    };
+    let mut topics = bytea_elements("topics", topics)?;
     let mut originators = match elements("originator_node_ids", originator_node_ids)? {
         Some(nodes) => nodes,
         None => partition::originators()?,

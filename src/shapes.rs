@@ -25,7 +25,7 @@ use crate::error::{PgSqlErrorCode, SqlError};
 use crate::feed::markers::MarkerError;
 use crate::feed::Gate;
 use crate::partition::PartitionError;
-use crate::read::{self, Flow, TopicEntry};
+use crate::read::{self, TopicEntry};
 use crate::select::{self, elements, statement_snapshot, SelectError};
 use crate::srf::{arg, materialized_srf, Materialized};
 use pgrx::pg_sys;
@@ -48,8 +48,6 @@ pub enum ShapeError {
     DuplicateEntry { topic: String, node: i32 },
     #[error("originator {0} has more than one ceiling")]
     DuplicateCeiling(i32),
-    #[error("{name} must not be negative (got {value})")]
-    Negative { name: &'static str, value: i64 },
     #[error("after_node_id and after_sequence_id must be both NULL or both given")]
     HalfPosition,
     #[error("{0}")]
@@ -66,9 +64,9 @@ impl SqlError for ShapeError {
         match self {
             ShapeError::Null(_) | ShapeError::HalfPosition => ERRCODE_NULL_VALUE_NOT_ALLOWED,
             ShapeError::Length { .. } => ERRCODE_ARRAY_ELEMENT_ERROR,
-            ShapeError::DuplicateEntry { .. }
-            | ShapeError::DuplicateCeiling(_)
-            | ShapeError::Negative { .. } => ERRCODE_INVALID_PARAMETER_VALUE,
+            ShapeError::DuplicateEntry { .. } | ShapeError::DuplicateCeiling(_) => {
+                ERRCODE_INVALID_PARAMETER_VALUE
+            }
             ShapeError::Select(e) => e.sqlstate(),
             ShapeError::Marker(e) => e.sqlstate(),
             ShapeError::Partition(e) => e.sqlstate(),
@@ -81,18 +79,6 @@ impl SqlError for ShapeError {
             ShapeError::Partition(e) => e.hint(),
             _ => None,
         }
-    }
-}
-
-/// A required, non-negative limit.
-fn limit(name: &'static str, value: Option<i32>) -> Result<usize, ShapeError> {
-    match value {
-        None => Err(ShapeError::Null(name)),
-        Some(v) if v < 0 => Err(ShapeError::Negative {
-            name,
-            value: v.into(),
-        }),
-        Some(v) => Ok(v as usize),
     }
 }
 
@@ -109,18 +95,7 @@ fn topics_of(
     name: &'static str,
     array: Option<Array<'_, &[u8]>>,
 ) -> Result<Vec<Vec<u8>>, ShapeError> {
-    let array = array.ok_or(ShapeError::Null(name))?;
-    array
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            t.map(<[u8]>::to_vec)
-                .ok_or(ShapeError::Select(SelectError::NullElement {
-                    name,
-                    index: i + 1,
-                }))
-        })
-        .collect()
+    select::bytea_elements(name, array)?.ok_or(ShapeError::Null(name))
 }
 
 fn same_length(
@@ -150,12 +125,14 @@ enum Horizon {
 }
 
 impl Horizon {
-    fn new(commit_safe: Option<bool>) -> Result<Horizon, ShapeError> {
-        match commit_safe {
-            None => Err(ShapeError::Null("commit_safe")),
-            Some(true) => Ok(Horizon::CommitSafe(Box::new(Gate::open()?))),
-            Some(false) => Ok(Horizon::Statement(statement_snapshot()?)),
-        }
+    /// Opens the gate for a commit-safe read (call it once the read is known
+    /// to return rows).
+    fn new(commit_safe: bool) -> Result<Horizon, ShapeError> {
+        Ok(if commit_safe {
+            Horizon::CommitSafe(Box::new(Gate::open()?))
+        } else {
+            Horizon::Statement(statement_snapshot()?)
+        })
     }
 
     /// The highest sequence id of `node` to read (`None`: nothing to read).
@@ -242,12 +219,7 @@ fn read_entries(
         })
         .collect();
     read::walk_topics(node, &mut entries, upto, snapshot, |mut at| {
-        out.put_at(&mut at)?;
-        Ok(if out.len >= limit {
-            Flow::Stop
-        } else {
-            Flow::Continue
-        })
+        out.take(&mut at, limit)
     })?;
     Ok(())
 }
@@ -262,12 +234,13 @@ fn by_topic_cursors(
     out: &mut Materialized,
 ) -> Result<(), ShapeError> {
     let entries = cursor_entries(cursor_topics, cursor_node_ids, cursor_sequence_ids)?;
-    let per_entry = limit("rows_per_entry", rows_per_entry)?;
-    let limit = limit("row_limit", row_limit)?;
-    let horizon = Horizon::new(commit_safe)?;
+    let per_entry = select::limit("rows_per_entry", rows_per_entry)?;
+    let limit = select::limit("row_limit", row_limit)?;
+    let commit_safe = commit_safe.ok_or(ShapeError::Null("commit_safe"))?;
     if per_entry == 0 || limit == 0 {
         return Ok(());
     }
+    let horizon = Horizon::new(commit_safe)?;
     for (node, entries) in &entries {
         if out.len >= limit {
             break;
@@ -322,11 +295,12 @@ fn wave(
         (Some(node), Some(seq)) => Some((node, seq)),
         _ => return Err(ShapeError::HalfPosition),
     };
-    let limit = limit("row_limit", row_limit)?;
-    let horizon = Horizon::new(commit_safe)?;
+    let limit = select::limit("row_limit", row_limit)?;
+    let commit_safe = commit_safe.ok_or(ShapeError::Null("commit_safe"))?;
     if limit == 0 {
         return Ok(());
     }
+    let horizon = Horizon::new(commit_safe)?;
     for (node, entries) in &entries {
         if out.len >= limit {
             break;
@@ -393,11 +367,12 @@ fn originator(
 ) -> Result<(), ShapeError> {
     let node = originator_node_id.ok_or(ShapeError::Null("originator_node_id"))?;
     let after = after_sequence_id.ok_or(ShapeError::Null("after_sequence_id"))?;
-    let limit = limit("row_limit", row_limit)?;
-    let horizon = Horizon::new(commit_safe)?;
+    let limit = select::limit("row_limit", row_limit)?;
+    let commit_safe = commit_safe.ok_or(ShapeError::Null("commit_safe"))?;
     if limit == 0 {
         return Ok(());
     }
+    let horizon = Horizon::new(commit_safe)?;
     if let Some(upto) = horizon.upto(node)? {
         select::read_originator(node, after, upto, None, limit, horizon.snapshot(), out)?;
     }

@@ -10,7 +10,7 @@
 //! C-callable symbols those definitions name.
 
 use crate::partition::PartitionError;
-use crate::read::At;
+use crate::read::{At, Flow, MISSING};
 use crate::select::Row;
 use pgrx::pg_sys::{self, Datum};
 use pgrx::{IntoDatum, PgMemoryContexts};
@@ -60,7 +60,6 @@ impl Materialized {
     /// Appends the envelope row a walk stands on, straight from the scans' slots
     /// (no copy but the tuplestore's own).
     pub fn put_at(&mut self, at: &mut At<'_>) -> Result<(), PartitionError> {
-        const MISSING: PartitionError = PartitionError::Catalog("NULL in a NOT NULL column");
         let cols = at.cols;
         let time = at.meta.value(cols.gateway_time).ok_or(MISSING)?;
         let topic = at.meta.flat_value(cols.topic).ok_or(MISSING)?;
@@ -90,6 +89,17 @@ impl Materialized {
         unsafe { store(self.rsinfo, &mut values, &mut nulls) };
         self.len += 1;
         Ok(())
+    }
+
+    /// Appends the row a walk stands on and tells the walk to stop once the set
+    /// holds `limit` rows.
+    pub fn take(&mut self, at: &mut At<'_>, limit: usize) -> Result<Flow, PartitionError> {
+        self.put_at(at)?;
+        Ok(if self.len >= limit {
+            Flow::Stop
+        } else {
+            Flow::Continue
+        })
     }
 
     /// Appends an envelope row (the seven columns of the selectors).
