@@ -14,9 +14,10 @@
 //!
 //! Rows written into meta directly (not through the insert functions) do not
 //! raise marks. The statement trigger counts such transactions while they run,
-//! and when one ends it moves the table's generation on, which makes every slot
-//! unready: while one runs, or until a slot is scanned again, inserts take the
-//! exact check. (A direct write in a prepared transaction keeps the count up
+//! and when one ends it moves its database's generation on, which makes every
+//! slot of that database unready: while one runs, or until a slot is scanned
+//! again, inserts into that database take the exact check. Databases share
+//! [`DATABASES`] counters by hash; two that share one only slow each other down. (A direct write in a prepared transaction keeps the count up
 //! until the server restarts: inserts then always take the exact check.)
 //!
 //! Slots are keyed by database and originator: the segment is the cluster's, each
@@ -35,6 +36,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Slots of the table (16 bytes each).
 pub const SLOTS: usize = 2048;
 
+/// Direct-writer counters, shared by databases by hash (16 bytes each).
+pub const DATABASES: usize = 512;
+
+/// One database's (or a few databases') direct writers.
+#[repr(C)]
+struct Writers {
+    /// Transactions writing meta around the functions, running now.
+    running: AtomicU64,
+    /// Moves on whenever such a transaction ends.
+    generation: AtomicU64,
+}
+
 #[repr(C)]
 struct Slot {
     /// [`key`] of the database and node, 0 when free.
@@ -45,16 +58,15 @@ struct Slot {
 
 #[repr(C)]
 struct Table {
-    /// Transactions writing meta around the functions, running now.
-    direct_writers: AtomicU64,
-    /// Moves on whenever such a transaction ends.
-    generation: AtomicU64,
-    /// Per slot, generation + 1 at which it was last made ready (0: never).
+    /// Per database hash, see [`writers`].
+    writers: [Writers; DATABASES],
+    /// Per slot, its database's generation + 1 at which it was last made ready
+    /// (0: never).
     ready: [AtomicU64; SLOTS],
     slots: [Slot; SLOTS],
 }
 
-const SHMEM_NAME: &std::ffi::CStr = c"pg_envelopes high-water marks v2";
+const SHMEM_NAME: &std::ffi::CStr = c"pg_envelopes high-water marks v3";
 
 #[derive(Clone, Copy)]
 enum Attached {
@@ -90,6 +102,12 @@ fn shared() -> Option<&'static Table> {
 fn database() -> u32 {
     // SAFETY: MyDatabaseId is set at backend start-up, before any SQL runs.
     unsafe { pg_sys::MyDatabaseId }.to_u32()
+}
+
+/// The direct-writer counters of the current database.
+fn writers(table: &Table) -> &Writers {
+    let hashed = u64::from(database()).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
+    &table.writers[hashed as usize % DATABASES]
 }
 
 /// The slot key of `node` in the current database: never 0 (node ids are not
@@ -151,8 +169,9 @@ pub fn note(node: i32, lo: i64, hi: i64) -> Noted {
         .fetch_max((hi as u64).saturating_add(1), Ordering::SeqCst);
     // Direct writers first, generation second: a writer that ended between the two
     // reads has moved the generation on already.
-    let direct = table.direct_writers.load(Ordering::SeqCst);
-    let generation = table.generation.load(Ordering::SeqCst);
+    let writers = writers(table);
+    let direct = writers.running.load(Ordering::SeqCst);
+    let generation = writers.generation.load(Ordering::SeqCst);
     let ready = table.ready[slot].load(Ordering::SeqCst) == generation + 1;
     if direct == 0 && ready && before <= (lo as u64).saturating_add(1) {
         return Noted::NotLate;
@@ -175,15 +194,16 @@ pub fn ready(slot: Ready, highest: Option<i64>) {
 /// A transaction started writing meta around the insert functions.
 pub fn direct_writer_started() {
     if let Some(table) = shared() {
-        table.direct_writers.fetch_add(1, Ordering::SeqCst);
+        writers(table).running.fetch_add(1, Ordering::SeqCst);
     }
 }
 
 /// That transaction ended (after its commit became visible, or after its abort).
 pub fn direct_writer_ended() {
     if let Some(table) = shared() {
-        table.generation.fetch_add(1, Ordering::SeqCst);
-        table.direct_writers.fetch_sub(1, Ordering::SeqCst);
+        let writers = writers(table);
+        writers.generation.fetch_add(1, Ordering::SeqCst);
+        writers.running.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

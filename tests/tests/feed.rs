@@ -679,3 +679,51 @@ fn truncating_the_store_starts_the_high_water_marks_again() {
         0
     );
 }
+
+/// A transaction writing meta around the functions in one database makes that
+/// database's inserts take the exact check; it must not slow another database's
+/// inserts (they are answered by their marks: one probe per row), neither while it
+/// runs nor after it ends.
+#[test]
+fn direct_writers_slow_only_their_own_database() {
+    let db = TestDb::new("marks_own");
+    let other = TestDb::new("marks_own_other");
+    let mut c = db.connect();
+    let mut o = other.connect();
+    o.execute("SELECT envelopes.ensure_gateway_parts(3, 1)", &[])
+        .unwrap();
+    insert(&mut c, 3, 1); // scans the originator once, the slot is ready
+
+    let mut direct = o.transaction().unwrap();
+    direct
+        .batch_execute(
+            "INSERT INTO envelopes.gateway_envelopes_meta (originator_node_id, originator_sequence_id, topic)
+                  VALUES (3, 1, '\\x01');
+             INSERT INTO envelopes.gateway_envelopes_blob VALUES (3, 1, '\\x02')",
+        )
+        .unwrap();
+    let mut tx = c.transaction().unwrap();
+    let before = meta_index_scans(&mut tx);
+    for seq in 2..=20 {
+        insert(&mut tx, 3, seq);
+    }
+    assert_eq!(
+        meta_index_scans(&mut tx) - before,
+        19,
+        "another database's running direct writer made inserts here take the exact check"
+    );
+    tx.commit().unwrap();
+
+    direct.commit().unwrap();
+    let mut tx = c.transaction().unwrap();
+    let before = meta_index_scans(&mut tx);
+    for seq in 21..=40 {
+        insert(&mut tx, 3, seq);
+    }
+    assert_eq!(
+        meta_index_scans(&mut tx) - before,
+        20,
+        "another database's ended direct writer made the marks here unready"
+    );
+    tx.commit().unwrap();
+}
