@@ -51,9 +51,11 @@ statements() {
         local size=100; [ "$variant" = bulk_extension ] && size=10000
         echo "PREPARE s(int, bigint) AS SELECT envelopes.insert_gateway_envelopes(array_agg(\$1), array_agg(g::bigint), array_agg($TOPIC), array_agg($ENVELOPE)) FROM pg_catalog.generate_series(\$2, \$2 + $size - 1) g;"
         for ((i = 0; i < n / size; i++)); do echo "EXECUTE s($((i % 4 + 1)), $((i * size + 1)));"; done ;;
-    batch_plain_idempotent|bulk_plain_idempotent)
-        local size=100; [ "$variant" = bulk_plain_idempotent ] && size=10000
-        echo "PREPARE s(int, bigint) AS WITH m AS (INSERT INTO envelopes.gateway_envelopes_meta (originator_node_id, originator_sequence_id, topic) SELECT \$1, g, $TOPIC FROM pg_catalog.generate_series(\$2, \$2 + $size - 1) g ON CONFLICT DO NOTHING RETURNING originator_node_id, originator_sequence_id) INSERT INTO envelopes.gateway_envelopes_blob (originator_node_id, originator_sequence_id, originator_envelope) SELECT originator_node_id, originator_sequence_id, $ENVELOPE FROM m ON CONFLICT DO NOTHING;"
+    batch_plain|batch_plain_idempotent|bulk_plain_idempotent)
+        local size=100 conflict="ON CONFLICT DO NOTHING"
+        [ "$variant" = bulk_plain_idempotent ] && size=10000
+        [ "$variant" = batch_plain ] && conflict=""
+        echo "PREPARE s(int, bigint) AS WITH m AS (INSERT INTO envelopes.gateway_envelopes_meta (originator_node_id, originator_sequence_id, topic) SELECT \$1, g, $TOPIC FROM pg_catalog.generate_series(\$2, \$2 + $size - 1) g $conflict RETURNING originator_node_id, originator_sequence_id) INSERT INTO envelopes.gateway_envelopes_blob (originator_node_id, originator_sequence_id, originator_envelope) SELECT originator_node_id, originator_sequence_id, $ENVELOPE FROM m $conflict;"
         for ((i = 0; i < n / size; i++)); do echo "EXECUTE s($((i % 4 + 1)), $((i * size + 1)));"; done ;;
     bulk_copy)
         # COPY of meta then blob from server-side files of 10,000 rows each.
@@ -95,10 +97,13 @@ instructions() {
     awk '/Collected :/ { print $4 }' "$dir/valgrind.log"
 }
 
-for variant in extension plain plain_idempotent batch_extension batch_plain_idempotent \
+for variant in extension plain plain_idempotent batch_extension batch_plain batch_plain_idempotent \
     bulk_extension bulk_plain_idempotent bulk_copy; do
+    # The extension's first call for an originator after the TRUNCATE also scans
+    # it once (its high-water mark, see src/feed/highwater.rs); N1 covers that
+    # call for each of the 4 originators, so the difference is the steady state.
     case $variant in
-    bulk_*) n1=10000 n2=30000 ;;
+    bulk_*) n1=40000 n2=80000 ;;
     batch_*) n1=1000 n2=3000 ;;
     *) n1=500 n2=1500 ;;
     esac

@@ -87,6 +87,8 @@ RATIOS = [
      "instructions per row, single-row: plain INSERT / extension (above 1: the extension runs fewer)"),
     ("instructions", "plain_idempotent", "extension", None, "higher",
      "instructions per row, single-row: idempotent plain INSERT / extension"),
+    ("instructions", "batch_plain", "batch_extension", None, "higher",
+     "instructions per row, 100-row batch: plain INSERT ... SELECT / extension"),
     ("instructions", "batch_plain_idempotent", "batch_extension", None, "higher",
      "instructions per row, 100-row batch: idempotent plain INSERT ... SELECT / extension"),
     ("instructions", "bulk_copy", "bulk_extension", None, "higher",

@@ -142,8 +142,12 @@ fn slot_of(table: &Table, node: i32) -> Option<usize> {
 
 /// What [`note`] concluded about the rows being inserted.
 pub enum Noted {
-    /// No committed row of the originator can be above the lowest of them.
-    NotLate,
+    /// No committed row of the originator can be above the lowest of them. With
+    /// `fresh`, every row of the originator written through the functions
+    /// (committed, in flight, or this transaction's own) is below the lowest of
+    /// them: none of their keys can exist yet, except by a write around the
+    /// functions racing this one.
+    NotLate { fresh: bool },
     /// Take the exact check; with `Some`, also make the slot ready afterwards
     /// ([`ready`]) with the highest row that check's snapshot sees.
     Check(Option<Ready>),
@@ -174,7 +178,9 @@ pub fn note(node: i32, lo: i64, hi: i64) -> Noted {
     let generation = writers.generation.load(Ordering::SeqCst);
     let ready = table.ready[slot].load(Ordering::SeqCst) == generation + 1;
     if direct == 0 && ready && before <= (lo as u64).saturating_add(1) {
-        return Noted::NotLate;
+        return Noted::NotLate {
+            fresh: before <= lo as u64,
+        };
     }
     Noted::Check((direct == 0 && !ready).then_some(Ready { slot, generation }))
 }

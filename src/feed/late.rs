@@ -19,13 +19,25 @@ use crate::partition::PartitionError;
 use crate::read;
 use pgrx::pg_sys;
 
+/// What [`committed_above`] found for rows about to be inserted.
+pub struct Lateness {
+    /// The highest sequence id of the originator above the rows' lowest that
+    /// another transaction has committed, if any.
+    pub above: Option<i64>,
+    /// None of the rows' keys can exist yet: every row of the originator written
+    /// through the insert functions is below them (see [`Noted::NotLate`]). The
+    /// insert may then skip its conflict probe and let the index insertion report
+    /// the conflict a write around the functions could still cause.
+    pub fresh: bool,
+}
+
 /// The highest sequence id of `node` above `lo` that another transaction has
 /// committed, if any, for rows `lo..=hi` about to be inserted (their marker is
 /// held). Rows of the current transaction do not count: no reader can have
 /// handed them out.
-pub fn committed_above(node: i32, lo: i64, hi: i64) -> Result<Option<i64>, PartitionError> {
+pub fn committed_above(node: i32, lo: i64, hi: i64) -> Result<Lateness, PartitionError> {
     let ready = match highwater::note(node, lo, hi) {
-        Noted::NotLate => return Ok(None),
+        Noted::NotLate { fresh } => return Ok(Lateness { above: None, fresh }),
         Noted::Check(ready) => ready,
     };
     // SAFETY: plain call into the invalidation machinery, no arguments: a band
@@ -40,5 +52,8 @@ pub fn committed_above(node: i32, lo: i64, hi: i64) -> Result<Option<i64>, Parti
         let highest = read::highest_above(node, 0, snapshot.as_ptr(), |_| true)?;
         highwater::ready(ready, highest);
     }
-    Ok(above)
+    Ok(Lateness {
+        above,
+        fresh: false,
+    })
 }

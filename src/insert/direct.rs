@@ -147,6 +147,9 @@ pub struct Writer {
     /// `late_envelopes` (index into `leaves`) and its id sequence, opened on the
     /// first late row.
     late: Option<(usize, pg_sys::Oid)>,
+    /// The speculative-insertion token held across the fresh meta rows of a
+    /// batch, see [`Writer::speculative_insert`].
+    token: Option<u32>,
 }
 
 impl Writer {
@@ -192,6 +195,7 @@ impl Writer {
             conflict_slot: ptr::null_mut(),
             doorbell,
             late: None,
+            token: None,
         };
         for pair in routes {
             for (table, route) in Table::ALL.into_iter().zip(pair) {
@@ -338,11 +342,15 @@ impl Writer {
     }
 
     /// Inserts one meta row into `leaf` unless its key exists; true if it was new.
+    /// With `fresh` (the key cannot exist yet, see `late::Lateness`), the first
+    /// attempt skips the conflict probe: the index insertion still reports a
+    /// conflict, and the attempt after it probes.
     pub fn insert_meta(
         &mut self,
         leaf: pg_sys::Oid,
         row: &Row<'_>,
         late: bool,
+        fresh: bool,
     ) -> Result<bool, DirectError> {
         let index = self.leaf_index(leaf).expect("leaf opened in Writer::open");
         let mut values = [pg_sys::Datum::from(0); 8];
@@ -388,7 +396,7 @@ impl Writer {
             );
             pg_sys::MemoryContextSwitchTo(old);
             pg_sys::ExecStoreHeapTuple(tuple, leaf.slot, true);
-            let inserted = self.speculative_insert(index, estate, cid, bulk);
+            let inserted = self.speculative_insert(index, estate, cid, bulk, fresh);
             clear_slot(self.leaves[index].slot);
             pg_sys::MemoryContextReset(cxt);
             inserted
@@ -396,7 +404,19 @@ impl Writer {
     }
 
     /// The speculative insertion of the row in the leaf's slot (see the module
-    /// documentation); true if it was inserted.
+    /// documentation); true if it was inserted. With `skip_probe`, the first
+    /// attempt goes straight to the insertion: the probe only spares inserting a
+    /// tuple that will be killed, and waits for a transaction inserting the same
+    /// key, which the index insertion's conflict report then leads to.
+    ///
+    /// A token only gives a transaction that meets one of our tuples before it is
+    /// confirmed something to wait on; each tuple is confirmed (or killed) before
+    /// the next is inserted. So the rows inserted without a probe share one token,
+    /// taken at the first and released before the next probe or at the end: a
+    /// waiter wakes later than it would have, finds the tuple confirmed and waits
+    /// for this transaction, whose lock is held longer still; no wait that could
+    /// not have happened otherwise is added. Rows that are probed take their own
+    /// token, as `ExecInsert` does.
     ///
     /// # Safety
     /// The leaf's slot holds the row; `estate`, `cid` and `bulk` are this writer's.
@@ -406,6 +426,7 @@ impl Writer {
         estate: *mut pg_sys::EState,
         cid: pg_sys::CommandId,
         bulk: *mut pg_sys::BulkInsertStateData,
+        mut skip_probe: bool,
     ) -> Result<bool, DirectError> {
         // SAFETY: the caller upholds this function's # Safety contract.
         unsafe {
@@ -422,19 +443,22 @@ impl Writer {
                 .ok_or(DirectError::AccessMethod("meta"))?;
             loop {
                 check_for_interrupts!();
-                let mut conflict = pg_sys::ItemPointerData::default();
-                if !pg_sys::ExecCheckIndexConstraints(
-                    info,
-                    slot,
-                    estate,
-                    &mut conflict,
-                    ptr::null_mut(),
-                ) {
-                    self.check_visible(rel, &mut conflict)?;
-                    return Ok(false);
+                let probe = !std::mem::take(&mut skip_probe);
+                if probe {
+                    self.release_token();
+                    let mut conflict = pg_sys::ItemPointerData::default();
+                    if !pg_sys::ExecCheckIndexConstraints(
+                        info,
+                        slot,
+                        estate,
+                        &mut conflict,
+                        ptr::null_mut(),
+                    ) {
+                        self.check_visible(rel, &mut conflict)?;
+                        return Ok(false);
+                    }
                 }
-                let xid = pg_sys::GetCurrentTransactionId();
-                let token = pg_sys::SpeculativeInsertionLockAcquire(xid);
+                let token = self.token();
                 insert(rel, slot, cid, 0, bulk, token);
                 let mut spec_conflict = false;
                 let recheck = pg_sys::ExecInsertIndexTuples(
@@ -447,7 +471,9 @@ impl Writer {
                     ptr::null_mut(),
                 );
                 complete(rel, slot, token, !spec_conflict);
-                pg_sys::SpeculativeInsertionLockRelease(xid);
+                if probe || spec_conflict {
+                    self.release_token();
+                }
                 pg_sys::list_free(recheck);
                 if !spec_conflict {
                     return Ok(true);
@@ -455,6 +481,25 @@ impl Writer {
                 // Another transaction inserted the key between the probe and ours: our
                 // tuple is dead; the probe now waits for that transaction and decides.
             }
+        }
+    }
+
+    /// The speculative-insertion token to insert a meta tuple with: the one held,
+    /// or a new one (taken as `ExecInsert` takes it).
+    fn token(&mut self) -> u32 {
+        *self.token.get_or_insert_with(|| {
+            // SAFETY: the transaction id is assigned (Writer::open); the token lock
+            // is released by release_token or, on an ERROR, by the abort.
+            unsafe { pg_sys::SpeculativeInsertionLockAcquire(pg_sys::GetCurrentTransactionId()) }
+        })
+    }
+
+    /// Releases the token held, if any.
+    fn release_token(&mut self) {
+        if self.token.take().is_some() {
+            // SAFETY: releases the token taken last by token() (no other
+            // speculative insertion runs in this backend meanwhile).
+            unsafe { pg_sys::SpeculativeInsertionLockRelease(pg_sys::GetCurrentTransactionId()) };
         }
     }
 
@@ -669,6 +714,7 @@ impl Writer {
 
     /// Flushes what is buffered and closes everything the writer opened.
     pub fn finish(mut self) -> Result<(), DirectError> {
+        self.release_token();
         let flushed = self.flush_all();
         self.close();
         flushed
@@ -676,6 +722,7 @@ impl Writer {
 
     /// Closes everything the writer opened, dropping whatever is still buffered.
     fn close(&mut self) {
+        self.release_token();
         // SAFETY: each leaf was opened in open_leaf; its slots were made there or
         // in buffer_slot. The relation stays locked until the transaction ends.
         unsafe {

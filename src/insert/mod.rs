@@ -343,11 +343,15 @@ fn insert_one(
     let routes = partition::route(node, seq, gucs::band_width())?;
     // Marker first, then the lateness check (see crate::feed).
     markers::mark_envelope(node, seq);
-    let late = late::committed_above(node, seq, seq)?.is_some();
+    let lateness = late::committed_above(node, seq, seq)?;
+    let late = lateness.above.is_some();
     let row = || {
         [(
             routes,
-            late,
+            Flags {
+                late,
+                fresh: lateness.fresh,
+            },
             direct::Row {
                 node,
                 seq,
@@ -528,15 +532,19 @@ fn insert_many(
     // Per originator: the marker at its lowest sequence id (keys are sorted), then
     // the highest id another transaction has committed above it; the batch's rows
     // below that arrive late.
-    let mut committed: HashMap<i32, i64> = HashMap::new();
+    let mut found: HashMap<i32, late::Lateness> = HashMap::new();
     for run in distinct.chunk_by(|a, b| a.0 == b.0) {
         let (node, lo, hi) = (run[0].0, run[0].1, run[run.len() - 1].1);
         markers::mark_envelope(node, lo);
-        if let Some(above) = late::committed_above(node, lo, hi)? {
-            committed.insert(node, above);
-        }
+        found.insert(node, late::committed_above(node, lo, hi)?);
     }
-    let is_late = |(node, seq): (i32, i64)| committed.get(&node).is_some_and(|above| seq < *above);
+    let is_late = |(node, seq): (i32, i64)| {
+        found
+            .get(&node)
+            .and_then(|l| l.above)
+            .is_some_and(|above| seq < above)
+    };
+    let is_fresh = |node: i32| found.get(&node).is_some_and(|l| l.fresh);
     let any_late = distinct.iter().any(|&key| is_late(key));
 
     let payers: Option<Vec<Option<i32>>> = payer_ids.as_ref().map(|a| a.iter().collect());
@@ -554,7 +562,11 @@ fn insert_many(
                 time: times.as_ref().and_then(|t| t[i]),
                 expiry: expiry_values.as_ref().and_then(|e| e[i]),
             };
-            (*routes, is_late(keys[i]), row)
+            let flags = Flags {
+                late: is_late(keys[i]),
+                fresh: is_fresh(keys[i].0),
+            };
+            (*routes, flags, row)
         })
     };
     if let Some(new) = write_direct(&locked, any_late, n >= BULK_ROWS, true, rows)? {
@@ -592,6 +604,15 @@ const BULK_ROWS: usize = 1000;
 /// written, when the tables are not ones the direct path reproduces (the caller
 /// then runs the SQL statements). `bulk` asks for a bulk-insert buffer strategy,
 /// `buffered` for blob rows through multi-insert buffers (batches).
+/// What the lateness check found about one row ([`late::committed_above`]).
+#[derive(Clone, Copy)]
+struct Flags {
+    /// Below a row another transaction has committed: recorded as late.
+    late: bool,
+    /// Its key cannot exist yet (see [`late::Lateness::fresh`]).
+    fresh: bool,
+}
+
 fn write_direct<'a, R>(
     routes: &[[cache::Route; 2]],
     any_late: bool,
@@ -600,7 +621,7 @@ fn write_direct<'a, R>(
     rows: impl FnOnce() -> R,
 ) -> Result<Option<i64>, InsertError>
 where
-    R: IntoIterator<Item = ([cache::Route; 2], bool, direct::Row<'a>)>,
+    R: IntoIterator<Item = ([cache::Route; 2], Flags, direct::Row<'a>)>,
 {
     let Some(mut writer) = direct::Writer::open(routes, bulk) else {
         return Ok(None);
@@ -614,8 +635,8 @@ where
     }
     let mut new = 0i64;
     let mut any_meta = false;
-    for (routes, late, row) in rows() {
-        if writer.insert_meta(routes[0].leaf, &row, late)? {
+    for (routes, Flags { late, fresh }, row) in rows() {
+        if writer.insert_meta(routes[0].leaf, &row, late, fresh)? {
             any_meta = true;
             if late {
                 writer.insert_late(row.node, row.seq)?;
