@@ -126,6 +126,17 @@ struct Leaf {
     /// The leaf's bulk-insert state (a buffer ring and the page being filled; one
     /// per relation, it remembers a buffer of its relation), or null.
     bulk: *mut pg_sys::BulkInsertStateData,
+    /// Blob leaves: the keys of one originator it held from some sequence id on,
+    /// see [`Writer::blob_taken`].
+    taken: Option<Taken>,
+}
+
+/// The sequence ids of `node`, from `from` on, that a blob leaf held (committed
+/// or being inserted) when it was scanned, ascending.
+struct Taken {
+    node: i32,
+    from: i64,
+    seqs: Vec<i64>,
 }
 
 /// The direct writer of one insert call: an executor state, the leaves it has
@@ -333,6 +344,7 @@ impl Writer {
                 info,
                 slot,
                 buffer: Vec::new(),
+                taken: None,
                 buffered: 0,
                 buffered_bytes: 0,
                 bulk,
@@ -503,8 +515,58 @@ impl Writer {
         }
     }
 
+    /// Whether blob leaf `index` may hold `(node, seq)`. The first question for
+    /// an originator scans the leaf once from `seq` on with a dirty snapshot
+    /// (which sees rows being inserted, as the probe does); later questions about
+    /// higher ids of the same originator are answered from that scan. Only asked
+    /// for keys whose meta row was fresh (see `late::Lateness`), so the scan
+    /// usually finds nothing: a blob row above every meta row written through
+    /// the functions comes from a write around them.
+    fn blob_taken(&mut self, index: usize, node: i32, seq: i64) -> bool {
+        let leaf = &mut self.leaves[index];
+        let known = leaf
+            .taken
+            .as_ref()
+            .is_some_and(|t| t.node == node && t.from <= seq);
+        if !known {
+            // SAFETY: a zeroed SnapshotData with its type set is what
+            // InitDirtySnapshot makes; the scan below updates its xmin/xmax and
+            // is closed before it goes out of scope.
+            let mut dirty: pg_sys::SnapshotData = unsafe { std::mem::zeroed() };
+            dirty.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
+            let range = crate::scan::Range::Envelope {
+                node,
+                after: seq - 1,
+                upto: i64::MAX,
+            };
+            // None cannot happen for a locked leaf with its primary key; probing
+            // is then the safe answer.
+            let Some(mut scan) = crate::scan::Scan::open(leaf.oid, &mut dirty, range, false) else {
+                leaf.taken = None;
+                return true;
+            };
+            let mut seqs = Vec::new();
+            // Column 2 is the sequence id (checked by leaf_is_plain).
+            while scan.next() {
+                seqs.extend(scan.raw(2).map(|d| d.value() as i64));
+            }
+            drop(scan);
+            leaf.taken = Some(Taken {
+                node,
+                from: seq,
+                seqs,
+            });
+        }
+        leaf.taken
+            .as_ref()
+            .is_none_or(|t| t.seqs.binary_search(&seq).is_ok())
+    }
+
     /// Inserts (or buffers, in a batch) the blob row of a new meta row unless its
-    /// key exists; true if it was new.
+    /// key exists; true if it was new. With `fresh` (its meta key was fresh) and
+    /// `buffered`, the key is probed only if [`Writer::blob_taken`] says the leaf
+    /// may hold it; any other writer through the functions waits behind the meta
+    /// row, as for the probe.
     pub fn insert_blob(
         &mut self,
         leaf: pg_sys::Oid,
@@ -512,8 +574,10 @@ impl Writer {
         seq: i64,
         envelope: &[u8],
         buffered: bool,
+        fresh: bool,
     ) -> Result<bool, DirectError> {
         let index = self.leaf_index(leaf).expect("leaf opened in Writer::open");
+        let probe = !(buffered && fresh) || self.blob_taken(index, node, seq);
         let estate = self.estate;
         // SAFETY: as in insert_meta. A buffered tuple is formed in the executor
         // state's query context, so it lives until the buffer is flushed.
@@ -545,13 +609,15 @@ impl Writer {
             pg_sys::MemoryContextSwitchTo(old);
             pg_sys::ExecStoreHeapTuple(tuple, slot, true);
             let mut conflict = pg_sys::ItemPointerData::default();
-            if !pg_sys::ExecCheckIndexConstraints(
-                info,
-                slot,
-                estate,
-                &mut conflict,
-                ptr::null_mut(),
-            ) {
+            if probe
+                && !pg_sys::ExecCheckIndexConstraints(
+                    info,
+                    slot,
+                    estate,
+                    &mut conflict,
+                    ptr::null_mut(),
+                )
+            {
                 clear_slot(slot);
                 self.check_visible(rel, &mut conflict)?;
                 return Ok(false);

@@ -641,7 +641,14 @@ where
             if late {
                 writer.insert_late(row.node, row.seq)?;
             }
-            if writer.insert_blob(routes[1].leaf, row.node, row.seq, row.envelope, buffered)? {
+            if writer.insert_blob(
+                routes[1].leaf,
+                row.node,
+                row.seq,
+                row.envelope,
+                buffered,
+                fresh,
+            )? {
                 new += 1;
             }
         }
