@@ -502,6 +502,178 @@ AS $$
 $$;
 
 -- ---------------------------------------------------------------------------
+-- xmtpd's read shapes (the extension's select_by_topic_cursors, select_wave,
+-- select_newest_by_topic, select_originator, originator_maxima). Every shard
+-- answers for its own originators and the router merges, as for
+-- select_gateway_envelopes: a shard's first row_limit rows in key order hold
+-- every row of the first row_limit of all that lives on that shard (cursor
+-- entries and ceilings are per originator, and an originator lives on one
+-- shard). Repeats, while a partition is being moved, are removed. A negative or
+-- NULL limit goes to the shards unchanged, so they refuse it as one node does.
+-- ---------------------------------------------------------------------------
+
+CREATE FUNCTION envelopes_router._limit(row_limit integer) RETURNS integer
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
+AS $$ SELECT CASE WHEN row_limit >= 0 THEN row_limit END $$;
+
+-- Whether a partition is being moved (its rows may be on two shards).
+CREATE FUNCTION envelopes_router._moving() RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$ SELECT EXISTS (SELECT 1 FROM envelopes_router.partition_map WHERE previous_shard IS NOT NULL) $$;
+
+CREATE FUNCTION envelopes_router._select_by_topic_cursors(
+    cursor_topics bytea[], cursor_node_ids integer[], cursor_sequence_ids bigint[],
+    rows_per_entry integer, row_limit integer, commit_safe boolean)
+RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
+               gateway_time timestamptz, topic bytea, payer_id integer, expiry bigint,
+               originator_envelope bytea)
+LANGUAGE plproxy
+AS $$
+    CLUSTER envelopes_router._cluster();
+    RUN ON ALL;
+    TARGET envelopes.select_by_topic_cursors;
+$$;
+
+CREATE FUNCTION envelopes.select_by_topic_cursors(
+    cursor_topics bytea[], cursor_node_ids integer[], cursor_sequence_ids bigint[],
+    rows_per_entry integer DEFAULT 1000, row_limit integer DEFAULT 1000,
+    commit_safe boolean DEFAULT false)
+RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
+               gateway_time timestamptz, topic bytea, payer_id integer, expiry bigint,
+               originator_envelope bytea)
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT DISTINCT ON (r.originator_node_id, r.originator_sequence_id) r.*
+      FROM envelopes_router._select_by_topic_cursors($1, $2, $3, $4, $5, $6) r
+     ORDER BY r.originator_node_id, r.originator_sequence_id
+     LIMIT envelopes_router._limit($5)
+$$;
+
+CREATE FUNCTION envelopes_router._select_wave(
+    cursor_topics bytea[], cursor_node_ids integer[], cursor_sequence_ids bigint[],
+    ceiling_node_ids integer[], ceiling_sequence_ids bigint[], after_node_id integer,
+    after_sequence_id bigint, row_limit integer, commit_safe boolean)
+RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
+               gateway_time timestamptz, topic bytea, payer_id integer, expiry bigint,
+               originator_envelope bytea)
+LANGUAGE plproxy
+AS $$
+    CLUSTER envelopes_router._cluster();
+    RUN ON ALL;
+    TARGET envelopes.select_wave;
+$$;
+
+CREATE FUNCTION envelopes.select_wave(
+    cursor_topics bytea[], cursor_node_ids integer[], cursor_sequence_ids bigint[],
+    ceiling_node_ids integer[], ceiling_sequence_ids bigint[],
+    after_node_id integer DEFAULT NULL, after_sequence_id bigint DEFAULT NULL,
+    row_limit integer DEFAULT 1000, commit_safe boolean DEFAULT false)
+RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
+               gateway_time timestamptz, topic bytea, payer_id integer, expiry bigint,
+               originator_envelope bytea)
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT DISTINCT ON (r.originator_node_id, r.originator_sequence_id) r.*
+      FROM envelopes_router._select_wave($1, $2, $3, $4, $5, $6, $7, $8, $9) r
+     ORDER BY r.originator_node_id, r.originator_sequence_id
+     LIMIT envelopes_router._limit($8)
+$$;
+
+CREATE FUNCTION envelopes_router._select_newest_by_topic(topics bytea[])
+RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
+               gateway_time timestamptz, topic bytea, payer_id integer, expiry bigint,
+               originator_envelope bytea)
+LANGUAGE plproxy
+AS $$
+    CLUSTER envelopes_router._cluster();
+    RUN ON ALL;
+    TARGET envelopes.select_newest_by_topic;
+$$;
+
+-- Each shard answers with its best row per topic by the extension's rule (the
+-- latest gateway_time among each originator's highest sequence id on the topic,
+-- a tie to the higher originator); the best of those is the best of all.
+CREATE FUNCTION envelopes.select_newest_by_topic(topics bytea[])
+RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
+               gateway_time timestamptz, topic bytea, payer_id integer, expiry bigint,
+               originator_envelope bytea)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT DISTINCT ON (r.topic) r.*
+      FROM envelopes_router._select_newest_by_topic($1) r
+     ORDER BY r.topic, r.gateway_time DESC, r.originator_node_id DESC,
+              r.originator_sequence_id DESC
+$$;
+
+-- One originator lives on one shard: one call there, unless a partition is being
+-- moved (then every shard, merged).
+CREATE FUNCTION envelopes_router._select_originator_on(
+    node integer, after_sequence_id bigint, row_limit integer, commit_safe boolean)
+RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
+               gateway_time timestamptz, topic bytea, payer_id integer, expiry bigint,
+               originator_envelope bytea)
+LANGUAGE plproxy
+AS $$
+    CLUSTER envelopes_router._cluster();
+    -- A NULL id goes to partition 0's shard, which rejects it as one node does.
+    RUN ON hashint4(coalesce(node, 0));
+    TARGET envelopes.select_originator;
+$$;
+
+CREATE FUNCTION envelopes_router._select_originator_all(
+    node integer, after_sequence_id bigint, row_limit integer, commit_safe boolean)
+RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
+               gateway_time timestamptz, topic bytea, payer_id integer, expiry bigint,
+               originator_envelope bytea)
+LANGUAGE plproxy
+AS $$
+    CLUSTER envelopes_router._cluster();
+    RUN ON ALL;
+    TARGET envelopes.select_originator;
+$$;
+
+-- The test of _moving() has no column in it: the planner evaluates it once,
+-- before either branch runs, and only one branch calls the shards.
+CREATE FUNCTION envelopes.select_originator(
+    originator_node_id integer, after_sequence_id bigint DEFAULT 0,
+    row_limit integer DEFAULT 1000, commit_safe boolean DEFAULT false)
+RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
+               gateway_time timestamptz, topic bytea, payer_id integer, expiry bigint,
+               originator_envelope bytea)
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT * FROM envelopes_router._select_originator_on($1, $2, $3, $4)
+     WHERE NOT envelopes_router._moving()
+    UNION ALL
+    (SELECT DISTINCT ON (r.originator_sequence_id) r.*
+       FROM envelopes_router._select_originator_all($1, $2, $3, $4) r
+      WHERE envelopes_router._moving()
+      ORDER BY r.originator_sequence_id
+      LIMIT envelopes_router._limit($3))
+$$;
+
+CREATE FUNCTION envelopes_router._originator_maxima(originator_node_ids integer[])
+RETURNS TABLE (originator_node_id integer, max_sequence_id bigint)
+LANGUAGE plproxy
+AS $$
+    CLUSTER envelopes_router._cluster();
+    RUN ON ALL;
+    TARGET envelopes.originator_maxima;
+$$;
+
+-- Every shard answers for every given originator (0 where it holds none of its
+-- rows); the highest answer is the originator's.
+CREATE FUNCTION envelopes.originator_maxima(originator_node_ids integer[])
+RETURNS TABLE (originator_node_id integer, max_sequence_id bigint)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT m.originator_node_id, max(m.max_sequence_id)
+      FROM envelopes_router._originator_maxima($1) m
+     GROUP BY m.originator_node_id
+     ORDER BY m.originator_node_id
+$$;
+
+-- ---------------------------------------------------------------------------
 -- Consumers: a bridge runs per shard, against the shard itself; the router
 -- registers a consumer everywhere and sums what is pending.
 -- ---------------------------------------------------------------------------
@@ -734,7 +906,20 @@ BEGIN
         envelopes.originator_ceilings(),
         envelopes_router._originator_ceilings(),
         envelopes.partitions(),
-        envelopes_router._partitions() TO %I', role);
+        envelopes_router._partitions(),
+        envelopes_router._limit(integer),
+        envelopes_router._moving(),
+        envelopes.select_by_topic_cursors(bytea[], integer[], bigint[], integer, integer, boolean),
+        envelopes_router._select_by_topic_cursors(bytea[], integer[], bigint[], integer, integer, boolean),
+        envelopes.select_wave(bytea[], integer[], bigint[], integer[], bigint[], integer, bigint, integer, boolean),
+        envelopes_router._select_wave(bytea[], integer[], bigint[], integer[], bigint[], integer, bigint, integer, boolean),
+        envelopes.select_newest_by_topic(bytea[]),
+        envelopes_router._select_newest_by_topic(bytea[]),
+        envelopes.select_originator(integer, bigint, integer, boolean),
+        envelopes_router._select_originator_on(integer, bigint, integer, boolean),
+        envelopes_router._select_originator_all(integer, bigint, integer, boolean),
+        envelopes.originator_maxima(integer[]),
+        envelopes_router._originator_maxima(integer[]) TO %I', role);
 END;
 $$;
 

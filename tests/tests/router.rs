@@ -406,6 +406,97 @@ fn the_router_places_rows_by_originator_and_reads_like_one_node() {
     }
     assert!(compared > 10_000, "the grid compared only {compared} rows");
 
+    // xmtpd's read shapes through the router equal one node's too.
+    let entries: [(u8, i32, i64); 8] = [
+        (0, 1, 0),
+        (1, 1, 5),
+        (2, 2, 0),
+        (0, 10, 20),
+        (3, 33, 1_000_003),
+        (1, 64, 0),
+        (2, 17, 29),
+        (3, 99, 0),
+    ];
+    let topics_of = |e: &[(u8, i32, i64)]| {
+        format!(
+            "ARRAY[{}]::bytea[]",
+            e.iter()
+                .map(|t| format!("'\\x74{:02x}'", t.0))
+                .collect::<Vec<_>>()
+                .join(",")
+        )
+    };
+    let et = topics_of(&entries);
+    let en = array(&entries.iter().map(|e| e.1).collect::<Vec<_>>());
+    let es = array(&entries.iter().map(|e| e.2).collect::<Vec<_>>());
+    let mut shapes = Vec::new();
+    for (per_entry, limit) in [(1000, 1000), (3, 1000), (1000, 7), (5, 20), (0, 10), (2, 0)] {
+        shapes.push(format!(
+            "SELECT * FROM envelopes.select_by_topic_cursors({et}, {en}, {es}, {per_entry}, {limit})"
+        ));
+    }
+    shapes.push(format!(
+        "SELECT * FROM envelopes.select_by_topic_cursors({et}, {en}, {es}, 4, 30, commit_safe => true)"
+    ));
+    let ceiling_nodes = array(&[1, 2, 10, 33, 64, 17]);
+    let ceiling_seqs = array(&[20, 1_000_005, 1_000_010, 1_000_010, 25, 0]);
+    for (after_node, after_seq) in [
+        ("NULL", "NULL"),
+        ("2", "3"),
+        ("33", "1000004"),
+        ("64", "30"),
+    ] {
+        for limit in [1000, 9, 0] {
+            shapes.push(format!(
+                "SELECT * FROM envelopes.select_wave({et}, {en}, {es}, {ceiling_nodes}, {ceiling_seqs},
+                     {after_node}, {after_seq}, {limit})"
+            ));
+        }
+    }
+    shapes.push(format!(
+        "SELECT * FROM envelopes.select_wave({et}, {en}, {es}, {ceiling_nodes}, {ceiling_seqs},
+             row_limit => 12, commit_safe => true)"
+    ));
+    for o in [1, 2, 33, 64, 99] {
+        for (after, limit) in [(0, 1000), (15, 7), (1_000_005, 100), (0, 0), (30, 1)] {
+            shapes.push(format!(
+                "SELECT * FROM envelopes.select_originator({o}, {after}, {limit})"
+            ));
+        }
+    }
+    shapes.push("SELECT * FROM envelopes.select_originator(5, 10, 8, commit_safe => true)".into());
+    shapes.push(
+        "SELECT * FROM envelopes.select_newest_by_topic(
+             ARRAY['\\x7400', '\\x7401', '\\x7402', '\\x7403', '\\x7499']::bytea[])"
+            .into(),
+    );
+    let mut shaped = 0;
+    for sql in &shapes {
+        let routed = rows(&mut proxy, sql);
+        let local = rows(&mut one, sql);
+        assert_eq!(
+            routed,
+            local,
+            "{sql}: {} rows through the router, {} on one node",
+            routed.len(),
+            local.len()
+        );
+        shaped += routed.len();
+    }
+    assert!(shaped > 400, "the shapes compared only {shaped} rows");
+    let maxima_sql = "SELECT * FROM envelopes.originator_maxima(ARRAY[64, 1, 2, 33, 99, 7, 1])";
+    let pairs = |c: &mut Client| -> Vec<(i32, i64)> {
+        c.query(maxima_sql, &[])
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect()
+    };
+    let m = pairs(&mut proxy);
+    assert_eq!(m, pairs(&mut one));
+    assert_eq!(m.len(), 6);
+    assert!(m.contains(&(99, 0)), "{m:?}");
+
     let ceilings = "SELECT * FROM envelopes.originator_ceilings()";
     let c1: Vec<(i32, i64)> = proxy
         .query(ceilings, &[])
@@ -435,6 +526,12 @@ fn the_router_places_rows_by_originator_and_reads_like_one_node() {
     for (sql, state) in [
         ("SELECT * FROM envelopes.select_gateway_envelopes(row_limit => -1)", "22023"),
         ("SELECT * FROM envelopes.select_gateway_envelopes(row_limit => NULL)", "22004"),
+        ("SELECT * FROM envelopes.select_originator(1, 0, -1)", "22023"),
+        ("SELECT * FROM envelopes.select_originator(NULL)", "22004"),
+        ("SELECT * FROM envelopes.select_by_topic_cursors('{\\x01}', '{1,2}', '{0,0}')", "2202E"),
+        ("SELECT * FROM envelopes.select_wave('{}', '{}', '{}', '{}', '{}', after_node_id => 1)", "22004"),
+        ("SELECT * FROM envelopes.select_newest_by_topic(ARRAY[NULL]::bytea[])", "22004"),
+        ("SELECT * FROM envelopes.originator_maxima(ARRAY[1, NULL])", "22004"),
         ("SELECT envelopes.insert_gateway_envelope(1, 1, NULL, '\\x01')", "22004"),
         ("SELECT envelopes.insert_gateway_envelope(NULL, 1, '\\x01', '\\x01')", "22004"),
         ("SELECT envelopes.insert_gateway_envelopes('{1,2}', '{1}', '{\\x01,\\x01}', '{\\x01,\\x01}')", "2202E"),
