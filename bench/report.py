@@ -116,11 +116,11 @@ RATIOS = [
     ("prune", "max_worker", "max_steady", None, "lower",
      "longest insert, 8 writers while prune_expired drops 104 bands of their originators / no pruning"),
     ("view", "sync_lookup", "sync_join", None, "higher",
-     "100 rows of one originator after a mid-history cursor, key-lookup view (candidate) / gateway_envelopes_view (join)"),
+     "100 rows of one originator after a mid-history cursor, gateway_envelopes_view (blob by key) / the join it was before 0.4.0"),
     ("view", "point_lookup", "point_join", None, "higher",
-     "one envelope by key, key-lookup view (candidate) / gateway_envelopes_view (join)"),
+     "one envelope by key, gateway_envelopes_view (blob by key) / the join it was before 0.4.0"),
     ("view", "topic_lookup", "topic_join", None, "higher",
-     "newest 50 envelopes of a topic across originators, key-lookup view (candidate) / gateway_envelopes_view (join)"),
+     "newest 50 envelopes of a topic across originators, gateway_envelopes_view (blob by key) / the join it was before 0.4.0"),
 ] + [
     (f"shapes_{shape}_{parts}_c{clients}", "fn", "sql", 1.5, "higher",
      f"{what}, function / plain SQL over the roots, {parts} leaf partitions, {clients} client{'s' if clients > 1 else ''}")

@@ -600,9 +600,9 @@ for durability in off on; do
     fi
 
     if selected view && [ "$durability" = off ]; then
-        # xmtpd-shaped reads through gateway_envelopes_view (a join of meta and
-        # blob) against a candidate form whose blob side is looked up by key per
-        # meta row (bench/sql/view_setup.sql), in the same database: 20 originators
+        # xmtpd-shaped reads through gateway_envelopes_view (each meta row's blob
+        # looked up by key) against the join of meta and blob it was before 0.4.0
+        # (bench/sql/view_setup.sql), in the same database: 20 originators
         # x 50 bands of 100 ids. Shapes: sync (one originator after a cursor in
         # the middle), point (one key), topic (newest 50 of a topic, every
         # originator).
@@ -612,7 +612,7 @@ for durability in off on; do
         for shape in sync point topic; do
             for view in lookup join; do
                 name=envelopes.gateway_envelopes_view
-                [ "$view" = lookup ] && name=bench_lookup_view
+                [ "$view" = join ] && name=bench_join_view
                 sed "s/@VIEW@/$name/" "bench/sql/view_$shape.sql" >"$OUT/view_${shape}_$view.sql"
             done
         done

@@ -590,3 +590,29 @@ BEGIN
         @extschema@.partitions()
         FROM %I', role);
 END $$;
+
+-- gateway_envelopes_view looks each meta row's bytes up by key instead of joining
+-- blob (src/lookup.rs); same columns, same rows.
+CREATE FUNCTION envelope_of(originator_node_id integer, originator_sequence_id bigint)
+RETURNS bytea STRICT STABLE PARALLEL SAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'envelope_of_wrapper';
+-- Revoked first, as a fresh install does, so the owner's entry comes first.
+REVOKE ALL ON FUNCTION envelope_of(integer, bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION envelope_of(integer, bigint) TO PUBLIC;
+
+CREATE OR REPLACE VIEW gateway_envelopes_view AS
+SELECT m.originator_node_id,
+       m.originator_sequence_id,
+       m.gateway_time,
+       m.topic,
+       m.payer_id,
+       m.expiry,
+       b.originator_envelope
+  FROM gateway_envelopes_meta m
+ CROSS JOIN LATERAL (
+       SELECT envelope_of(m.originator_node_id, m.originator_sequence_id) AS originator_envelope
+       OFFSET 0) b
+ WHERE b.originator_envelope IS NOT NULL;
+
+COMMENT ON VIEW gateway_envelopes_view IS
+    'Envelopes with their bytes: each meta row with its blob row, looked up by key.';

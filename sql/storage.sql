@@ -59,23 +59,6 @@ CREATE TABLE gateway_envelopes_blob (
 COMMENT ON TABLE gateway_envelopes_blob IS
     'Envelope bytes, partitioned like gateway_envelopes_meta. Write through envelopes.insert_gateway_envelope(s).';
 
--- Equality on both keys lets the planner carry a filter on originator_node_id from
--- one side to the other, so a query on the view prunes both tables' partitions.
-CREATE VIEW gateway_envelopes_view AS
-SELECT m.originator_node_id,
-       m.originator_sequence_id,
-       m.gateway_time,
-       m.topic,
-       m.payer_id,
-       m.expiry,
-       b.originator_envelope
-  FROM gateway_envelopes_meta m
-  JOIN gateway_envelopes_blob b
-    ON b.originator_node_id = m.originator_node_id
-   AND b.originator_sequence_id = m.originator_sequence_id;
-
-COMMENT ON VIEW gateway_envelopes_view IS 'Envelopes with their bytes: meta joined with blob.';
-
 -- Rows present in one table but not the other. Empty unless someone wrote to the
 -- tables directly or dropped a partition of one table only.
 CREATE FUNCTION orphaned_envelopes()

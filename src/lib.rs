@@ -16,6 +16,7 @@ mod feed;
 mod gucs;
 mod insert;
 mod locks;
+mod lookup;
 mod outbox;
 mod partition;
 mod read;
@@ -30,6 +31,12 @@ mod testing;
 
 // Tables and the view come first: the functions below refer to them by name.
 pgrx::extension_sql_file!("../sql/storage.sql", name = "storage", bootstrap);
+// The view over meta and blob, which looks each row's bytes up by key.
+pgrx::extension_sql_file!(
+    "../sql/view.sql",
+    name = "view",
+    requires = ["storage", lookup::envelope_of]
+);
 // Partition listing and retention, in SQL and PL/pgSQL over the tables above.
 pgrx::extension_sql_file!(
     "../sql/retention.sql",
@@ -76,7 +83,8 @@ pgrx::extension_sql_file!(
         "outbox_tables",
         "consumers",
         "ingress_positions",
-        "reads"
+        "reads",
+        "view"
     ]
 );
 // Last: nothing is usable by PUBLIC until granted.

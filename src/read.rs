@@ -281,6 +281,32 @@ pub fn walk_originator(
     Ok(true)
 }
 
+/// The envelope bytes of blob row `(node, seq)` as seen by `snapshot`, if it
+/// exists. A band the partition cache does not know yet (attached by a
+/// transaction that has finished since) is looked for once more after taking in
+/// the invalidations.
+pub fn blob_envelope(
+    node: i32,
+    seq: i64,
+    snapshot: pg_sys::Snapshot,
+) -> Result<Option<Vec<u8>>, PartitionError> {
+    for fresh in [false, true] {
+        if fresh {
+            // SAFETY: plain call into the invalidation machinery, no arguments.
+            unsafe { pg_sys::AcceptInvalidationMessages() };
+        }
+        let Some(blob) = partition::originator_parts(Table::Blob, node)? else {
+            continue;
+        };
+        if blob.leaf_for(seq).is_none() {
+            continue;
+        }
+        return Ok(blob_of(&blob, node, seq, snapshot)
+            .and_then(|(mut scan, col)| scan.get::<Vec<u8>>(col)));
+    }
+    Ok(None)
+}
+
 /// The row `(node, seq)` as seen by `snapshot`, if it exists.
 pub fn envelope(
     node: i32,
