@@ -16,6 +16,7 @@
 use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
 use crate::partition::{self, band::Table, PartitionError};
 use crate::read;
+use crate::select;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::Cell;
@@ -82,14 +83,7 @@ fn check_allowed(blob_root: pg_sys::Oid) -> Result<(), LookupError> {
 
 fn lookup(node: i32, seq: i64) -> Result<Option<Vec<u8>>, LookupError> {
     check_allowed(partition::root_of(Table::Blob)?)?;
-    // SAFETY: ActiveSnapshotSet and GetActiveSnapshot only read the snapshot
-    // stack; the statement's snapshot stays pushed while it runs.
-    let snapshot = unsafe {
-        if !pg_sys::ActiveSnapshotSet() {
-            return Err(LookupError::NoSnapshot);
-        }
-        pg_sys::GetActiveSnapshot()
-    };
+    let snapshot = select::statement_snapshot().map_err(|_| LookupError::NoSnapshot)?;
     Ok(read::blob_envelope(node, seq, snapshot)?)
 }
 

@@ -17,8 +17,9 @@
 //! and when one ends it moves its database's generation on, which makes every
 //! slot of that database unready: while one runs, or until a slot is scanned
 //! again, inserts into that database take the exact check. Databases share
-//! [`DATABASES`] counters by hash; two that share one only slow each other down. (A direct write in a prepared transaction keeps the count up
-//! until the server restarts: inserts then always take the exact check.)
+//! [`DATABASES`] counters by hash; two that share one only slow each other down.
+//! (A direct write in a prepared transaction keeps the count up until the server
+//! restarts: inserts then always take the exact check.)
 //!
 //! Slots are keyed by database and originator: the segment is the cluster's, each
 //! database has its own envelope store, and a scan of one database's rows says
@@ -104,10 +105,14 @@ fn database() -> u32 {
     unsafe { pg_sys::MyDatabaseId }.to_u32()
 }
 
+/// A table position for `key`, spread over `size` (Fibonacci hashing).
+fn spread(key: u64, size: usize) -> usize {
+    (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % size
+}
+
 /// The direct-writer counters of the current database.
 fn writers(table: &Table) -> &Writers {
-    let hashed = u64::from(database()).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
-    &table.writers[hashed as usize % DATABASES]
+    &table.writers[spread(u64::from(database()), DATABASES)]
 }
 
 /// The slot key of `node` in the current database: never 0 (node ids are not
@@ -120,7 +125,7 @@ fn key(node: i32) -> u64 {
 /// table is full.
 fn slot_of(table: &Table, node: i32) -> Option<usize> {
     let key = key(node);
-    let start = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % SLOTS;
+    let start = spread(key, SLOTS);
     for i in 0..SLOTS {
         let at = (start + i) % SLOTS;
         let slot = &table.slots[at];

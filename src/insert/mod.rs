@@ -598,12 +598,6 @@ fn insert_many(
 /// (a small ring of buffers, as `COPY` uses, instead of the shared buffer pool).
 const BULK_ROWS: usize = 1000;
 
-/// Writes rows on the direct path: `rows()` gives them in key order, each key once,
-/// with their routes (all among `routes`, locked) and whether each arrives late
-/// (`any_late` if one does). Returns how many were new, or `None`, with nothing
-/// written, when the tables are not ones the direct path reproduces (the caller
-/// then runs the SQL statements). `bulk` asks for a bulk-insert buffer strategy,
-/// `buffered` for blob rows through multi-insert buffers (batches).
 /// What the lateness check found about one row ([`late::committed_above`]).
 #[derive(Clone, Copy)]
 struct Flags {
@@ -613,6 +607,12 @@ struct Flags {
     fresh: bool,
 }
 
+/// Writes rows on the direct path: `rows()` gives them in key order, each key once,
+/// with their routes (all among `routes`, locked) and their [`Flags`] (`any_late`
+/// if one arrives late). Returns how many were new, or `None`, with nothing
+/// written, when the tables are not ones the direct path reproduces (the caller
+/// then runs the SQL statements). `bulk` asks for a bulk-insert buffer strategy,
+/// `buffered` for blob rows through multi-insert buffers (batches).
 fn write_direct<'a, R>(
     routes: &[[cache::Route; 2]],
     any_late: bool,
