@@ -71,19 +71,26 @@ impl MetaColumns {
     }
 }
 
-pub const MISSING: PartitionError = PartitionError::Catalog("NULL in a NOT NULL column");
+/// The error for a NULL where the table has NOT NULL (a damaged row). A function,
+/// not a constant, so that the success path of `ok_or_else` builds and drops
+/// nothing (an `ok_or` argument is built, and dropped, on every row).
+pub fn missing() -> PartitionError {
+    PartitionError::Catalog("NULL in a NOT NULL column")
+}
 
 fn xid8(scan: &mut Scan, attno: i32) -> Result<u64, PartitionError> {
-    scan.raw(attno).map(|d| d.value() as u64).ok_or(MISSING)
+    scan.raw(attno)
+        .map(|d| d.value() as u64)
+        .ok_or_else(missing)
 }
 
 /// Meta columns of the current row; the envelope is filled in by the caller.
 fn meta_row(scan: &mut Scan, cols: &MetaColumns, node: i32) -> Result<EnvelopeRow, PartitionError> {
     Ok(EnvelopeRow {
         node,
-        seq: scan.get::<i64>(cols.seq).ok_or(MISSING)?,
-        gateway_time: scan.get(cols.gateway_time).ok_or(MISSING)?,
-        topic: scan.get(cols.topic).ok_or(MISSING)?,
+        seq: scan.get::<i64>(cols.seq).ok_or_else(missing)?,
+        gateway_time: scan.get(cols.gateway_time).ok_or_else(missing)?,
+        topic: scan.get(cols.topic).ok_or_else(missing)?,
         payer_id: scan.get(cols.payer_id),
         expiry: scan.get(cols.expiry),
         envelope: Vec::new(),
@@ -132,7 +139,7 @@ impl At<'_> {
             row.envelope = unsafe {
                 <Vec<u8> as pgrx::FromDatum>::from_polymorphic_datum(datum, false, Oid::INVALID)
             }
-            .ok_or(MISSING)?;
+            .ok_or_else(missing)?;
         }
         Ok(row)
     }
@@ -211,7 +218,7 @@ pub fn walk_originator(
             let seq = metas
                 .value(cols.seq)
                 .map(|d| d.value() as i64)
-                .ok_or(MISSING)?;
+                .ok_or_else(missing)?;
             let late = || {
                 cols.late
                     .and_then(|c| metas.raw(c))
@@ -349,8 +356,8 @@ pub fn highest_above(
         let Some(mut scan) = Scan::open(*leaf, snapshot, range, true) else {
             continue;
         };
-        let seq_col = scan.attno("originator_sequence_id").ok_or(MISSING)?;
-        let xid_col = scan.attno("inserted_xid").ok_or(MISSING)?;
+        let seq_col = scan.attno("originator_sequence_id").ok_or_else(missing)?;
+        let xid_col = scan.attno("inserted_xid").ok_or_else(missing)?;
         while scan.next() {
             if counts(xid8(&mut scan, xid_col)?) {
                 return Ok(scan.value(seq_col).map(|d| d.value() as i64));
@@ -471,7 +478,7 @@ pub fn walk_topics(
                 }
                 (None, Some(leaf)) => match Scan::open(leaf, snapshot, range, false) {
                     Some(mut scan) => {
-                        let col = scan.attno("originator_envelope").ok_or(MISSING)?;
+                        let col = scan.attno("originator_envelope").ok_or_else(missing)?;
                         let found = if scan.next() {
                             scan.flat_value(col)
                         } else {
@@ -578,7 +585,7 @@ pub fn newest_with_topic(
             let seq = scan
                 .value(cols.seq)
                 .map(|d| d.value() as i64)
-                .ok_or(MISSING)?;
+                .ok_or_else(missing)?;
             let Some((mut blob_scan, col)) = blob_of(&blob, node, seq, snapshot) else {
                 continue;
             };

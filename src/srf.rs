@@ -10,7 +10,7 @@
 //! C-callable symbols those definitions name.
 
 use crate::partition::PartitionError;
-use crate::read::{At, Flow, MISSING};
+use crate::read::{missing, At, Flow};
 use crate::select::Row;
 use pgrx::pg_sys::{self, Datum};
 use pgrx::{IntoDatum, PgMemoryContexts};
@@ -61,11 +61,11 @@ impl Materialized {
     /// (no copy but the tuplestore's own).
     pub fn put_at(&mut self, at: &mut At<'_>) -> Result<(), PartitionError> {
         let cols = at.cols;
-        let time = at.meta.value(cols.gateway_time).ok_or(MISSING)?;
-        let topic = at.meta.flat_value(cols.topic).ok_or(MISSING)?;
+        let time = at.meta.value(cols.gateway_time).ok_or_else(missing)?;
+        let topic = at.meta.flat_value(cols.topic).ok_or_else(missing)?;
         let payer = at.meta.value(cols.payer_id);
         let expiry = at.meta.value(cols.expiry);
-        let envelope = at.envelope.ok_or(MISSING)?;
+        let envelope = at.envelope.ok_or_else(missing)?;
         let mut values = [
             Datum::from(at.node),
             Datum::from(at.seq),
