@@ -553,6 +553,66 @@ fn the_router_places_rows_by_originator_and_reads_like_one_node() {
 }
 
 #[test]
+fn a_batch_without_the_optional_arrays_takes_each_shards_defaults() {
+    let _guard = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    let shards = Cluster::new("given", false);
+    let mut proxy = shards.proxy();
+    // Originators of every shard, ids going down, only the four required arrays
+    // (the router sends just those and each shard fills in its defaults).
+    let ids: Vec<i32> = (1..=24).rev().collect();
+    let seqs: Vec<i64> = (1..=24).rev().map(|s| s * 10).collect();
+    let topics: Vec<Vec<u8>> = ids.iter().map(|o| vec![0x74, *o as u8]).collect();
+    let envs: Vec<Vec<u8>> = ids
+        .iter()
+        .map(|o| format!("given {o}").into_bytes())
+        .collect();
+    let call = "SELECT envelopes.insert_gateway_envelopes($1, $2, $3, $4)";
+    let before: std::time::SystemTime = proxy.query_one("SELECT now()", &[]).unwrap().get(0);
+    let n: i64 = proxy
+        .query_one(call, &[&ids, &seqs, &topics, &envs])
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 24);
+    let again: i64 = proxy
+        .query_one(call, &[&ids, &seqs, &topics, &envs])
+        .unwrap()
+        .get(0);
+    assert_eq!(again, 0, "a repeated batch inserts nothing");
+    // A bad batch is still refused before any shard is called.
+    let short = proxy.query_one(call, &[&ids, &seqs[..3].to_vec(), &topics, &envs]);
+    assert_eq!(sqlstate(&short.unwrap_err()), "2202E");
+
+    let mut seen = 0;
+    for i in 0..shards.shards.len() {
+        let mut shard = shards.shard(i);
+        for row in shard
+            .query(
+                "SELECT originator_node_id, originator_sequence_id, payer_id, expiry,
+                        gateway_time, originator_envelope
+                   FROM envelopes.gateway_envelopes_view",
+                &[],
+            )
+            .unwrap()
+        {
+            let o: i32 = row.get(0);
+            assert_eq!(
+                shards.shard_of(&mut proxy, o),
+                i,
+                "originator {o} on shard {i}"
+            );
+            assert_eq!(row.get::<_, i64>(1), i64::from(o) * 10);
+            assert_eq!(row.get::<_, Option<i32>>(2), None, "no payer");
+            assert_eq!(row.get::<_, Option<i64>>(3), None, "no expiry");
+            let at: std::time::SystemTime = row.get(4);
+            assert!(at >= before, "the gateway time is the shard's now()");
+            assert_eq!(row.get::<_, Vec<u8>>(5), format!("given {o}").into_bytes());
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 24);
+}
+
+#[test]
 fn a_shard_down_stops_only_its_originators() {
     let _guard = SHARED.lock().unwrap_or_else(|e| e.into_inner());
     let shards = Cluster::new("down", false);
