@@ -42,36 +42,64 @@ impl SqlError for LookupError {
     }
 }
 
+/// When a privilege check passed: the user, the local transaction, the command
+/// and the statement's start. The statement start changes with every statement a
+/// client sends (the command id only after a write), so a transaction that only
+/// reads is checked again at each statement and sees a revoke committed since.
+type Checked = (pg_sys::Oid, u32, u32, pg_sys::TimestampTz);
+
 thread_local! {
-    /// The (user, local transaction, command) the privilege check last passed
-    /// for: a statement reading many rows checks once.
-    static ALLOWED: Cell<Option<(pg_sys::Oid, u32, u32)>> = const { Cell::new(None) };
+    /// The last check that passed: a statement reading many rows checks once.
+    static ALLOWED: Cell<Option<Checked>> = const { Cell::new(None) };
+}
+
+/// Whether `user` may `SELECT` relation `relid`, or at least its column
+/// `originator_envelope` (the one column the lookup returns).
+///
+/// # Safety
+/// Calls into the ACL and syscache code; `relid` may be any oid.
+unsafe fn may_select(relid: pg_sys::Oid, user: pg_sys::Oid) -> bool {
+    let select = pg_sys::ACL_SELECT as pg_sys::AclMode;
+    let ok = pg_sys::AclResult::ACLCHECK_OK;
+    // SAFETY: pg_class_aclcheck and pg_attribute_aclcheck look the relation up in
+    // the syscache and report (do not raise) what the user may do; get_attnum
+    // returns InvalidAttrNumber (0) for a column that does not exist.
+    unsafe {
+        if pg_sys::pg_class_aclcheck(relid, user, select) == ok {
+            return true;
+        }
+        let attnum = pg_sys::get_attnum(relid, c"originator_envelope".as_ptr());
+        attnum > 0 && pg_sys::pg_attribute_aclcheck(relid, attnum, user, select) == ok
+    }
 }
 
 /// Whether the current user may read the view or blob's root.
 fn check_allowed(blob_root: pg_sys::Oid) -> Result<(), LookupError> {
-    // SAFETY: reads this backend's user, transaction and command counters; MyProc
-    // is valid for the backend's life.
+    // SAFETY: reads this backend's user, transaction, command and statement
+    // start; MyProc is valid for the backend's life.
     let now = unsafe {
         (
             pg_sys::GetUserId(),
             (*pg_sys::MyProc).lxid,
             pg_sys::GetCurrentCommandId(false),
+            pg_sys::GetCurrentStatementStartTimestamp(),
         )
     };
     if ALLOWED.with(Cell::get) == Some(now) {
         return Ok(());
     }
-    let select = pg_sys::ACL_SELECT as pg_sys::AclMode;
-    // SAFETY: pg_class_aclcheck looks the relation up in the syscache and reports
-    // (does not raise) what the user may do; get_rel_namespace and
-    // get_relname_relid return InvalidOid for what does not exist.
+    // A new statement: take in the catalog changes committed since (a transaction
+    // that holds its locks already would otherwise read the privileges as they
+    // were when it last took one).
+    // SAFETY: plain call into the invalidation machinery, no arguments.
+    unsafe { pg_sys::AcceptInvalidationMessages() };
+    // SAFETY: may_select accepts any oid; get_rel_namespace and get_relname_relid
+    // return InvalidOid for what does not exist.
     let allowed = unsafe {
-        pg_sys::pg_class_aclcheck(blob_root, now.0, select) == pg_sys::AclResult::ACLCHECK_OK || {
+        may_select(blob_root, now.0) || {
             let schema = pg_sys::get_rel_namespace(blob_root);
             let view = pg_sys::get_relname_relid(c"gateway_envelopes_view".as_ptr(), schema);
-            view != pg_sys::InvalidOid
-                && pg_sys::pg_class_aclcheck(view, now.0, select) == pg_sys::AclResult::ACLCHECK_OK
+            view != pg_sys::InvalidOid && may_select(view, now.0)
         }
     };
     if !allowed {

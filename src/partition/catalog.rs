@@ -169,12 +169,14 @@ fn partition_parents(child: Oid) -> Result<Vec<Oid>, PartitionError> {
 }
 
 /// `(inhrelid, inhparent)` of the pg_inherits rows whose `attnum` equals `key`,
-/// scanned through `index` with the latest snapshot.
+/// scanned through `index` with the latest snapshot (the catalog snapshot in
+/// parallel mode).
 fn inherits_rows(index: u32, attnum: pg_sys::AttrNumber, key: Oid) -> Vec<(Oid, Oid)> {
     let mut rows = Vec::new();
     // SAFETY: the standard system-catalog index scan: the catalog is opened and
-    // closed with AccessShareLock, the snapshot is registered for the scan and
-    // unregistered after it, and each returned tuple is a pg_inherits row whose
+    // closed with AccessShareLock, the latest snapshot is registered for the scan
+    // and unregistered after it (a NULL one makes systable_beginscan register and
+    // systable_endscan unregister the catalog snapshot), and each returned tuple is a pg_inherits row whose
     // first two fixed-width, never-null columns are inhrelid and inhparent (Oids),
     // read before the next call.
     unsafe {
@@ -190,7 +192,17 @@ fn inherits_rows(index: u32, attnum: pg_sys::AttrNumber, key: Oid) -> Vec<(Oid, 
             Oid::from(pg_sys::F_OIDEQ),
             pg_sys::Datum::from(key),
         );
-        let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+        // In parallel mode (a parallel worker, or a leader running a Gather, where
+        // a query's envelope_of may load bands) Postgres refuses a new latest
+        // snapshot; the catalog snapshot (NULL here: systable_beginscan takes and
+        // registers it) is what Postgres' own partition lookups read there, and it
+        // is renewed by every catalog invalidation taken in.
+        let parallel = pg_sys::IsInParallelMode();
+        let snapshot = if parallel {
+            std::ptr::null_mut()
+        } else {
+            pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot())
+        };
         let scan =
             pg_sys::systable_beginscan(rel, Oid::from(index), true, snapshot, 1, &mut scan_key);
         loop {
@@ -203,7 +215,9 @@ fn inherits_rows(index: u32, attnum: pg_sys::AttrNumber, key: Oid) -> Vec<(Oid, 
             rows.push((fields.read_unaligned(), fields.add(1).read_unaligned()));
         }
         pg_sys::systable_endscan(scan);
-        pg_sys::UnregisterSnapshot(snapshot);
+        if !parallel {
+            pg_sys::UnregisterSnapshot(snapshot);
+        }
         pg_sys::table_close(rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
     }
     rows

@@ -151,3 +151,80 @@ fn prune_is_safe_while_inserts_go_on() {
         "the test never dropped a band; it does not exercise the race"
     );
 }
+
+/// `gateway_envelopes_view` under parallel query: its lookup runs in parallel
+/// workers (whose partition cache is always cold) and in a leader in parallel
+/// mode (whose cache another session's new band has just emptied), and must load
+/// the bands there as anywhere else, returning what the join returns.
+#[test]
+fn the_view_reads_under_parallel_query() {
+    let db = TestDb::new("view_parallel");
+    let mut setup = db.connect();
+    setup
+        .batch_execute(
+            "SELECT envelopes.insert_gateway_envelopes(array_agg(70 + i % 3), array_agg(i::bigint),
+                        array_agg('\\x74'::bytea), array_agg(pg_catalog.convert_to(i::text, 'UTF8')))
+               FROM generate_series(1, 30000) i;
+             ANALYZE envelopes.gateway_envelopes_meta;",
+        )
+        .unwrap();
+    let join = "SELECT count(*), sum(length(b.originator_envelope))::bigint
+                  FROM envelopes.gateway_envelopes_meta m
+                  JOIN envelopes.gateway_envelopes_blob b USING (originator_node_id, originator_sequence_id)
+                 WHERE m.originator_sequence_id % 7 = 3";
+    let view = "SELECT count(*), sum(length(originator_envelope))::bigint
+                  FROM envelopes.gateway_envelopes_view WHERE originator_sequence_id % 7 = 3";
+    let direct = "SELECT count(envelopes.envelope_of(originator_node_id, originator_sequence_id)),
+                         sum(length(envelopes.envelope_of(originator_node_id, originator_sequence_id)))::bigint
+                    FROM envelopes.gateway_envelopes_meta WHERE originator_sequence_id % 7 = 3";
+    let parallel = "SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0;
+                    SET min_parallel_table_scan_size = 0; SET max_parallel_workers_per_gather = 2;";
+    let pair = |c: &mut postgres::Client, sql: &str| -> (i64, i64) {
+        let r = c
+            .query_one(sql, &[])
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        (r.get(0), r.get(1))
+    };
+    let expected = pair(&mut setup, join);
+    assert_eq!(expected.0, 30000 / 7 + 1);
+    for (label, settings, new_band) in [
+        ("parallel plans", parallel.to_owned(), 5_000_005i64),
+        (
+            "force_parallel_mode",
+            format!("{parallel} SET force_parallel_mode = on;"),
+            6_000_004,
+        ),
+    ] {
+        assert_eq!(new_band % 7, 3);
+        // A fresh session (cold cache in leader and workers).
+        let mut c = db.connect();
+        c.batch_execute(&settings).unwrap();
+        assert_eq!(pair(&mut c, view), expected, "{label}: view, cold");
+        assert_eq!(pair(&mut c, direct), expected, "{label}: envelope_of, cold");
+        // Warm, then another session adds a band to an originator read here.
+        assert_eq!(pair(&mut c, view), expected, "{label}: view, warm");
+        setup
+            .execute(
+                "SELECT envelopes.insert_gateway_envelope(71, $1, '\\x74', '\\x70')",
+                &[&new_band],
+            )
+            .unwrap();
+        let with_new = (expected.0 + 1, expected.1 + 1);
+        assert_eq!(
+            pair(&mut c, view),
+            with_new,
+            "{label}: view after a new band"
+        );
+        assert_eq!(
+            pair(&mut c, direct),
+            with_new,
+            "{label}: envelope_of after a new band"
+        );
+        setup
+            .execute(
+                "DELETE FROM envelopes.gateway_envelopes_meta WHERE originator_sequence_id = $1",
+                &[&new_band],
+            )
+            .unwrap();
+    }
+}

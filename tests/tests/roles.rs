@@ -355,3 +355,79 @@ fn hostile_values_stay_data() {
     ))
     .unwrap();
 }
+
+/// `envelope_of` (behind `gateway_envelopes_view`) checks the caller's privilege
+/// once per statement, not once per transaction: a revoke that has committed
+/// is seen by the next statement of a transaction that only reads.
+#[test]
+fn a_revoke_reaches_the_view_at_the_next_statement() {
+    let db = TestDb::new("revoke_view");
+    db.connect()
+        .batch_execute(
+            "SELECT envelopes.insert_gateway_envelopes('{1,1}', '{1,2}',
+                 ARRAY['\\x01'::bytea, '\\x01'], ARRAY['\\xaa'::bytea, '\\xbb'])",
+        )
+        .unwrap();
+    let reader = Role::new(&db, "rv");
+    db.connect()
+        .execute("SELECT envelopes.grant_reader($1)", &[&reader.name])
+        .unwrap();
+    let mut c = reader.connect(&db);
+    c.batch_execute("BEGIN").unwrap();
+    let first: Vec<u8> = c
+        .query_one("SELECT envelopes.envelope_of(1, 1)", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(first, vec![0xaa]);
+    db.connect()
+        .execute("SELECT envelopes.revoke_reader($1)", &[&reader.name])
+        .unwrap();
+    for sql in [
+        "SELECT envelopes.envelope_of(1, 2)",
+        "SELECT count(*) FROM envelopes.gateway_envelopes_meta m, LATERAL (SELECT envelopes.envelope_of(m.originator_node_id, m.originator_sequence_id)) e",
+    ] {
+        let err = c.query_one(sql, &[]).unwrap_err();
+        assert_eq!(sqlstate(&err), "42501", "{sql}");
+        c.batch_execute("ROLLBACK; BEGIN").unwrap();
+    }
+    c.batch_execute("ROLLBACK").unwrap();
+    revoke_everything(&db, &reader);
+}
+
+/// A grant of SELECT on the view's columns (the envelope among them) is enough
+/// to read it, as for any view; a grant of other columns only is not.
+#[test]
+fn a_column_grant_on_the_view_reads_it() {
+    let db = TestDb::new("column_view");
+    db.connect()
+        .batch_execute("SELECT envelopes.insert_gateway_envelope(3, 1, '\\x01', '\\xcc')")
+        .unwrap();
+    let some = Role::new(&db, "cols");
+    let few = Role::new(&db, "few");
+    db.connect()
+        .batch_execute(&format!(
+            "GRANT USAGE ON SCHEMA envelopes TO \"{0}\", \"{1}\";
+             GRANT SELECT (originator_node_id, originator_sequence_id, originator_envelope)
+                ON envelopes.gateway_envelopes_view TO \"{0}\";
+             GRANT SELECT (originator_node_id, originator_sequence_id)
+                ON envelopes.gateway_envelopes_view TO \"{1}\";",
+            some.name, few.name
+        ))
+        .unwrap();
+    let mut c = some.connect(&db);
+    let got: Vec<u8> = c
+        .query_one(
+            "SELECT originator_envelope FROM envelopes.gateway_envelopes_view WHERE originator_node_id = 3",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(got, vec![0xcc]);
+    let mut f = few.connect(&db);
+    let err = f
+        .query_one("SELECT envelopes.envelope_of(3, 1)", &[])
+        .unwrap_err();
+    assert_eq!(sqlstate(&err), "42501");
+    revoke_everything(&db, &some);
+    revoke_everything(&db, &few);
+}
