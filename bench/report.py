@@ -121,6 +121,8 @@ RATIOS = [
      "one envelope by key, gateway_envelopes_view (blob by key) / the join it was before 0.4.0"),
     ("view", "topic_lookup", "topic_join", None, "higher",
      "newest 50 envelopes of a topic across originators, gateway_envelopes_view (blob by key) / the join it was before 0.4.0"),
+    ("view", "scan_lookup", "scan_join", None, "higher",
+     "every envelope of the store (100,000), gateway_envelopes_view (blob by key) / the join it was before 0.4.0"),
 ] + [
     (f"shapes_{shape}_{parts}_c{clients}", "fn", "sql", 1.5, "higher",
      f"{what}, function / plain SQL over the roots, {parts} leaf partitions, {clients} client{'s' if clients > 1 else ''}")

@@ -605,11 +605,11 @@ for durability in off on; do
         # (bench/sql/view_setup.sql), in the same database: 20 originators
         # x 50 bands of 100 ids. Shapes: sync (one originator after a cursor in
         # the middle), point (one key), topic (newest 50 of a topic, every
-        # originator).
+        # originator), scan (every envelope of the store).
         sql postgres -q -c "CREATE DATABASE viewdb"
         sql viewdb -q -v nodes=20 -v bands=50 -f bench/sql/read_setup.sql >/dev/null
         sql viewdb -q -f bench/sql/view_setup.sql
-        for shape in sync point topic; do
+        for shape in sync point topic scan; do
             for view in lookup join; do
                 name=envelopes.gateway_envelopes_view
                 [ "$view" = join ] && name=bench_join_view
@@ -617,7 +617,7 @@ for durability in off on; do
             done
         done
         for run in $(seq "$RUNS"); do
-            for shape in sync point topic; do
+            for shape in sync point topic scan; do
                 for view in lookup join; do
                     tps=$(pgbench_tps viewdb 1 "$OUT/view_${shape}_$view.sql")
                     [ -n "$tps" ] || { cat "$OUT/pgbench.err" >&2; exit 1; }
