@@ -175,10 +175,10 @@ fn inherits_rows(index: u32, attnum: pg_sys::AttrNumber, key: Oid) -> Vec<(Oid, 
     let mut rows = Vec::new();
     // SAFETY: the standard system-catalog index scan: the catalog is opened and
     // closed with AccessShareLock, the latest snapshot is registered for the scan
-    // and unregistered after it (a NULL one makes systable_beginscan register and
-    // systable_endscan unregister the catalog snapshot), and each returned tuple is a pg_inherits row whose
-    // first two fixed-width, never-null columns are inhrelid and inhparent (Oids),
-    // read before the next call.
+    // and unregistered after it (with a NULL one systable_beginscan registers and
+    // systable_endscan unregisters the catalog snapshot), and each returned tuple
+    // is a pg_inherits row whose first two fixed-width, never-null columns are
+    // inhrelid and inhparent (Oids), read before the next call.
     unsafe {
         let rel = pg_sys::table_open(
             Oid::from(INHERITS_RELATION_ID),
