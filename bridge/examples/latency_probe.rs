@@ -50,11 +50,6 @@ struct Args {
     redis_stream: String,
     #[arg(long, default_value = "envelopes")]
     amqp_exchange: String,
-    /// AMQP only: bind the queue but do not consume; wait until it holds COUNT
-    /// messages (what the bridge forwards, without a consumer's cost on the
-    /// broker and on this machine). Prints "0 0 0 COUNT".
-    #[arg(long)]
-    no_consumer: bool,
 }
 
 /// The commit-side timestamp of a message, in the CBOR the buses carry or the
@@ -123,8 +118,6 @@ async fn main() -> Result<(), Error> {
         redis_stream(&sink, &args.redis_stream, tx).await?;
     } else if sink.starts_with("mqtt://") {
         mqtt(&sink, &prefix, tx).await?;
-    } else if sink.starts_with("amqp://") && args.no_consumer {
-        return amqp_depth(&sink, &args.amqp_exchange, &prefix, count).await;
     } else if sink.starts_with("amqp://") {
         amqp(&sink, &args.amqp_exchange, &prefix, tx).await?;
     } else if sink.starts_with("http://") {
@@ -357,73 +350,6 @@ async fn amqp(
         }
     });
     Ok(())
-}
-
-/// A queue bound like [`amqp`]'s, never consumed: returns once it holds `count`
-/// messages.
-async fn amqp_depth(url: &str, exchange: &str, prefix: &str, count: usize) -> Result<(), Error> {
-    use lapin::options::*;
-    use lapin::types::FieldTable;
-    let connection =
-        lapin::Connection::connect(url, lapin::ConnectionProperties::default()).await?;
-    let channel = connection.create_channel().await?;
-    channel
-        .exchange_declare(
-            exchange.into(),
-            lapin::ExchangeKind::Topic,
-            ExchangeDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await?;
-    let queue = channel
-        .queue_declare(
-            "".into(),
-            QueueDeclareOptions {
-                exclusive: true,
-                auto_delete: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await?;
-    channel
-        .queue_bind(
-            queue.name().as_str().into(),
-            exchange.into(),
-            format!("{prefix}.#").as_str().into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
-    println!("ready");
-    let mut idle_since = std::time::Instant::now();
-    let mut last = 0;
-    loop {
-        let depth = channel
-            .queue_declare(
-                queue.name().as_str().into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await?
-            .message_count() as usize;
-        if depth >= count {
-            println!("0 0 0 {depth}");
-            return Ok(());
-        }
-        if depth != last {
-            (last, idle_since) = (depth, std::time::Instant::now());
-        } else if idle_since.elapsed() > Duration::from_secs(10) {
-            return Err(format!("the queue stopped at {depth} of {count} messages").into());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// A minimal HTTP/1.1 receiver: reads each request's headers and
