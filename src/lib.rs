@@ -26,6 +26,7 @@ mod shapes;
 mod srf;
 #[cfg(any(test, feature = "pg_test"))]
 mod testing;
+mod tuple;
 
 ::pgrx::pg_module_magic!(name, version);
 

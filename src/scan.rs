@@ -15,6 +15,7 @@
 //! table's own tuple descriptor, so partitions whose column order differs from the
 //! root's (an upgraded table) read correctly.
 
+use crate::tuple;
 use pgrx::pg_sys::{self, Datum, Oid};
 use pgrx::{FromDatum, PgMemoryContexts};
 use std::ffi::CStr;
@@ -49,6 +50,8 @@ pub struct Scan {
     scratch: Option<PgMemoryContexts>,
     /// The scan keys; `index_rescan` copies them, but keep them alive with the scan.
     keys: Vec<pg_sys::ScanKeyData>,
+    /// The table's column layouts, when [`tuple::deform`] can read its rows.
+    layouts: Option<Vec<tuple::Layout>>,
 }
 
 impl Scan {
@@ -102,6 +105,13 @@ impl Scan {
                 0,
             );
             let slot = pg_sys::table_slot_create(heap, std::ptr::null_mut());
+            // Rows are read by tuple::deform only from the heap's own slot type
+            // (the tuple it stands on is then a plain heap tuple).
+            let layouts = if std::ptr::eq((*slot).tts_ops, &pg_sys::TTSOpsBufferHeapTuple) {
+                tuple::layouts((*heap).rd_att)
+            } else {
+                None
+            };
             Some(Scan {
                 heap,
                 index,
@@ -114,6 +124,7 @@ impl Scan {
                 },
                 scratch: None,
                 keys,
+                layouts,
             })
         }
     }
@@ -159,27 +170,50 @@ impl Scan {
     /// The raw datum of column `attno` of the current row, `None` for NULL. Only
     /// meaningful for pass-by-value types (`xid8`, integers).
     pub fn raw(&self, attno: i32) -> Option<Datum> {
-        let mut isnull = false;
-        // SAFETY: the slot holds the row returned by the last successful next();
-        // attno came from attno() and is within the descriptor.
-        let datum = unsafe { pg_sys::slot_getattr(self.slot, attno, &mut isnull) };
-        (!isnull).then_some(datum)
+        self.value(attno)
+    }
+
+    /// Reads every column of the current row into the slot's arrays, once per
+    /// row: with [`tuple::deform`] where it can (one pass, no call into
+    /// Postgres), else with `slot_getsomeattrs`.
+    fn deform(&self, attno: i32) {
+        // SAFETY: the slot holds the row returned by the last successful next().
+        // A slot of TTSOpsBufferHeapTuple (checked at open when layouts is set)
+        // is a BufferHeapTupleTableSlot whose `tuple` is that row, pinned in its
+        // buffer; tts_values/tts_isnull have natts entries. All columns are read
+        // and tts_nvalid set to natts, so Postgres never resumes a partial
+        // deform from offsets this code did not keep.
+        unsafe {
+            let natts = (*(*self.slot).tts_tupleDescriptor).natts;
+            if let Some(layouts) = &self.layouts {
+                let tuple = (*self.slot.cast::<pg_sys::HeapTupleTableSlot>()).tuple;
+                if layouts.len() == natts as usize
+                    && !tuple.is_null()
+                    && tuple::deform(
+                        tuple,
+                        layouts,
+                        (*self.slot).tts_values,
+                        (*self.slot).tts_isnull,
+                    )
+                {
+                    (*self.slot).tts_nvalid = natts as i16;
+                    return;
+                }
+            }
+            pg_sys::slot_getsomeattrs_int(self.slot, natts.max(attno));
+        }
     }
 
     /// The datum of column `attno` of the current row as it sits in the slot
-    /// (`None` for NULL), deforming the row up to that column if needed: no copy,
-    /// valid until the next call to [`Scan::next`].
-    pub fn value(&mut self, attno: i32) -> Option<Datum> {
+    /// (`None` for NULL), deforming the row if needed: no copy, valid until the
+    /// next call to [`Scan::next`].
+    pub fn value(&self, attno: i32) -> Option<Datum> {
         // SAFETY: the slot holds the row returned by the last successful next();
         // attno came from attno() and is within the slot's descriptor, so after
-        // slot_getsomeattrs_int (to natts >= attno) the first attno entries of
-        // tts_values/tts_isnull are valid.
+        // deform the first attno entries of tts_values/tts_isnull are valid.
         unsafe {
             if i32::from((*self.slot).tts_nvalid) < attno {
-                // Every column at once: a row is read whole, and each call
-                // crosses into Postgres.
-                let natts = (*(*self.slot).tts_tupleDescriptor).natts;
-                pg_sys::slot_getsomeattrs_int(self.slot, natts.max(attno));
+                self.deform(attno);
             }
             let i = (attno - 1) as usize;
             if *(*self.slot).tts_isnull.add(i) {

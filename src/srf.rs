@@ -12,6 +12,7 @@
 use crate::partition::PartitionError;
 use crate::read::{missing, At, Flow};
 use crate::select::Row;
+use crate::tuple::Former;
 use pgrx::pg_sys::{self, Datum};
 use pgrx::{IntoDatum, PgMemoryContexts};
 
@@ -24,6 +25,9 @@ pub struct Materialized {
     /// reset after the row is stored (the tuplestore keeps its own copy). Made
     /// at the first such row: rows stored from the scans need none.
     scratch: Option<PgMemoryContexts>,
+    /// Forms the rows itself when the result type allows it (see [`Former`]);
+    /// otherwise `tuplestore_putvalues` does.
+    former: Option<Former>,
 }
 
 impl Materialized {
@@ -49,10 +53,12 @@ impl Materialized {
                 0
             };
             pg_sys::InitMaterializedSRF(fcinfo, flags as pg_sys::bits32);
+            let rsinfo: *mut pg_sys::ReturnSetInfo = (*fcinfo).resultinfo.cast();
             Materialized {
-                rsinfo: (*fcinfo).resultinfo.cast(),
+                rsinfo,
                 len: 0,
                 scratch: None,
+                former: Former::for_desc((*rsinfo).setDesc),
             }
         }
     }
@@ -86,7 +92,7 @@ impl Materialized {
         ];
         // SAFETY: the datums are the columns' own (int4, int8, timestamptz, flat
         // bytea, int4, int8, flat bytea), valid while the walk stands on the row.
-        unsafe { store(self.rsinfo, &mut values, &mut nulls) };
+        unsafe { self.store(&mut values, &mut nulls) };
         self.len += 1;
         Ok(())
     }
@@ -105,12 +111,12 @@ impl Materialized {
     /// Appends an envelope row (the seven columns of the selectors).
     pub fn put_envelope(&mut self, row: Row) {
         let (node, seq, time, topic, payer, expiry, envelope) = row;
-        let rsinfo = self.rsinfo;
         // SAFETY: the datums are built in the scratch context, copied into the
         // tuplestore by store, and freed by the reset; nothing else points there.
-        let scratch = self
+        let mut scratch = self
             .scratch
-            .get_or_insert_with(|| PgMemoryContexts::new("pg_envelopes result row"));
+            .take()
+            .unwrap_or_else(|| PgMemoryContexts::new("pg_envelopes result row"));
         unsafe {
             scratch.switch_to(|_| {
                 let mut values = [
@@ -131,19 +137,19 @@ impl Materialized {
                     expiry.is_none(),
                     false,
                 ];
-                store(rsinfo, &mut values, &mut nulls);
+                self.store(&mut values, &mut nulls);
             });
             scratch.reset();
         }
+        self.scratch = Some(scratch);
         self.len += 1;
     }
 
     /// Appends an `(originator_node_id, max_sequence_id)` row.
     pub fn put_pair(&mut self, (node, seq): (i32, i64)) {
-        // SAFETY: rsinfo is this call's; two pass-by-value columns, as declared.
+        // SAFETY: two pass-by-value columns, as declared.
         unsafe {
-            store(
-                self.rsinfo,
+            self.store(
                 &mut [Datum::from(node), Datum::from(seq)],
                 &mut [false, false],
             )
@@ -152,22 +158,29 @@ impl Materialized {
     }
 }
 
-/// Appends one row to the call's tuplestore.
-///
-/// # Safety
-/// `rsinfo` was set up by [`Materialized::begin`]; `values` and `nulls` have one
-/// entry per column of its descriptor, of the declared types.
-unsafe fn store(rsinfo: *mut pg_sys::ReturnSetInfo, values: &mut [Datum], nulls: &mut [bool]) {
-    // SAFETY: as the caller guarantees; tuplestore_putvalues copies the values.
-    unsafe {
-        let desc = (*rsinfo).setDesc;
-        debug_assert_eq!((*desc).natts as usize, values.len());
-        pg_sys::tuplestore_putvalues(
-            (*rsinfo).setResult,
-            desc,
-            values.as_mut_ptr(),
-            nulls.as_mut_ptr(),
-        );
+impl Materialized {
+    /// Appends one row to the call's tuplestore.
+    ///
+    /// # Safety
+    /// `values` and `nulls` have one entry per column of the result descriptor,
+    /// of the declared types; varlena values are flat (not TOASTed, not
+    /// compressed, not expanded).
+    unsafe fn store(&mut self, values: &mut [Datum], nulls: &mut [bool]) {
+        let rsinfo = self.rsinfo;
+        // SAFETY: as the caller guarantees; both paths copy the values into the
+        // tuplestore's own memory.
+        unsafe {
+            debug_assert_eq!((*(*rsinfo).setDesc).natts as usize, values.len());
+            match &mut self.former {
+                Some(former) => former.put((*rsinfo).setResult, values, nulls),
+                None => pg_sys::tuplestore_putvalues(
+                    (*rsinfo).setResult,
+                    (*rsinfo).setDesc,
+                    values.as_mut_ptr(),
+                    nulls.as_mut_ptr(),
+                ),
+            }
+        }
     }
 }
 

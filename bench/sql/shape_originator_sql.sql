@@ -2,7 +2,7 @@
 -- the key, both restricted to the originator. Every shape, in both forms,
 -- produces the envelope bytes (their total length), as a reader receiving the
 -- rows would; counting alone would let plain SQL skip reading them.
-SELECT count(*), sum(pg_catalog.length(r.originator_envelope)) FROM (
+SELECT count(*), sum(pg_catalog.length(r.originator_envelope)), sum(pg_catalog.length(r.topic)), max(r.gateway_time) FROM (
     SELECT m.originator_node_id, m.originator_sequence_id, m.gateway_time, m.topic, b.originator_envelope
       FROM envelopes.gateway_envelopes_meta m
       JOIN envelopes.gateway_envelopes_blob b

@@ -1,6 +1,6 @@
 -- Polling one originator at the end of its data (nothing new).
-SELECT count(*), sum(pg_catalog.length(r.originator_envelope)) FROM (
-    SELECT m.originator_node_id, m.originator_sequence_id, b.originator_envelope
+SELECT count(*), sum(pg_catalog.length(r.originator_envelope)), sum(pg_catalog.length(r.topic)), max(r.gateway_time) FROM (
+    SELECT m.originator_node_id, m.originator_sequence_id, m.gateway_time, m.topic, b.originator_envelope
       FROM envelopes.gateway_envelopes_meta m
       JOIN envelopes.gateway_envelopes_blob b
         ON b.originator_node_id = m.originator_node_id
