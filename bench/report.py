@@ -27,18 +27,40 @@ ABSOLUTE = [
     ("idle", "poll_current_10000", 2.0, "lower", "idle consumer poll at 10,000 originators (ms)"),
     ("idle", "cpu_bridge_10000", None, "lower", "idle bridge CPU at 10,000 originators (% of a core)"),
     ("idle", "cpu_backend_10000", None, "lower", "idle bridge's backend CPU at 10,000 originators (% of a core)"),
+    ("routerpin_insert_cpu0_us", "proxy", None, "lower", "single-row insert through the router, CPU 0 (pgbench and the proxy) per call (us)"),
+    ("routerpin_insert_cpu0_us", "direct", None, "lower", "single-row insert straight into the shard, CPU 0 (pgbench) per call (us)"),
+    ("routerpin_insert_cpu1", "proxy", None, "higher", "single-row insert through the router, the shards' CPU busy (%)"),
+    ("routerpin_insert_cpu1", "direct", None, "higher", "single-row insert straight into the shard, the shard's CPU busy (%)"),
+    ("routerpin_batch_cpu1", "proxy", None, "higher", "100-row batch through the router, the shards' CPU busy (%)"),
+    ("routerpin_batch_cpu1", "direct", None, "higher", "100-row batch straight into the shard, the shard's CPU busy (%)"),
+    ("routerpin_read_rows_cpu1", "proxy", None, "higher", "1,000-row read through the router, the shards' CPU busy (%)"),
+    ("routerpin_read_rows_cpu1", "onenode", None, "higher", "1,000-row read on one node, its CPU busy (%)"),
 ]
 
 # (comparison, numerator variant, denominator variant, goal, "higher"/"lower", what)
 RATIOS = [
-    ("router_insert", "proxy", "direct", 0.8, "higher",
-     "single-row insert through pg_envelopes_router (PL/Proxy) / straight into the owning shard, 2 clients"),
-    ("router_batch", "proxy", "direct", 0.95, "higher",
-     "100-row batch through the router / straight into the owning shard, 2 clients"),
-    ("router_read", "proxy", "onenode", 0.7, "higher",
-     "1,000-row read over 64 originators through the router and 4 shards / one node with the same rows"),
-    ("router_read_some", "proxy", "onenode", 0.7, "higher",
-     "1,000-row read of 4 originators from a cursor through the router / one node"),
+    # Per shard: the shards on CPU 1, the proxy and the clients on CPU 0.
+    ("routerpin_insert", "proxy", "direct", 0.8, "higher",
+     "single-row insert through pg_envelopes_router (PL/Proxy) / straight into the owning shard, per shard (shard and proxy on CPUs of their own), 4 clients"),
+    ("routerpin_batch", "proxy", "direct", 0.95, "higher",
+     "100-row batch through the router / straight into the owning shard, per shard, 4 clients"),
+    ("routerpin_read_rows", "proxy", "onenode", 0.7, "higher",
+     "1,000-row read over 64 originators, rows to the client, through the router and 4 shards / one node with the same rows, shards and node on one CPU, 4 clients"),
+    ("routerpin_read_some_rows", "proxy", "onenode", 0.7, "higher",
+     "1,000-row read of 4 originators from a cursor, rows to the client, through the router / one node, 4 clients"),
+    ("routerpin_insert_cpu0_us", "proxy", "direct", None, "lower",
+     "single-row insert, CPU 0's time per call: pgbench and the proxy / pgbench alone (the router's own cost)"),
+    ("routerpin_batch_cpu0_us", "proxy", "direct", None, "lower",
+     "100-row batch, CPU 0's time per call: pgbench and the proxy / pgbench alone"),
+    # Everything on the same two cores: the proxy's work takes the shard's CPU.
+    ("router_insert", "proxy", "direct", None, "higher",
+     "single-row insert through pg_envelopes_router / straight into the owning shard, proxy and shards sharing both cores, 2 clients"),
+    ("router_batch", "proxy", "direct", None, "higher",
+     "100-row batch through the router / straight into the owning shard, sharing both cores, 2 clients"),
+    ("router_read", "proxy", "onenode", None, "higher",
+     "1,000-row read over 64 originators (count on the server) through the router and 4 shards / one node, sharing both cores, 1 client"),
+    ("router_read_some", "proxy", "onenode", None, "higher",
+     "1,000-row read of 4 originators from a cursor (count on the server) through the router / one node, sharing both cores, 1 client"),
     ("insert", "extension", "plain", 0.95, "higher",
      "single-row insert, extension / plain INSERT (meta + blob CTE) into the same pre-created partitions, 2 clients"),
     ("insert", "extension", "plain_idempotent", 1.0, "higher",
@@ -133,6 +155,15 @@ RATIOS = [
         ("wave", "a wave page over the same entries with ceilings"),
         ("newest", "newest envelope of 4 topics"),
         ("maxima", "highest sequence id of every originator"),
+    ]
+    for parts in (50, 1000, 5000)
+    for clients in (1, 4)
+] + [
+    (f"shapes_{shape}_{parts}_c{clients}", "fn", "sqllit", None, "higher",
+     f"{what}, function / the same plain SQL with the values written in (pruned at PREPARE), {parts} leaf partitions, {clients} client{'s' if clients > 1 else ''}")
+    for shape, what in [
+        ("originator", "one originator from the start (1,000 rows)"),
+        ("poll", "poll at the end of one originator's data"),
     ]
     for parts in (50, 1000, 5000)
     for clients in (1, 4)

@@ -471,13 +471,21 @@ for durability in off on; do
         done
     fi
 
-    if selected router && [ "$durability" = off ]; then
+    if { selected router || selected routerpin; } && [ "$durability" = off ]; then
         # The router's cost (pg_envelopes_router over PL/Proxy, scripts/shards.sh
         # up 4): single-row and 100-row inserts through the proxy vs straight into
         # the shard that owns the originators (all on shard 0, so both variants
-        # write into the same tables), 2 clients; and 1,000-row reads through the
-        # router over 4 shards vs one node holding the same rows (on shard 0's
-        # server), 1 client. The shards share this machine's two cores.
+        # write into the same tables); and 1,000-row reads through the router
+        # over 4 shards vs one node holding the same rows (on shard 0's server).
+        #   router:    everything shares this machine's two cores (2 clients for
+        #              inserts, 1 for reads): the proxy's work takes CPU from the
+        #              shard it feeds, as it would not on a machine of its own.
+        #   routerpin: per-shard figures: every shard server runs on CPU 1, the
+        #              proxy and pgbench on CPU 0 (taskset), as a proxy tier and
+        #              a shard on machines of their own; 4 clients, reads return
+        #              their rows to the client in both forms. Also recorded:
+        #              how busy each CPU was, and CPU 0's time per call (pgbench
+        #              alone when direct, pgbench and the proxy when routed).
         ENVELOPES_SHARDS_INSTALL=0 scripts/shards.sh up 4 >/dev/null
         source "$ENVELOPES_TMP/shards/env"
         shard0=${SHARD_PORTS[0]}
@@ -496,21 +504,25 @@ for durability in off on; do
         for kind in insert batch; do
             { echo "$pick"; grep -v '^\\set node' "bench/sql/${kind}_extension.sql"; } >"$OUT/router_$kind.sql"
         done
-        # router_cell KIND VARIANT PORT DB CLIENTS: one run of $OUT/router_KIND.sql.
+        # router_cell KIND VARIANT PORT DB CLIENTS [COMPARISON]: one run of
+        # $OUT/router_KIND.sql, recorded under COMPARISON (router_KIND).
         router_cell() {
             local tps
             tps=$(pgbench_tps_on "$3" "$4" "$5" "$OUT/router_$1.sql")
-            record "router_$1" "$2" "$durability" "$run" "$tps" tps
-            log "router_$1 [$durability] $2 run $run: $tps tps"
+            [ -n "$tps" ] || { cat "$OUT/pgbench.err" >&2; exit 1; }
+            record "${6:-router_$1}" "$2" "$durability" "$run" "$tps" tps
+            log "${6:-router_$1} [$durability] $2 run $run: $tps tps"
         }
         cluster_psql x "$shard0" envelopes -q -c "CREATE SEQUENCE bench_seq"
         cluster_psql x "$PROXY_PORT" envelopes -q -c "CREATE SEQUENCE bench_seq START 1000000000000"
-        for run in $(seq "$RUNS"); do
-            for kind in insert batch; do
-                router_cell "$kind" direct "$shard0" envelopes 2
-                router_cell "$kind" proxy "$PROXY_PORT" envelopes 2
+        if selected router; then
+            for run in $(seq "$RUNS"); do
+                for kind in insert batch; do
+                    router_cell "$kind" direct "$shard0" envelopes 2
+                    router_cell "$kind" proxy "$PROXY_PORT" envelopes 2
+                done
             done
-        done
+        fi
         # Reads: 64 originators x 2,000 rows, through the router and on one node.
         load="SELECT envelopes.insert_gateway_envelopes(array_agg(o), array_agg(s),
                   array_agg(pg_catalog.int4send((s % 16)::int)), array_agg(pg_catalog.convert_to(repeat('r', 200), 'UTF8')))
@@ -520,12 +532,59 @@ for durability in off on; do
         cluster_psql x "$PROXY_PORT" envelopes -q -c "$load" >/dev/null
         echo "SELECT count(*) FROM envelopes.select_gateway_envelopes(originator_node_ids => (SELECT array_agg(o) FROM generate_series(1001, 1064) o), row_limit => 1000);" >"$OUT/router_read.sql"
         echo "SELECT count(*) FROM envelopes.select_gateway_envelopes('{1001,1002,1003,1004}', '{500,500,500,500}', originator_node_ids => '{1001,1002,1003,1004}', row_limit => 1000);" >"$OUT/router_read_some.sql"
-        for run in $(seq "$RUNS"); do
-            for kind in read read_some; do
-                router_cell "$kind" onenode "$shard0" onenode 1
-                router_cell "$kind" proxy "$PROXY_PORT" envelopes 1
+        # The same reads returning their rows, as a reader gets them.
+        echo "SELECT * FROM envelopes.select_gateway_envelopes(originator_node_ids => (SELECT array_agg(o) FROM generate_series(1001, 1064) o), row_limit => 1000);" >"$OUT/router_read_rows.sql"
+        echo "SELECT * FROM envelopes.select_gateway_envelopes('{1001,1002,1003,1004}', '{500,500,500,500}', originator_node_ids => '{1001,1002,1003,1004}', row_limit => 1000);" >"$OUT/router_read_some_rows.sql"
+        if selected router; then
+            for run in $(seq "$RUNS"); do
+                for kind in read read_some; do
+                    router_cell "$kind" onenode "$shard0" onenode 1
+                    router_cell "$kind" proxy "$PROXY_PORT" envelopes 1
+                done
             done
-        done
+        fi
+        if selected routerpin; then
+            # pin_cluster DIR CPU: the postmaster and every process it has
+            # started so far (backends started later inherit the postmaster's).
+            pin_cluster() {
+                local pm pid
+                pm=$(head -n 1 "$1/data/postmaster.pid")
+                for pid in "$pm" $(pgrep -P "$pm"); do taskset -apc "$2" "$pid" >/dev/null; done
+            }
+            for i in $(seq 0 $((SHARD_COUNT - 1))); do pin_cluster "$ENVELOPES_TMP/shards/shard$i" 1; done
+            pin_cluster "$ENVELOPES_TMP/shards/proxy" 0
+            # cpu_busy N: busy jiffies of CPU N so far (all but idle and iowait).
+            cpu_busy() { awk -v c="cpu$1" '$1 == c { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
+            # pinned_cell KIND VARIANT PORT DB: 4 clients on CPU 0.
+            pinned_cell() {
+                local b0 b1 t0 out tps elapsed
+                b0=$(cpu_busy 0) b1=$(cpu_busy 1) t0=$(date +%s.%N)
+                out=$(taskset -c 0 "$PG_BIN/pgbench" -n -M prepared -h 127.0.0.1 -p "$3" -U postgres \
+                    -c 4 -j 1 -T "$SECONDS_PER_RUN" -f "$OUT/router_$1.sql" "$4" 2>"$OUT/pgbench.err")
+                elapsed=$(python3 -c "print($(date +%s.%N) - $t0)")
+                tps=$(awk '/^tps = / { print $3; exit }' <<<"$out")
+                [ -n "$tps" ] || { cat "$OUT/pgbench.err" >&2; exit 1; }
+                read -r busy0 busy1 per_call < <(python3 -c "
+hz = $(getconf CLK_TCK); e = $elapsed
+d0 = ($(cpu_busy 0) - $b0) / hz; d1 = ($(cpu_busy 1) - $b1) / hz
+print(f'{100 * d0 / e:.0f} {100 * d1 / e:.0f} {1e6 * d0 / ($tps * e):.0f}')")
+                record "routerpin_$1" "$2" "$durability" "$run" "$tps" tps
+                record "routerpin_$1_cpu0" "$2" "$durability" "$run" "$busy0" "% busy"
+                record "routerpin_$1_cpu1" "$2" "$durability" "$run" "$busy1" "% busy"
+                record "routerpin_$1_cpu0_us" "$2" "$durability" "$run" "$per_call" "us/call"
+                log "routerpin_$1 [$durability] $2 run $run: $tps tps (CPU 0 ${busy0}% busy, ${per_call} us a call; CPU 1 ${busy1}% busy)"
+            }
+            for run in $(seq "$RUNS"); do
+                for kind in insert batch; do
+                    pinned_cell "$kind" direct "$shard0" envelopes
+                    pinned_cell "$kind" proxy "$PROXY_PORT" envelopes
+                done
+                for kind in read_rows read_some_rows; do
+                    pinned_cell "$kind" onenode "$shard0" onenode
+                    pinned_cell "$kind" proxy "$PROXY_PORT" envelopes
+                done
+            done
+        fi
         scripts/shards.sh down 2>/dev/null
     fi
 
@@ -578,21 +637,36 @@ for durability in off on; do
                 for pair in shapes50:50 shapesbig:$big; do
                     IFS=: read -r db parts <<<"$pair"
                     for clients in 1 4; do
-                        for form in fn sql; do
+                        forms=(fn sql)
+                        # The two originator-keyed shapes also run with literals (sqllit).
+                        [[ $shape = originator || $shape = poll ]] && forms+=(sqllit)
+                        for form in "${forms[@]}"; do
                             if [ "$db:$form" = shapesbig:sql ] && [[ $shape = topics || $shape = wave ]]; then
                                 # Plain SQL over every partition: one call takes
-                                # minutes, so it is timed once per round, one
-                                # client, and cut at 120 s (recorded as 1/120).
-                                [ "$clients" = 1 ] || continue
+                                # minutes, so each client makes one call per
+                                # round, cut at 120 s, and the rate recorded is
+                                # clients / time taken: exact when the calls
+                                # finish, more than the real rate when they are
+                                # cut (the ratio is then a lower bound).
                                 started=$(date +%s.%N)
-                                if PGOPTIONS="-c jit=off -c statement_timeout=120s" sql "$db" -q \
-                                    -f "bench/sql/shape_${shape}_$form.sql" >/dev/null 2>&1; then
-                                    tps=$(python3 -c "print(1 / ($(date +%s.%N) - $started))")
-                                else
-                                    tps=$(python3 -c "print(1 / 120)")
-                                fi
+                                pids=()
+                                for _ in $(seq "$clients"); do
+                                    PGOPTIONS="-c jit=off -c statement_timeout=120s" sql "$db" -q \
+                                        -f "bench/sql/shape_${shape}_$form.sql" >/dev/null 2>&1 &
+                                    pids+=($!)
+                                done
+                                for pid in "${pids[@]}"; do wait "$pid" || true; done
+                                tps=$(python3 -c "print($clients / ($(date +%s.%N) - $started))")
                             else
-                                tps=$(PGOPTIONS="-c jit=off" pgbench_tps "$db" "$clients" "bench/sql/shape_${shape}_$form.sql")
+                                # Plain forms plan every call with the values
+                                # bound (force_custom_plan): what a long-lived
+                                # connection settles on anyway, without the
+                                # one-time generic plan over every partition
+                                # (1 s at 1,000 partitions, a minute at 5,000)
+                                # that a short cell would mostly measure.
+                                options="-c jit=off"
+                                [ "$form" = fn ] || options+=" -c plan_cache_mode=force_custom_plan"
+                                tps=$(PGOPTIONS="$options" pgbench_tps "$db" "$clients" "bench/sql/shape_${shape}_$form.sql")
                             fi
                             [ -n "$tps" ] || { cat "$OUT/pgbench.err" >&2; exit 1; }
                             record "shapes_${shape}_${parts}_c$clients" "$form" "$durability" "$run" "$tps" reads/s

@@ -95,7 +95,19 @@ impl Scan {
         // initialised by ScanKeyInit; table_slot_create makes a slot of the heap's
         // own type, as index_getnext_slot requires.
         unsafe {
-            let index = pg_sys::index_open(index_oid, lock);
+            let mut index = pg_sys::index_open(index_oid, lock);
+            if matches!(range, Range::Topic { .. }) && !usable((*index).rd_index) {
+                // The remembered topic index is being built or retired (CREATE or
+                // REINDEX CONCURRENTLY): look again among the table's indexes.
+                pg_sys::index_close(index, lock);
+                TOPIC_INDEXES.with(|c| c.borrow_mut().remove(&relid));
+                let again = topic_index(heap);
+                if again == pg_sys::InvalidOid {
+                    pg_sys::relation_close(heap, lock);
+                    return None;
+                }
+                index = pg_sys::index_open(again, lock);
+            }
             let desc = pg_sys::index_beginscan(heap, index, snapshot, keys.len() as i32, 0);
             pg_sys::index_rescan(
                 desc,
@@ -373,32 +385,61 @@ fn column_number(rel: pg_sys::Relation, name: &str) -> Option<i32> {
     .map(|i| i as i32 + 1)
 }
 
-/// The valid, non-partial index of `heap` on exactly `(topic,
+thread_local! {
+    /// Each meta leaf's topic index, as [`topic_index`] found it: a read of
+    /// topics opens a scan per entry and band, and looking the index up means
+    /// opening every index of the leaf. An index's columns and predicate never
+    /// change; whether it is usable does, so [`Scan::open`] checks that on the
+    /// index it opens, and a remembered index the leaf no longer lists (dropped)
+    /// is looked up again.
+    static TOPIC_INDEXES: std::cell::RefCell<std::collections::HashMap<Oid, Oid>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+/// Whether an index may be read: valid (complete) and ready (kept up to date).
+///
+/// # Safety
+/// `form` is an open index's `rd_index`.
+unsafe fn usable(form: pg_sys::Form_pg_index) -> bool {
+    // SAFETY: as the caller guarantees.
+    unsafe { (*form).indisvalid && (*form).indisready && (*form).indislive }
+}
+
+/// The usable, non-partial index of `heap` on exactly `(topic,
 /// originator_sequence_id)`, or `InvalidOid`.
 fn topic_index(heap: pg_sys::Relation) -> Oid {
-    let attno = |name: &str| column_number(heap, name).map(|n| n as i16);
-    let (Some(topic), Some(seq)) = (attno("topic"), attno("originator_sequence_id")) else {
-        return pg_sys::InvalidOid;
-    };
     // SAFETY: RelationGetIndexList returns a palloc'd list of the open heap's index
     // oids (from its relcache entry). Each index is opened with the lock the scan
     // will hold anyway and closed again; rd_index is its pg_index row, whose
     // indkey has indnatts entries and indpred is NULL for a non-partial index.
     unsafe {
+        let relid = (*heap).rd_id;
         let list = pg_sys::RelationGetIndexList(heap);
         if list.is_null() {
             return pg_sys::InvalidOid;
         }
-        let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
         let len = (*list).length as usize;
         let cells = std::slice::from_raw_parts((*list).elements, len);
+        let listed = |oid: Oid| cells.iter().any(|c| c.oid_value == oid);
+        if let Some(known) = TOPIC_INDEXES.with(|c| c.borrow().get(&relid).copied()) {
+            if listed(known) {
+                pg_sys::list_free(list);
+                return known;
+            }
+        }
+        let attno = |name: &str| column_number(heap, name).map(|n| n as i16);
+        let (Some(topic), Some(seq)) = (attno("topic"), attno("originator_sequence_id")) else {
+            pg_sys::list_free(list);
+            return pg_sys::InvalidOid;
+        };
+        let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
         let mut found = pg_sys::InvalidOid;
         for cell in cells {
             let oid = cell.oid_value;
             let index = pg_sys::index_open(oid, lock);
             let form = (*index).rd_index;
             let keys = (*form).indkey.values.as_slice((*form).indnatts as usize);
-            let matches = (*form).indisvalid
+            let matches = usable(form)
                 && keys == [topic, seq]
                 && pg_sys::heap_attisnull(
                     (*index).rd_indextuple,
@@ -412,6 +453,9 @@ fn topic_index(heap: pg_sys::Relation) -> Oid {
             }
         }
         pg_sys::list_free(list);
+        if found != pg_sys::InvalidOid {
+            TOPIC_INDEXES.with(|c| c.borrow_mut().insert(relid, found));
+        }
         found
     }
 }

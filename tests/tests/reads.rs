@@ -228,3 +228,62 @@ fn the_view_reads_under_parallel_query() {
             .unwrap();
     }
 }
+
+/// A session that has read by topic remembers each band's topic index; when
+/// another session rebuilds that index (REINDEX CONCURRENTLY: a new index, the
+/// old one retired and dropped), the first session's topic reads still return
+/// every row, the ones written after the rebuild too.
+#[test]
+fn topic_reads_follow_a_rebuilt_topic_index() {
+    let db = TestDb::new("topicindex");
+    let mut reader = db.connect();
+    let mut admin = db.connect();
+    for seq in 1..=40 {
+        insert(&mut admin, 5, seq);
+    }
+    fn topic_count(c: &mut impl postgres::GenericClient) -> i64 {
+        c.query_one(
+            "SELECT count(*) FROM envelopes.select_gateway_envelopes(
+                 topics => ARRAY['\\x01'::bytea], originator_node_ids => '{5}')",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+    }
+    assert_eq!(topic_count(&mut reader), 40);
+    let index: String = admin
+        .query_one(
+            "SELECT i.indexrelid::regclass::text
+               FROM pg_catalog.pg_index i
+               JOIN pg_catalog.pg_inherits h ON h.inhrelid = i.indrelid
+               JOIN pg_catalog.pg_inherits o ON o.inhrelid = h.inhparent
+              WHERE o.inhparent = 'envelopes.gateway_envelopes_meta'::regclass
+                AND pg_catalog.pg_get_indexdef(i.indexrelid) LIKE '%(topic, originator_sequence_id)'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    admin
+        .batch_execute(&format!("REINDEX INDEX CONCURRENTLY {index}"))
+        .unwrap();
+    for seq in 41..=50 {
+        insert(&mut admin, 5, seq);
+    }
+    assert_eq!(topic_count(&mut reader), 50, "after REINDEX CONCURRENTLY");
+    // A second rebuild while the reader stands in a transaction that has read
+    // through the index: its next statement reads through the new one.
+    let mut tx = reader.transaction().unwrap();
+    assert_eq!(topic_count(&mut tx), 50);
+    tx.commit().unwrap();
+    admin
+        .batch_execute(&format!("REINDEX INDEX CONCURRENTLY {index}"))
+        .unwrap();
+    for seq in 51..=60 {
+        insert(&mut admin, 5, seq);
+    }
+    assert_eq!(
+        topic_count(&mut reader),
+        60,
+        "after a second REINDEX CONCURRENTLY"
+    );
+}

@@ -941,3 +941,41 @@ fn the_routers_grants_let_a_writer_write_and_nobody_else() {
         ));
     }
 }
+
+/// Before set_shards, a routed call fails at once with a connection error that
+/// names the placeholder, writes nothing, and leaves the router usable once the
+/// shards are set.
+#[test]
+fn a_router_without_shards_refuses_calls_at_once() {
+    let servers = Servers::load();
+    let name = format!("r_noshards_{}", std::process::id());
+    let mut admin = connect(&format!("{} dbname=postgres user=postgres", servers.proxy));
+    admin
+        .batch_execute(&format!("CREATE DATABASE \"{name}\""))
+        .unwrap();
+    let mut proxy = connect(&format!("{} dbname={name} user=postgres", servers.proxy));
+    proxy
+        .batch_execute(
+            "SET client_min_messages = warning; CREATE EXTENSION pg_envelopes_router CASCADE",
+        )
+        .unwrap();
+    for call in [
+        "SELECT envelopes.insert_gateway_envelope(1, 1, '\\x01', '\\x02')",
+        "SELECT * FROM envelopes.select_gateway_envelopes()",
+        "SELECT envelopes.insert_gateway_envelopes('{1}', '{1}', '{\\\\x01}', '{\\\\x02}')",
+    ] {
+        let started = std::time::Instant::now();
+        let error = proxy.batch_execute(call).expect_err(call);
+        let text = format!("{error:?}");
+        assert!(
+            text.contains("pg_envelopes_router_has_no_shards"),
+            "{call}: {text}"
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "{call} took {:?}",
+            started.elapsed()
+        );
+    }
+    let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"));
+}
