@@ -555,24 +555,50 @@ for durability in off on; do
             pin_cluster "$ENVELOPES_TMP/shards/proxy" 0
             # cpu_busy N: busy jiffies of CPU N so far (all but idle and iowait).
             cpu_busy() { awk -v c="cpu$1" '$1 == c { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
+            # The writes of the pinned cells carry their ids from the client, as
+            # a gateway's do: each client writes its own originator of shard 0,
+            # in order, from a base of its own per cell (pgbench variables are
+            # per client; -D sets the start). Ids drawn with nextval() would be
+            # drawn on the shard when direct and on the proxy when routed.
+            client_node="\\set node case"
+            for k in 0 1 2 3; do client_node+=" when :client_id = $k then ${mine[$k]}"; done
+            client_node+=" end"
+            topic=$(grep -o "'\\\\x0123[0-9a-f]*'" bench/sql/insert_extension.sql | head -n 1)
+            envelope=$(grep -o "'\\\\xa5[0-9a-f]*'" bench/sql/insert_extension.sql | head -n 1)
+            {
+                echo "$client_node"
+                echo "\\set seq :seq + 1"
+                echo "SELECT envelopes.insert_gateway_envelope(:node, :seq, $topic, $envelope);"
+            } >"$OUT/router_pinned_insert.sql"
+            {
+                echo "$client_node"
+                echo "\\set seq :seq + 100"
+                echo "SELECT envelopes.insert_gateway_envelopes(array_agg(:node::int), array_agg(s), array_agg($topic::bytea), array_agg($envelope::bytea))"
+                echo "  FROM pg_catalog.generate_series(:seq::bigint, :seq::bigint + 99) s;"
+            } >"$OUT/router_pinned_batch.sql"
+            cells=0
             # pinned_cell KIND VARIANT PORT DB: 4 clients on CPU 0.
             pinned_cell() {
-                local b0 b1 t0 out tps elapsed
+                local b0 b1 t0 out tps elapsed script=$OUT/router_$1.sql
+                [ -f "$OUT/router_pinned_$1.sql" ] && script=$OUT/router_pinned_$1.sql
+                cells=$((cells + 1))
                 b0=$(cpu_busy 0) b1=$(cpu_busy 1) t0=$(date +%s.%N)
                 out=$(taskset -c 0 "$PG_BIN/pgbench" -n -M prepared -h 127.0.0.1 -p "$3" -U postgres \
-                    -c 4 -j 1 -T "$SECONDS_PER_RUN" -f "$OUT/router_$1.sql" "$4" 2>"$OUT/pgbench.err")
+                    -c 4 -j 1 -T "$SECONDS_PER_RUN" -D seq=$((cells * 1000000000)) \
+                    -f "$script" "$4" 2>"$OUT/pgbench.err")
                 elapsed=$(python3 -c "print($(date +%s.%N) - $t0)")
                 tps=$(awk '/^tps = / { print $3; exit }' <<<"$out")
                 [ -n "$tps" ] || { cat "$OUT/pgbench.err" >&2; exit 1; }
-                read -r busy0 busy1 per_call < <(python3 -c "
+                read -r busy0 busy1 us0 us1 < <(python3 -c "
 hz = $(getconf CLK_TCK); e = $elapsed
 d0 = ($(cpu_busy 0) - $b0) / hz; d1 = ($(cpu_busy 1) - $b1) / hz
-print(f'{100 * d0 / e:.0f} {100 * d1 / e:.0f} {1e6 * d0 / ($tps * e):.0f}')")
+print(f'{100 * d0 / e:.0f} {100 * d1 / e:.0f} {1e6 * d0 / ($tps * e):.0f} {1e6 * d1 / ($tps * e):.0f}')")
                 record "routerpin_$1" "$2" "$durability" "$run" "$tps" tps
                 record "routerpin_$1_cpu0" "$2" "$durability" "$run" "$busy0" "% busy"
                 record "routerpin_$1_cpu1" "$2" "$durability" "$run" "$busy1" "% busy"
-                record "routerpin_$1_cpu0_us" "$2" "$durability" "$run" "$per_call" "us/call"
-                log "routerpin_$1 [$durability] $2 run $run: $tps tps (CPU 0 ${busy0}% busy, ${per_call} us a call; CPU 1 ${busy1}% busy)"
+                record "routerpin_$1_cpu0_us" "$2" "$durability" "$run" "$us0" "us/call"
+                record "routerpin_$1_cpu1_us" "$2" "$durability" "$run" "$us1" "us/call"
+                log "routerpin_$1 [$durability] $2 run $run: $tps tps (CPU 0 ${busy0}% busy, ${us0} us a call; CPU 1 ${busy1}% busy, ${us1} us a call)"
             }
             for run in $(seq "$RUNS"); do
                 for kind in insert batch; do
