@@ -9,7 +9,7 @@
 
 use crate::partition::band::{RangeBound, Table};
 use crate::partition::{self, PartitionError};
-use crate::scan::{Range, Scan};
+use crate::scan::{Range, Scan, Seeker};
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys::{self, Oid};
 
@@ -461,34 +461,37 @@ pub fn walk_topics(
         let cols = MetaColumns::of(&first.scan)?;
         // Stand every scan on its first row; drop the empty ones.
         cursors.retain_mut(|c| advance(c, &cols));
-        let mut probe: Option<(Scan, i32)> = None;
+        // The band's blob rows are fetched by key as the walk rises through
+        // the band (Seeker: one range scan, stepping over the rows of other
+        // topics without fetching them).
+        let mut seeker: Option<(Seeker, i32)> = None;
         let blob_leaf = aligned(&blob.bands, bound);
         while let Some(at) = (0..cursors.len()).min_by_key(|&i| cursors[i].seq) {
             let seq = cursors[at].seq;
-            let range = Range::Key { node, seq };
             let mut fallback = None;
-            let envelope = match (&mut probe, blob_leaf) {
-                (Some((scan, col)), _) => {
-                    scan.rescan(range);
-                    if scan.next() {
-                        scan.flat_value(*col)
+            let envelope = match (&mut seeker, blob_leaf) {
+                (Some((blobs, col)), _) => {
+                    if blobs.seek(seq) {
+                        blobs.flat_value(*col)
                     } else {
                         None
                     }
                 }
-                (None, Some(leaf)) => match Scan::open(leaf, snapshot, range, false) {
-                    Some(mut scan) => {
-                        let col = scan.attno("originator_envelope").ok_or_else(missing)?;
-                        let found = if scan.next() {
-                            scan.flat_value(col)
-                        } else {
-                            None
-                        };
-                        probe = Some((scan, col));
-                        found
+                (None, Some(leaf)) => {
+                    match Seeker::open(leaf, snapshot, node, seq.saturating_sub(1), upto) {
+                        Some(mut blobs) => {
+                            let col = blobs.attno("originator_envelope").ok_or_else(missing)?;
+                            let found = if blobs.seek(seq) {
+                                blobs.flat_value(col)
+                            } else {
+                                None
+                            };
+                            seeker = Some((blobs, col));
+                            found
+                        }
+                        None => None,
                     }
-                    None => None,
-                },
+                }
                 (None, None) => {
                     fallback = blob_of(&blob, node, seq, snapshot);
                     fallback

@@ -70,6 +70,18 @@ impl Scan {
         range: Range,
         backward: bool,
     ) -> Option<Scan> {
+        Scan::open_with(relid, snapshot, range, backward, false)
+    }
+
+    /// [`Scan::open`], with the index tuples handed back too when `want_itup`
+    /// (for [`Seeker`], which reads keys without fetching rows).
+    fn open_with(
+        relid: Oid,
+        snapshot: pg_sys::Snapshot,
+        range: Range,
+        backward: bool,
+        want_itup: bool,
+    ) -> Option<Scan> {
         let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
         // SAFETY: try_relation_open accepts any oid and returns NULL for a relation
         // that does not exist; the lock is released at transaction end.
@@ -109,6 +121,8 @@ impl Scan {
                 index = pg_sys::index_open(again, lock);
             }
             let desc = pg_sys::index_beginscan(heap, index, snapshot, keys.len() as i32, 0);
+            // Before the first rescan: btree sets up its copy of the tuples then.
+            (*desc).xs_want_itup = want_itup;
             pg_sys::index_rescan(
                 desc,
                 keys.as_mut_ptr(),
@@ -311,6 +325,150 @@ impl Drop for Scan {
     }
 }
 
+/// Rows of one originator in a band leaf, fetched by key in rising order: the
+/// blob side of a topic walk, which needs the bytes of some rows of the band (the
+/// ones of its topics), in sequence order. A probe per row descends the primary
+/// key from its root each time; here one forward range scan stays open, steps
+/// over the index entries of the rows not asked for without fetching those rows,
+/// and fetches the row asked for. A key far ahead (more than [`Seeker::STEPS`]
+/// entries, judged by sequence ids, which are dense in a band) is reached by a
+/// new descent instead, from which stepping goes on.
+pub struct Seeker {
+    scan: Scan,
+    node: i32,
+    upto: i64,
+    /// The sequence id of the index entry the scan stands on, if any.
+    standing: Option<i64>,
+    /// Every entry the scan has yet to return has a sequence id above this.
+    behind: i64,
+    /// The scan has run past its last entry.
+    done: bool,
+}
+
+impl Seeker {
+    /// Entries stepped over at most before a new descent is cheaper: a step is
+    /// a few hundred instructions, a descent some thousands.
+    const STEPS: i64 = 16;
+
+    /// A seeker over `relid`'s rows of `node` with sequence ids in `(after,
+    /// upto]` (`after` above `i64::MIN`: the scan keeps the same key shape when
+    /// it descends again); `None` as for [`Scan::open`].
+    pub fn open(
+        relid: Oid,
+        snapshot: pg_sys::Snapshot,
+        node: i32,
+        after: i64,
+        upto: i64,
+    ) -> Option<Seeker> {
+        let scan = Scan::open_with(
+            relid,
+            snapshot,
+            Range::Envelope { node, after, upto },
+            false,
+            true,
+        )?;
+        Some(Seeker {
+            scan,
+            node,
+            upto,
+            standing: None,
+            behind: after,
+            done: false,
+        })
+    }
+
+    /// Column `attno` of the row last found by [`Seeker::seek`] (see
+    /// [`Scan::flat_value`]).
+    pub fn flat_value(&mut self, attno: i32) -> Option<Datum> {
+        self.scan.flat_value(attno)
+    }
+
+    /// Attribute number of column `name` of the table.
+    pub fn attno(&self, name: &str) -> Option<i32> {
+        self.scan.attno(name)
+    }
+
+    /// Moves to the next index entry; its sequence id, or `None` at the end.
+    fn step(&mut self) -> Option<i64> {
+        // SAFETY: the scan is open with xs_want_itup set, so after a TID is
+        // returned xs_itup is the index tuple it came from, described by
+        // xs_itupdesc (the primary key: originator, sequence id), valid until
+        // the next call on the scan.
+        unsafe {
+            let desc = self.scan.desc;
+            let tid = pg_sys::index_getnext_tid(desc, pg_sys::ScanDirection::ForwardScanDirection);
+            if tid.is_null() || (*desc).xs_itup.is_null() {
+                self.done = true;
+                self.standing = None;
+                return None;
+            }
+            let mut values = [Datum::from(0); pg_sys::INDEX_MAX_KEYS as usize];
+            let mut nulls = [false; pg_sys::INDEX_MAX_KEYS as usize];
+            pg_sys::index_deform_tuple(
+                (*desc).xs_itup,
+                (*desc).xs_itupdesc,
+                values.as_mut_ptr(),
+                nulls.as_mut_ptr(),
+            );
+            let seq = (!nulls[1]).then(|| values[1].value() as i64);
+            self.standing = seq;
+            if let Some(seq) = seq {
+                self.behind = seq;
+            }
+            seq
+        }
+    }
+
+    /// Stands on the row with sequence id `seq` (above every one asked for
+    /// before) and returns true if it exists and is visible to the snapshot; its
+    /// columns are then read with [`Seeker::flat_value`].
+    pub fn seek(&mut self, seq: i64) -> bool {
+        // Decided once per seek, before any step: far ahead, or behind what the
+        // scan has passed (never asked by the walks, which go up, but kept
+        // right), descend again to just before the key. Deciding it again after
+        // a step would descend forever on a key whose only entries are dead to
+        // the snapshot: the step past them makes the key look behind.
+        let behind = seq <= self.behind && self.standing != Some(seq);
+        let far = !self.done && seq.saturating_sub(self.behind) > Seeker::STEPS;
+        if behind || far {
+            self.scan.rescan(Range::Envelope {
+                node: self.node,
+                after: seq.saturating_sub(1),
+                upto: self.upto,
+            });
+            self.standing = None;
+            self.behind = seq.saturating_sub(1);
+            self.done = false;
+        }
+        loop {
+            match self.standing {
+                Some(at) if at > seq => return false,
+                Some(at) if at == seq => {
+                    // SAFETY: the scan stands on the entry index_getnext_tid
+                    // returned last (xs_heaptid); index_fetch_heap fetches that
+                    // row into the scan's slot if the snapshot sees it.
+                    let visible = unsafe {
+                        if let Some(scratch) = &mut self.scan.scratch {
+                            scratch.reset();
+                        }
+                        pg_sys::index_fetch_heap(self.scan.desc, self.scan.slot)
+                    };
+                    if visible {
+                        return true;
+                    }
+                    // Another version of the key, dead to this snapshot: the next
+                    // entry may be the one it sees.
+                }
+                None if self.done => return false,
+                _ => {}
+            }
+            if self.step().is_none() {
+                return false;
+            }
+        }
+    }
+}
+
 fn key(attno: i16, strategy: u32, procedure: u32, argument: Datum) -> pg_sys::ScanKeyData {
     let mut key = pg_sys::ScanKeyData::default();
     // SAFETY: ScanKeyInit fills the struct it is given; the procedure is a built-in
@@ -457,5 +615,76 @@ fn topic_index(heap: pg_sys::Relation) -> Oid {
             TOPIC_INDEXES.with(|c| c.borrow_mut().insert(relid, found));
         }
         found
+    }
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use super::Seeker;
+    use pgrx::pg_sys;
+    use pgrx::prelude::*;
+
+    /// The envelope bytes of the row the seeker stands on.
+    fn bytes(seeker: &mut Seeker, col: i32) -> Vec<u8> {
+        let datum = seeker.flat_value(col).expect("an envelope");
+        // SAFETY: a flat bytea datum of the row the seeker stands on.
+        unsafe { <Vec<u8> as FromDatum>::from_polymorphic_datum(datum, false, pg_sys::BYTEAOID) }
+            .unwrap()
+    }
+
+    /// A seeker finds each asked key with its current bytes: near keys by
+    /// stepping, far ones and lower ones by a new descent; a key whose row was
+    /// deleted and inserted again (a dead index entry beside the live one)
+    /// gives the live row; a missing key, or one beyond the range, is not found
+    /// and the next seek still works.
+    #[pg_test]
+    fn a_seeker_finds_rows_by_key_in_rising_order() {
+        Spi::run(
+            "SELECT envelopes.insert_gateway_envelope(9, s, '\\x01', pg_catalog.int8send(s))
+               FROM generate_series(1, 200) s;
+             DELETE FROM envelopes.gateway_envelopes_blob
+              WHERE originator_node_id = 9 AND originator_sequence_id BETWEEN 50 AND 60;
+             INSERT INTO envelopes.gateway_envelopes_blob
+             SELECT 9, s, pg_catalog.int8send(-s) FROM generate_series(50, 60) s;
+             DELETE FROM envelopes.gateway_envelopes_blob
+              WHERE originator_node_id = 9 AND originator_sequence_id BETWEEN 100 AND 104;",
+        )
+        .unwrap();
+        let leaf = Spi::get_one::<pg_sys::Oid>(
+            "SELECT 'envelopes.gateway_envelopes_blob_o9_s0_1000000'::regclass::oid",
+        )
+        .unwrap()
+        .unwrap();
+        let expected = |seq: i64| -> Option<Vec<u8>> {
+            match seq {
+                50..=60 => Some((-seq).to_be_bytes().to_vec()),
+                100..=104 => None,
+                1..=200 => Some(seq.to_be_bytes().to_vec()),
+                _ => None,
+            }
+        };
+        // SAFETY: a snapshot taken now (the rows above are this transaction's),
+        // registered for as long as the seeker reads with it.
+        unsafe {
+            let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+            for upto in [i64::MAX, 180] {
+                let mut seeker = Seeker::open(leaf, snapshot, 9, 0, upto).unwrap();
+                let col = seeker.attno("originator_envelope").unwrap();
+                let asks = [
+                    1, 2, 3, 10, 40, 49, 50, 55, 55, 60, 61, 100, 102, 105, 150, 181, 200, 201, 30,
+                    31,
+                ];
+                for seq in asks {
+                    let want = if seq > upto { None } else { expected(seq) };
+                    let found = seeker.seek(seq);
+                    assert_eq!(found, want.is_some(), "seq {seq} upto {upto}");
+                    if let Some(want) = want {
+                        assert_eq!(bytes(&mut seeker, col), want, "seq {seq} upto {upto}");
+                    }
+                }
+            }
+            pg_sys::UnregisterSnapshot(snapshot);
+        }
     }
 }
