@@ -591,6 +591,64 @@ BEGIN
         FROM %I', role);
 END $$;
 
+-- The batch insert in the packed form pg_envelopes_router sends a shard (one
+-- originator's rows in one bytea, src/insert/mod.rs): a bytea[] in PL/Proxy's
+-- text transfer costs the shard a parse of every character of the array.
+CREATE FUNCTION insert_gateway_envelopes_packed(originator_node_id integer, packed_rows bytea)
+RETURNS bigint VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'insert_gateway_envelopes_packed_wrapper';
+REVOKE ALL ON FUNCTION insert_gateway_envelopes_packed(integer, bytea) FROM PUBLIC;
+
+-- Roles granted the writer bundle before this upgrade get it too.
+DO $$
+DECLARE
+    grantee pg_catalog.regrole;
+BEGIN
+    FOR grantee IN
+        SELECT DISTINCT a.grantee::pg_catalog.regrole
+          FROM pg_catalog.pg_proc p,
+               LATERAL pg_catalog.aclexplode(p.proacl) a
+         WHERE p.oid = '@extschema@.insert_gateway_envelopes(integer[], bigint[], bytea[], bytea[], integer[], timestamp with time zone[], bigint[])'::pg_catalog.regprocedure
+           AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner AND a.grantee <> 0
+    LOOP
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION
+            @extschema@.insert_gateway_envelopes_packed(integer, bytea) TO %s', grantee);
+    END LOOP;
+END $$;
+
+CREATE OR REPLACE FUNCTION grant_writer(role name) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@._check_role(role);
+    EXECUTE format('GRANT USAGE ON SCHEMA @extschema@ TO %I', role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION
+        @extschema@.insert_gateway_envelope(integer, bigint, bytea, bytea, integer, timestamp with time zone, bigint),
+        @extschema@.insert_gateway_envelopes(integer[], bigint[], bytea[], bytea[], integer[], timestamp with time zone[], bigint[]),
+        @extschema@.insert_gateway_envelopes_packed(integer, bytea),
+        @extschema@.ensure_gateway_parts(integer, bigint, bigint),
+        @extschema@.publish(text, bytea, jsonb),
+        @extschema@.ingress_position(text, text),
+        @extschema@.ingress_store_position(text, text, bigint)
+        TO %I', role);
+END $$;
+
+CREATE OR REPLACE FUNCTION revoke_writer(role name) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@._check_role(role);
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION
+        @extschema@.insert_gateway_envelope(integer, bigint, bytea, bytea, integer, timestamp with time zone, bigint),
+        @extschema@.insert_gateway_envelopes(integer[], bigint[], bytea[], bytea[], integer[], timestamp with time zone[], bigint[]),
+        @extschema@.insert_gateway_envelopes_packed(integer, bytea),
+        @extschema@.ensure_gateway_parts(integer, bigint, bigint),
+        @extschema@.publish(text, bytea, jsonb),
+        @extschema@.ingress_position(text, text),
+        @extschema@.ingress_store_position(text, text, bigint)
+        FROM %I', role);
+END $$;
+
 -- gateway_envelopes_view looks each meta row's bytes up by key instead of joining
 -- blob (src/lookup.rs); same columns, same rows.
 CREATE FUNCTION envelope_of(originator_node_id integer, originator_sequence_id bigint)

@@ -3,12 +3,22 @@
 //! `COPY` (which pgbench cannot drive) and with a plain idempotent
 //! `INSERT ... SELECT FROM unnest(...)` into the same pre-created partitions.
 //!
+//! It is also the gateway-shaped client of the router comparison: every value a
+//! bind parameter in binary form (as tokio-postgres and pgx send them), single
+//! rows included, the same client straight into a shard and through the proxy.
+//!
 //! usage: bulk_load DATABASE_URL MODE CLIENTS SECONDS ROWS_PER_CALL
-//!   MODE: extension | copy | insert_idempotent
+//!   MODE: extension | single | copy | insert_idempotent
+//!   (single: one insert_gateway_envelope call per row, ROWS_PER_CALL 1)
 //! Client i writes originator i + 1 from sequence id 1 upwards (the tables are
 //! emptied before each run by bench/sql/reset.sql), one call per transaction;
 //! the topic (32 bytes) and envelope (272 bytes) are those of the pgbench scripts.
 //! Prints one line: rows per second over all clients.
+//!
+//! Environment: ENVELOPES_LOAD_NODES (comma-separated originators, client i takes
+//! the i-th, cycling), ENVELOPES_LOAD_FIRST_SEQ (the first sequence id, default
+//! 1), ENVELOPES_LOAD_CALLS (stop each client after this many calls, whatever
+//! the time; for instruction counts).
 
 use futures_util::SinkExt;
 use std::time::{Duration, Instant};
@@ -21,6 +31,7 @@ const TOPIC: [u8; 32] = [
 const ENVELOPE: [u8; 272] = [0xa5; 272];
 
 const EXTENSION: &str = "SELECT envelopes.insert_gateway_envelopes($1, $2, $3, $4)";
+const SINGLE: &str = "SELECT envelopes.insert_gateway_envelope($1, $2, $3, $4)";
 const INSERT_IDEMPOTENT: &str = "
 WITH rows AS (
     SELECT * FROM ROWS FROM (pg_catalog.unnest($1::int[]), pg_catalog.unnest($2::bigint[]),
@@ -46,6 +57,8 @@ async fn client_loop(
     node: i32,
     deadline: Instant,
     per_call: i64,
+    first_seq: i64,
+    max_calls: Option<u64>,
 ) -> i64 {
     let (client, connection) = tokio_postgres::connect(&url, NoTls).await.expect("connect");
     tokio::spawn(connection);
@@ -53,6 +66,7 @@ async fn client_loop(
     let envelope_hex = hex(&ENVELOPE);
     let prepared = match mode.as_str() {
         "extension" => Some(client.prepare(EXTENSION).await.expect("prepare")),
+        "single" => Some(client.prepare(SINGLE).await.expect("prepare")),
         "insert_idempotent" => Some(client.prepare(INSERT_IDEMPOTENT).await.expect("prepare")),
         "copy" => None,
         other => panic!("unknown mode {other}"),
@@ -60,12 +74,20 @@ async fn client_loop(
     let topics = vec![TOPIC.to_vec(); per_call as usize];
     let envelopes = vec![ENVELOPE.to_vec(); per_call as usize];
     let nodes = vec![node; per_call as usize];
-    let mut next = 1i64;
+    let mut next = first_seq;
     let mut rows = 0i64;
-    while Instant::now() < deadline {
+    let mut calls = 0u64;
+    while Instant::now() < deadline && max_calls.is_none_or(|max| calls < max) {
+        calls += 1;
         let seqs: Vec<i64> = (next..next + per_call).collect();
         next += per_call;
         match &prepared {
+            Some(statement) if mode == "single" => {
+                client
+                    .execute(statement, &[&node, &seqs[0], &topics[0], &envelopes[0]])
+                    .await
+                    .expect("insert");
+            }
             Some(statement) => {
                 client
                     .execute(statement, &[&nodes, &seqs, &topics, &envelopes])
@@ -113,6 +135,18 @@ async fn main() {
     let clients: i32 = args[3].parse().expect("CLIENTS");
     let seconds: f64 = args[4].parse().expect("SECONDS");
     let per_call: i64 = args[5].parse().expect("ROWS_PER_CALL");
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let nodes: Vec<i32> = env("ENVELOPES_LOAD_NODES")
+        .map(|v| {
+            v.split(',')
+                .map(|n| n.trim().parse().expect("ENVELOPES_LOAD_NODES"))
+                .collect()
+        })
+        .unwrap_or_default();
+    let first_seq: i64 =
+        env("ENVELOPES_LOAD_FIRST_SEQ").map_or(1, |v| v.parse().expect("ENVELOPES_LOAD_FIRST_SEQ"));
+    let max_calls: Option<u64> =
+        env("ENVELOPES_LOAD_CALLS").map(|v| v.parse().expect("ENVELOPES_LOAD_CALLS"));
     let started = Instant::now();
     let deadline = started + Duration::from_secs_f64(seconds);
     let tasks: Vec<_> = (0..clients)
@@ -120,9 +154,15 @@ async fn main() {
             tokio::spawn(client_loop(
                 args[1].clone(),
                 args[2].clone(),
-                i + 1,
+                if nodes.is_empty() {
+                    i + 1
+                } else {
+                    nodes[i as usize % nodes.len()]
+                },
                 deadline,
                 per_call,
+                first_seq,
+                max_calls,
             ))
         })
         .collect();

@@ -612,6 +612,208 @@ fn a_batch_without_the_optional_arrays_takes_each_shards_defaults() {
     assert_eq!(seen, 24);
 }
 
+/// A batch of one originator without the optional arrays travels packed (one
+/// base64 value, `insert_gateway_envelopes_packed` on the shard): what it stores,
+/// what it returns and how it fails are one node's for the same batch, whatever
+/// the bytes (NUL bytes, empty envelopes, one large enough for base64's line
+/// breaks), with keys repeated in the batch, keys already stored and ids going
+/// down. A batch with a NULL element takes the array path and is refused naming
+/// the element. The packed form itself refuses a malformed value with 22P03.
+#[test]
+fn a_batch_of_one_originator_travels_packed_and_lands_like_one_node() {
+    let _guard = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    let shards = Cluster::new("packed", false);
+    let mut proxy = shards.proxy();
+    let reference = TestDb::new("router_packed_ref");
+    let mut one = reference.connect();
+    let node = 7i32;
+    let home = shards.shard_of(&mut proxy, node);
+    // Count the shard's calls of the packed form (function statistics).
+    {
+        let mut shard = shards.shard(home);
+        let db: String = shard
+            .query_one("SELECT current_database()", &[])
+            .unwrap()
+            .get(0);
+        shard
+            .batch_execute(&format!(
+                "ALTER DATABASE \"{db}\" SET track_functions = 'all'"
+            ))
+            .unwrap();
+    }
+    let packed_calls = || -> i64 {
+        let mut shard = shards.shard(home);
+        shard
+            .query_one(
+                "SELECT coalesce(sum(calls), 0)::bigint FROM pg_catalog.pg_stat_user_functions
+                  WHERE funcname = 'insert_gateway_envelopes_packed'",
+                &[],
+            )
+            .unwrap()
+            .get(0)
+    };
+    let call = "SELECT envelopes.insert_gateway_envelopes($1, $2, $3, $4)";
+    let batch =
+        |c: &mut Client, seqs: &[i64], topics: &[Option<Vec<u8>>], envs: &[Option<Vec<u8>>]| {
+            let nodes = vec![node; seqs.len()];
+            c.query_one(call, &[&nodes, &seqs, &topics, &envs])
+                .map(|r| r.get::<_, i64>(0))
+        };
+    let envelope = |seq: i64| -> Vec<u8> {
+        match seq % 5 {
+            0 => Vec::new(),
+            1 => vec![0u8; 17],
+            2 => (0..=255u8).collect(),
+            3 => vec![0xa5; 70_000],
+            _ => seq.to_be_bytes().to_vec(),
+        }
+    };
+    let topic = |seq: i64| -> Vec<u8> { vec![(seq % 7) as u8; (seq % 40) as usize + 1] };
+    // Some keys first, through each path.
+    let early: Vec<i64> = vec![40, 2_000_003, 6];
+    let early_topics: Vec<Option<Vec<u8>>> = early.iter().map(|&s| Some(topic(s))).collect();
+    let early_envs: Vec<Option<Vec<u8>>> = early.iter().map(|&s| Some(envelope(s))).collect();
+    assert_eq!(
+        batch(&mut proxy, &early, &early_topics, &early_envs).unwrap(),
+        3
+    );
+    assert_eq!(
+        batch(&mut one, &early, &early_topics, &early_envs).unwrap(),
+        3
+    );
+    // Ids going down across bands, repeated keys (the first occurrence counts),
+    // and the keys stored above.
+    let mut seqs: Vec<i64> = (1..=60).rev().map(|s| s * 50_001).collect();
+    seqs.extend([6, 40, 2_000_003, 50_001, 50_001, 1]);
+    let topics: Vec<Option<Vec<u8>>> = seqs.iter().map(|&s| Some(topic(s))).collect();
+    let mut envs: Vec<Option<Vec<u8>>> = seqs.iter().map(|&s| Some(envelope(s))).collect();
+    let last = envs.len() - 2;
+    envs[last] = Some(b"a repeated key keeps its first row".to_vec());
+    let before = packed_calls();
+    let routed = batch(&mut proxy, &seqs, &topics, &envs).unwrap();
+    let direct = batch(&mut one, &seqs, &topics, &envs).unwrap();
+    assert_eq!(routed, direct, "the count one node returns");
+    assert_eq!(routed, 61);
+    assert_eq!(
+        batch(&mut proxy, &seqs, &topics, &envs).unwrap(),
+        0,
+        "idempotent"
+    );
+    type Stored = (i32, i64, Vec<u8>, Option<i32>, Option<i64>, Vec<u8>);
+    let stored = |c: &mut Client| -> Vec<Stored> {
+        c.query(
+            "SELECT originator_node_id, originator_sequence_id, topic, payer_id, expiry,
+                    originator_envelope
+               FROM envelopes.gateway_envelopes_view ORDER BY 1, 2",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)))
+        .collect()
+    };
+    assert_eq!(stored(&mut shards.shard(home)), stored(&mut one));
+    // Statistics reach the view once the calling backend is idle.
+    let mut calls = packed_calls();
+    for _ in 0..50 {
+        if calls >= before + 2 {
+            break;
+        }
+        thread::sleep(Duration::from_millis(200));
+        calls = packed_calls();
+    }
+    assert!(
+        calls >= before + 2,
+        "the batches went packed ({before} -> {calls} calls)"
+    );
+
+    // Refusals: the codes (and for elements, the messages) one node gives.
+    let refused =
+        |c: &mut Client, seqs: &[i64], topics: &[Option<Vec<u8>>], envs: &[Option<Vec<u8>>]| {
+            let e = batch(c, seqs, topics, envs).unwrap_err();
+            let message = e
+                .as_db_error()
+                .map(|d| d.message().to_owned())
+                .unwrap_or_default();
+            (sqlstate(&e), message)
+        };
+    type Case = (Vec<i64>, Vec<Option<Vec<u8>>>, Vec<Option<Vec<u8>>>);
+    let cases: Vec<Case> = vec![
+        // a NULL topic element: the array path, refused with its index
+        (
+            vec![90, 91],
+            vec![Some(vec![1]), None],
+            vec![Some(vec![1]), Some(vec![2])],
+        ),
+        // a NULL envelope element
+        (
+            vec![90, 91],
+            vec![Some(vec![1]), Some(vec![1])],
+            vec![None, Some(vec![2])],
+        ),
+        // a topic over envelopes.max_topic_bytes
+        (
+            vec![90, 91],
+            vec![Some(vec![1]), Some(vec![1; 1025])],
+            vec![Some(vec![1]), Some(vec![2])],
+        ),
+        // a negative sequence id
+        (
+            vec![90, -1],
+            vec![Some(vec![1]), Some(vec![1])],
+            vec![Some(vec![1]), Some(vec![2])],
+        ),
+    ];
+    for (seqs, topics, envs) in &cases {
+        let (code, message) = refused(&mut proxy, seqs, topics, envs);
+        let (want_code, want_message) = refused(&mut one, seqs, topics, envs);
+        assert_eq!(code, want_code, "{seqs:?}");
+        if code == "22004" {
+            assert!(
+                message.ends_with(&want_message),
+                "{message} vs {want_message}"
+            );
+        }
+    }
+    assert_eq!(
+        stored(&mut shards.shard(home)),
+        stored(&mut one),
+        "refused batches wrote nothing"
+    );
+
+    // The packed form on a shard: malformed values are 22P03, a NULL originator 22004.
+    let mut shard = shards.shard(home);
+    let packed = "SELECT envelopes.insert_gateway_envelopes_packed($1, $2)";
+    let mut good = Vec::new();
+    good.extend(5_000_000i64.to_be_bytes());
+    good.extend(2i32.to_be_bytes());
+    good.extend(b"tp");
+    good.extend(3i32.to_be_bytes());
+    good.extend(b"env");
+    let mut negative = good.clone();
+    negative[8..12].copy_from_slice(&(-1i32).to_be_bytes());
+    let mut huge = good.clone();
+    huge[8..12].copy_from_slice(&i32::MAX.to_be_bytes());
+    for bad in [
+        good[..good.len() - 1].to_vec(),
+        good[..5].to_vec(),
+        negative,
+        huge,
+    ] {
+        let e = shard.query_one(packed, &[&node, &bad]).unwrap_err();
+        assert_eq!(sqlstate(&e), "22P03", "{bad:?}");
+    }
+    let e = shard.query_one(packed, &[&None::<i32>, &good]).unwrap_err();
+    assert_eq!(sqlstate(&e), "22004");
+    let n: i64 = shard.query_one(packed, &[&node, &good]).unwrap().get(0);
+    assert_eq!(n, 1);
+    let n: i64 = shard
+        .query_one(packed, &[&node, &Vec::<u8>::new()])
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0, "an empty batch");
+}
+
 #[test]
 fn a_shard_down_stops_only_its_originators() {
     let _guard = SHARED.lock().unwrap_or_else(|e| e.into_inner());
