@@ -159,7 +159,12 @@ AS $$
     CLUSTER 'envelopes_router_shards';
     -- A NULL id goes to partition 0's shard, which rejects it as one node does.
     RUN ON hashint4(coalesce(originator_node_id, 0));
-    TARGET envelopes.insert_gateway_envelope;
+    -- Called in the target list: PL/Proxy's own form (the function in FROM,
+    -- every argument cast) costs the shard about 17,000 more instructions to
+    -- parse and plan on each call (bench/router_instructions.sh).
+    SELECT envelopes.insert_gateway_envelope(originator_node_id, originator_sequence_id,
+                                             topic, originator_envelope, payer_id,
+                                             gateway_time, expiry);
 $$;
 
 -- One call per shard with that shard's elements of every array (PL/Proxy SPLIT);
@@ -195,20 +200,20 @@ AS $$
 $$;
 
 -- A batch of one originator without the optional arrays (a gateway's usual
--- call), packed into one bytea (see the shard's insert_gateway_envelopes_packed)
--- and sent as base64 text, decoded on the shard by its own decode(). PL/Proxy
--- passes every value as text: a bytea[] of 100 envelopes costs the shard a parse
--- of each of its characters (about 60% of the batch's own insert work for
--- 272-byte envelopes, bench/RESULTS.md routerinstr), one base64 value a
--- fraction of that.
+-- call), packed into one base64 value (see the shard's
+-- insert_gateway_envelopes_packed). PL/Proxy passes every value as text: a
+-- bytea[] of 100 envelopes costs the shard a parse of each of its characters
+-- (more than the batch's own insert work for 272-byte envelopes), the base64
+-- value a small part of that (bench/RESULTS.md, routerinstr). Called in the
+-- target list: PL/Proxy's own form, a function in FROM, costs the shard more to
+-- parse and plan on every call.
 CREATE FUNCTION envelopes_router._insert_gateway_envelopes_packed(
     originator_node_id integer, packed_rows text)
 RETURNS bigint LANGUAGE plproxy
 AS $$
     CLUSTER 'envelopes_router_shards';
     RUN ON hashint4(originator_node_id);
-    SELECT envelopes.insert_gateway_envelopes_packed(originator_node_id,
-                                                     pg_catalog.decode(packed_rows, 'base64'));
+    SELECT envelopes.insert_gateway_envelopes_packed(originator_node_id, packed_rows);
 $$;
 
 -- The batch insert: checked here as one node checks it (so a bad batch writes

@@ -592,12 +592,13 @@ BEGIN
 END $$;
 
 -- The batch insert in the packed form pg_envelopes_router sends a shard (one
--- originator's rows in one bytea, src/insert/mod.rs): a bytea[] in PL/Proxy's
--- text transfer costs the shard a parse of every character of the array.
-CREATE FUNCTION insert_gateway_envelopes_packed(originator_node_id integer, packed_rows bytea)
+-- originator's rows in one base64 value, src/insert/mod.rs): a bytea[] in
+-- PL/Proxy's text transfer costs the shard a parse of every character of the
+-- array.
+CREATE FUNCTION insert_gateway_envelopes_packed(originator_node_id integer, packed_rows text)
 RETURNS bigint VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'insert_gateway_envelopes_packed_wrapper';
-REVOKE ALL ON FUNCTION insert_gateway_envelopes_packed(integer, bytea) FROM PUBLIC;
+REVOKE ALL ON FUNCTION insert_gateway_envelopes_packed(integer, text) FROM PUBLIC;
 
 -- Roles granted the writer bundle before this upgrade get it too.
 DO $$
@@ -612,7 +613,7 @@ BEGIN
            AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner AND a.grantee <> 0
     LOOP
         EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION
-            @extschema@.insert_gateway_envelopes_packed(integer, bytea) TO %s', grantee);
+            @extschema@.insert_gateway_envelopes_packed(integer, text) TO %s', grantee);
     END LOOP;
 END $$;
 
@@ -625,7 +626,7 @@ BEGIN
     EXECUTE format('GRANT EXECUTE ON FUNCTION
         @extschema@.insert_gateway_envelope(integer, bigint, bytea, bytea, integer, timestamp with time zone, bigint),
         @extschema@.insert_gateway_envelopes(integer[], bigint[], bytea[], bytea[], integer[], timestamp with time zone[], bigint[]),
-        @extschema@.insert_gateway_envelopes_packed(integer, bytea),
+        @extschema@.insert_gateway_envelopes_packed(integer, text),
         @extschema@.ensure_gateway_parts(integer, bigint, bigint),
         @extschema@.publish(text, bytea, jsonb),
         @extschema@.ingress_position(text, text),
@@ -641,7 +642,7 @@ BEGIN
     EXECUTE format('REVOKE EXECUTE ON FUNCTION
         @extschema@.insert_gateway_envelope(integer, bigint, bytea, bytea, integer, timestamp with time zone, bigint),
         @extschema@.insert_gateway_envelopes(integer[], bigint[], bytea[], bytea[], integer[], timestamp with time zone[], bigint[]),
-        @extschema@.insert_gateway_envelopes_packed(integer, bytea),
+        @extschema@.insert_gateway_envelopes_packed(integer, text),
         @extschema@.ensure_gateway_parts(integer, bigint, bigint),
         @extschema@.publish(text, bytea, jsonb),
         @extschema@.ingress_position(text, text),

@@ -29,7 +29,7 @@ BEGIN
     EXECUTE format('GRANT EXECUTE ON FUNCTION
         @extschema@.insert_gateway_envelope(integer, bigint, bytea, bytea, integer, timestamp with time zone, bigint),
         @extschema@.insert_gateway_envelopes(integer[], bigint[], bytea[], bytea[], integer[], timestamp with time zone[], bigint[]),
-        @extschema@.insert_gateway_envelopes_packed(integer, bytea),
+        @extschema@.insert_gateway_envelopes_packed(integer, text),
         @extschema@.ensure_gateway_parts(integer, bigint, bigint),
         @extschema@.publish(text, bytea, jsonb),
         @extschema@.ingress_position(text, text),
@@ -45,7 +45,7 @@ BEGIN
     EXECUTE format('REVOKE EXECUTE ON FUNCTION
         @extschema@.insert_gateway_envelope(integer, bigint, bytea, bytea, integer, timestamp with time zone, bigint),
         @extschema@.insert_gateway_envelopes(integer[], bigint[], bytea[], bytea[], integer[], timestamp with time zone[], bigint[]),
-        @extschema@.insert_gateway_envelopes_packed(integer, bytea),
+        @extschema@.insert_gateway_envelopes_packed(integer, text),
         @extschema@.ensure_gateway_parts(integer, bigint, bigint),
         @extschema@.publish(text, bytea, jsonb),
         @extschema@.ingress_position(text, text),

@@ -613,7 +613,7 @@ fn a_batch_without_the_optional_arrays_takes_each_shards_defaults() {
 }
 
 /// A batch of one originator without the optional arrays travels packed (one
-/// base64 value, `insert_gateway_envelopes_packed` on the shard): what it stores,
+/// base64 value for `insert_gateway_envelopes_packed` on the shard): what it stores,
 /// what it returns and how it fails are one node's for the same batch, whatever
 /// the bytes (NUL bytes, empty envelopes, one large enough for base64's line
 /// breaks), with keys repeated in the batch, keys already stored and ids going
@@ -783,7 +783,8 @@ fn a_batch_of_one_originator_travels_packed_and_lands_like_one_node() {
 
     // The packed form on a shard: malformed values are 22P03, a NULL originator 22004.
     let mut shard = shards.shard(home);
-    let packed = "SELECT envelopes.insert_gateway_envelopes_packed($1, $2)";
+    let packed =
+        "SELECT envelopes.insert_gateway_envelopes_packed($1, pg_catalog.encode($2, 'base64'))";
     let mut good = Vec::new();
     good.extend(5_000_000i64.to_be_bytes());
     good.extend(2i32.to_be_bytes());
@@ -805,6 +806,15 @@ fn a_batch_of_one_originator_travels_packed_and_lands_like_one_node() {
     }
     let e = shard.query_one(packed, &[&None::<i32>, &good]).unwrap_err();
     assert_eq!(sqlstate(&e), "22004");
+    for text in ["not base64!", "QUJD=RA=="] {
+        let e = shard
+            .query_one(
+                "SELECT envelopes.insert_gateway_envelopes_packed($1, $2)",
+                &[&node, &text],
+            )
+            .unwrap_err();
+        assert_eq!(sqlstate(&e), "22P03", "{text}");
+    }
     let n: i64 = shard.query_one(packed, &[&node, &good]).unwrap().get(0);
     assert_eq!(n, 1);
     let n: i64 = shard
