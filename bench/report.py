@@ -35,8 +35,8 @@ ABSOLUTE = [
     ("routerinstr_batch_binary", "routed", None, "lower", "100-row batch, binary client, the shard's instructions per call through the router"),
     ("routerinstr_select1", "unprepared", None, "lower", "SELECT 1 unprepared, instructions per call"),
     ("routerinstr_select1", "prepared", None, "lower", "SELECT 1 prepared, instructions per call"),
-    ("routerpin_insert_cpu0_us", "proxy", None, "lower", "single-row insert through the router, CPU 0 (pgbench and the proxy) per call (us)"),
-    ("routerpin_insert_cpu0_us", "direct", None, "lower", "single-row insert straight into the shard, CPU 0 (pgbench) per call (us)"),
+    ("routerpin_insert_cpu0_us", "proxy", None, "lower", "single-row insert through the router, CPU 0 (the clients and the proxy) per call (us)"),
+    ("routerpin_insert_cpu0_us", "direct", None, "lower", "single-row insert straight into the shard, CPU 0 (the clients) per call (us)"),
     ("routerpin_insert_cpu1", "proxy", None, "higher", "single-row insert through the router, the shards' CPU busy (%)"),
     ("routerpin_insert_cpu1", "direct", None, "higher", "single-row insert straight into the shard, the shard's CPU busy (%)"),
     ("routerpin_batch_cpu1", "proxy", None, "higher", "100-row batch through the router, the shards' CPU busy (%)"),
@@ -53,9 +53,9 @@ ABSOLUTE = [
 RATIOS = [
     # Per shard: the shards on CPU 1, the proxy and the clients on CPU 0.
     ("routerpin_insert", "proxy", "direct", 0.8, "higher",
-     "single-row insert through pg_envelopes_router (PL/Proxy) / straight into the owning shard, per shard (shard and proxy on CPUs of their own), 4 clients"),
+     "single-row insert through pg_envelopes_router (PL/Proxy) / straight into the owning shard, per shard (shard and proxy on CPUs of their own), 4 binary-parameter clients"),
     ("routerpin_batch", "proxy", "direct", 0.95, "higher",
-     "100-row batch through the router / straight into the owning shard, per shard, 4 clients"),
+     "100-row batch of one originator through the router / straight into the owning shard, per shard, 4 binary-parameter clients"),
     # A read is bound by the proxy's CPU here (it turns 1,000 rows from text and
     # back), so the shard side's capacity is read from its CPU time per read.
     ("routerpin_read_rows_cpu1_us", "onenode", "proxy", 0.7, "higher",
@@ -71,9 +71,9 @@ RATIOS = [
     ("routerpin_read_rows_cpu0_us", "proxy", "onenode", None, "lower",
      "1,000-row read, CPU 0's time per read: pgbench and the proxy / pgbench alone (the router's own cost)"),
     ("routerpin_insert_cpu0_us", "proxy", "direct", None, "lower",
-     "single-row insert, CPU 0's time per call: pgbench and the proxy / pgbench alone (the router's own cost)"),
+     "single-row insert, CPU 0's time per call: the clients and the proxy / the clients alone (the router's own cost)"),
     ("routerpin_batch_cpu0_us", "proxy", "direct", None, "lower",
-     "100-row batch, CPU 0's time per call: pgbench and the proxy / pgbench alone"),
+     "100-row batch, CPU 0's time per call: the clients and the proxy / the clients alone"),
     # Per shard, noise-free: the shard's instructions per call (callgrind),
     # straight / through the router (above 1 would mean the routed call costs
     # the shard less).

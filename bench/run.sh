@@ -566,38 +566,36 @@ for durability in off on; do
             # cpu_busy N: busy jiffies of CPU N so far (all but idle and iowait).
             cpu_busy() { awk -v c="cpu$1" '$1 == c { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
             # The writes of the pinned cells carry their ids from the client, as
-            # a gateway's do: each client writes its own originator of shard 0,
-            # in order, from a base of its own per cell (pgbench variables are
-            # per client; -D sets the start). Ids drawn with nextval() would be
-            # drawn on the shard when direct and on the proxy when routed.
-            client_node="\\set node case"
-            for k in 0 1 2 3; do client_node+=" when :client_id = $k then ${mine[$k]}"; done
-            client_node+=" end"
-            topic=$(grep -o "'\\\\x0123[0-9a-f]*'" bench/sql/insert_extension.sql | head -n 1)
-            envelope=$(grep -o "'\\\\xa5[0-9a-f]*'" bench/sql/insert_extension.sql | head -n 1)
-            {
-                echo "$client_node"
-                echo "\\set seq :seq + 1"
-                echo "SELECT envelopes.insert_gateway_envelope(:node, :seq, $topic, $envelope);"
-            } >"$OUT/router_pinned_insert.sql"
-            {
-                echo "$client_node"
-                echo "\\set seq :seq + 100"
-                echo "SELECT envelopes.insert_gateway_envelopes(array_agg(:node::int), array_agg(s), array_agg($topic::bytea), array_agg($envelope::bytea))"
-                echo "  FROM pg_catalog.generate_series(:seq::bigint, :seq::bigint + 99) s;"
-            } >"$OUT/router_pinned_batch.sql"
+            # a gateway's do: each of the 4 clients writes its own originator of
+            # shard 0, in order, from a base of its own per cell (ids drawn with
+            # nextval() would be drawn on the shard when direct and on the proxy
+            # when routed).
             cells=0
             # pinned_cell KIND VARIANT PORT DB: 4 clients on CPU 0.
             pinned_cell() {
                 local b0 b1 t0 out tps elapsed script=$OUT/router_$1.sql
-                [ -f "$OUT/router_pinned_$1.sql" ] && script=$OUT/router_pinned_$1.sql
                 cells=$((cells + 1))
                 b0=$(cpu_busy 0) b1=$(cpu_busy 1) t0=$(date +%s.%N)
-                out=$(taskset -c 0 "$PG_BIN/pgbench" -n -M prepared -h 127.0.0.1 -p "$3" -U postgres \
-                    -c 4 -j 1 -T "$SECONDS_PER_RUN" -D seq=$((cells * 1000000000)) \
-                    -f "$script" "$4" 2>"$OUT/pgbench.err")
+                case $1 in
+                insert|batch)
+                    # The writes come from a gateway-shaped client (bulk_load:
+                    # prepared, every value a binary bind parameter), the same
+                    # one straight and through the proxy; literals in a pgbench
+                    # script would be decoded once, at PREPARE, when straight.
+                    local mode=single rows=1
+                    [ "$1" = batch ] && mode=extension rows=100
+                    out=$(ENVELOPES_LOAD_NODES=$(IFS=,; echo "${mine[*]:0:4}") \
+                        ENVELOPES_LOAD_FIRST_SEQ=$((cells * 1000000000)) \
+                        taskset -c 0 "$BULK" "host=127.0.0.1 port=$3 user=postgres dbname=$4" \
+                        "$mode" 4 "$SECONDS_PER_RUN" "$rows" 2>"$OUT/pgbench.err")
+                    tps=$(python3 -c "print($out / $rows)" 2>/dev/null || true) ;;
+                *)
+                    out=$(taskset -c 0 "$PG_BIN/pgbench" -n -M prepared -h 127.0.0.1 -p "$3" -U postgres \
+                        -c 4 -j 1 -T "$SECONDS_PER_RUN" -D seq=$((cells * 1000000000)) \
+                        -f "$script" "$4" 2>"$OUT/pgbench.err")
+                    tps=$(awk '/^tps = / { print $3; exit }' <<<"$out") ;;
+                esac
                 elapsed=$(python3 -c "print($(date +%s.%N) - $t0)")
-                tps=$(awk '/^tps = / { print $3; exit }' <<<"$out")
                 [ -n "$tps" ] || { cat "$OUT/pgbench.err" >&2; exit 1; }
                 read -r busy0 busy1 us0 us1 < <(python3 -c "
 hz = $(getconf CLK_TCK); e = $elapsed
