@@ -1121,6 +1121,19 @@ fn the_routers_grants_let_a_writer_write_and_nobody_else() {
     for o in 1..=8 {
         assert_eq!(insert_one(&mut writer, &(o, 1, vec![b'g'], None, None)), 1);
     }
+    // Batches both ways: of one originator without the optional arrays
+    // (packed) and across shards with them (split).
+    let packed: i64 = writer
+        .query_one(
+            "SELECT envelopes.insert_gateway_envelopes('{3,3,3,3}', '{2,3,4,5}',
+                 array_fill('\\x70'::bytea, '{4}'), array_fill('\\x01'::bytea, '{4}'))",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(packed, 4);
+    let across: Vec<Input> = (1..=8).map(|o| (o, 10, vec![b's'], None, None)).collect();
+    assert_eq!(insert_batch(&mut writer, &across).unwrap(), 8);
     let n: i64 = writer
         .query_one(
             "SELECT count(*) FROM envelopes.select_gateway_envelopes(row_limit => 100)",
@@ -1128,7 +1141,7 @@ fn the_routers_grants_let_a_writer_write_and_nobody_else() {
         )
         .unwrap()
         .get(0);
-    assert_eq!(n, 8);
+    assert_eq!(n, 20);
     let mut stranger = connect(&format!("{} user={outsider}", shards.proxy));
     let refused = stranger
         .query_one(
