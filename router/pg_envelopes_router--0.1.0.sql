@@ -150,21 +150,69 @@ $$;
 -- The writer's functions.
 -- ---------------------------------------------------------------------------
 
-CREATE FUNCTION envelopes.insert_gateway_envelope(
+-- A single row with a NULL where one node refuses it: sent as it is, so the
+-- shard refuses it with one node's error.
+CREATE FUNCTION envelopes_router._insert_gateway_envelope(
     originator_node_id integer, originator_sequence_id bigint, topic bytea,
-    originator_envelope bytea, payer_id integer DEFAULT NULL,
-    gateway_time timestamptz DEFAULT now(), expiry bigint DEFAULT NULL)
+    originator_envelope bytea, payer_id integer, gateway_time timestamptz, expiry bigint)
 RETURNS bigint LANGUAGE plproxy
 AS $$
     CLUSTER 'envelopes_router_shards';
     -- A NULL id goes to partition 0's shard, which rejects it as one node does.
     RUN ON hashint4(coalesce(originator_node_id, 0));
-    -- Called in the target list: PL/Proxy's own form (the function in FROM,
-    -- every argument cast) costs the shard about 17,000 more instructions to
-    -- parse and plan on each call (bench/router_instructions.sh).
     SELECT envelopes.insert_gateway_envelope(originator_node_id, originator_sequence_id,
                                              topic, originator_envelope, payer_id,
                                              gateway_time, expiry);
+$$;
+
+-- A single row packed into one base64 value (see the shard's
+-- insert_gateway_envelope_packed): PL/Proxy sends every call unprepared, and a
+-- call of two arguments costs the shard less to parse and plan than one of seven
+-- (bench/router_instructions.sh). Called in the target list: PL/Proxy's own form
+-- (the function in FROM, every argument cast) costs more still.
+CREATE FUNCTION envelopes_router._insert_gateway_envelope_packed(
+    originator_node_id integer, packed_row text)
+RETURNS bigint LANGUAGE plproxy
+AS $$
+    CLUSTER 'envelopes_router_shards';
+    RUN ON hashint4(originator_node_id);
+    SELECT envelopes.insert_gateway_envelope_packed(originator_node_id, packed_row);
+$$;
+
+-- No SET search_path (applied on every call, it cost 9 us): every name is
+-- qualified instead, operators included.
+CREATE FUNCTION envelopes.insert_gateway_envelope(
+    originator_node_id integer, originator_sequence_id bigint, topic bytea,
+    originator_envelope bytea, payer_id integer DEFAULT NULL,
+    gateway_time timestamptz DEFAULT now(), expiry bigint DEFAULT NULL)
+RETURNS bigint LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF originator_node_id IS NULL OR originator_sequence_id IS NULL OR topic IS NULL
+       OR originator_envelope IS NULL THEN
+        RETURN envelopes_router._insert_gateway_envelope(
+            originator_node_id, originator_sequence_id, topic, originator_envelope,
+            payer_id, gateway_time, expiry);
+    END IF;
+    RETURN envelopes_router._insert_gateway_envelope_packed(
+        originator_node_id,
+        pg_catalog.encode(
+            pg_catalog.int8send(originator_sequence_id)
+            OPERATOR(pg_catalog.||) pg_catalog.int4send(pg_catalog.length(topic))
+            OPERATOR(pg_catalog.||) topic
+            OPERATOR(pg_catalog.||) pg_catalog.int4send(pg_catalog.length(originator_envelope))
+            OPERATOR(pg_catalog.||) originator_envelope
+            -- the flags byte, then the optional values given
+            OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(
+                   (CASE WHEN payer_id IS NULL THEN 0 ELSE 1 END)
+                   OPERATOR(pg_catalog.+) (CASE WHEN gateway_time IS NULL THEN 0 ELSE 2 END)
+                   OPERATOR(pg_catalog.+) (CASE WHEN expiry IS NULL THEN 0 ELSE 4 END)), 4, 1)
+            OPERATOR(pg_catalog.||) coalesce(pg_catalog.int4send(payer_id), '\x'::pg_catalog.bytea)
+            OPERATOR(pg_catalog.||) coalesce(pg_catalog.timestamptz_send(gateway_time),
+                                             '\x'::pg_catalog.bytea)
+            OPERATOR(pg_catalog.||) coalesce(pg_catalog.int8send(expiry), '\x'::pg_catalog.bytea),
+            'base64'));
+END;
 $$;
 
 -- One call per shard with that shard's elements of every array (PL/Proxy SPLIT);
@@ -274,22 +322,31 @@ BEGIN
     IF n = 0 THEN
         RETURN 0;
     END IF;
+    -- One originator and no NULL element (which the shard refuses, naming its
+    -- index, on the split path below): the packed form.
+    IF array_position(originator_sequence_ids, NULL) IS NULL
+       AND array_position(topics, NULL) IS NULL
+       AND array_position(originator_envelopes, NULL) IS NULL
+       AND NOT EXISTS (SELECT 1 FROM unnest(originator_node_ids) o
+                        WHERE o <> originator_node_ids[1]) THEN
+        RETURN envelopes_router._insert_gateway_envelopes_packed(
+            originator_node_ids[1],
+            (SELECT encode(string_agg(
+                        int8send(u.s) || int4send(length(u.t)) || u.t
+                        || int4send(length(u.e)) || u.e
+                        -- the flags byte, then the optional values given
+                        || substr(int4send((CASE WHEN u.p IS NULL THEN 0 ELSE 1 END)
+                                           + (CASE WHEN u.g IS NULL THEN 0 ELSE 2 END)
+                                           + (CASE WHEN u.x IS NULL THEN 0 ELSE 4 END)), 4, 1)
+                        || coalesce(int4send(u.p), '\x'::bytea)
+                        || coalesce(timestamptz_send(u.g), '\x'::bytea)
+                        || coalesce(int8send(u.x), '\x'::bytea),
+                        '\x'::bytea ORDER BY u.i), 'base64')
+               FROM unnest(originator_sequence_ids, topics, originator_envelopes,
+                           payer_ids, gateway_times, expiries)
+                    WITH ORDINALITY AS u(s, t, e, p, g, x, i)));
+    END IF;
     IF payer_ids IS NULL AND gateway_times IS NULL AND expiries IS NULL THEN
-        -- One originator and no NULL element (which the shard refuses, naming
-        -- its index, on the path below): the packed form.
-        IF array_position(originator_sequence_ids, NULL) IS NULL
-           AND array_position(topics, NULL) IS NULL
-           AND array_position(originator_envelopes, NULL) IS NULL
-           AND NOT EXISTS (SELECT 1 FROM unnest(originator_node_ids) o
-                            WHERE o <> originator_node_ids[1]) THEN
-            RETURN envelopes_router._insert_gateway_envelopes_packed(
-                originator_node_ids[1],
-                (SELECT encode(string_agg(int8send(u.s) || int4send(length(u.t)) || u.t
-                                          || int4send(length(u.e)) || u.e,
-                                          '\x'::bytea ORDER BY u.i), 'base64')
-                   FROM unnest(originator_sequence_ids, topics, originator_envelopes)
-                        WITH ORDINALITY AS u(s, t, e, i)));
-        END IF;
         RETURN (SELECT coalesce(sum(c), 0)::bigint
                   FROM envelopes_router._insert_gateway_envelopes_given(
                            originator_node_ids, originator_sequence_ids, topics,
@@ -929,6 +986,8 @@ BEGIN
         envelopes_router._insert_gateway_envelopes(integer[], bigint[], bytea[], bytea[], integer[], timestamptz[], bigint[]),
         envelopes_router._insert_gateway_envelopes_given(integer[], bigint[], bytea[], bytea[]),
         envelopes_router._insert_gateway_envelopes_packed(integer, text),
+        envelopes_router._insert_gateway_envelope(integer, bigint, bytea, bytea, integer, timestamptz, bigint),
+        envelopes_router._insert_gateway_envelope_packed(integer, text),
         envelopes.ensure_gateway_parts(integer, bigint, bigint),
         envelopes.publish(text, bytea, jsonb, integer),
         envelopes_router._publish_hash(integer) TO %I', role);

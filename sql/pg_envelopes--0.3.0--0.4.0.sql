@@ -591,14 +591,18 @@ BEGIN
         FROM %I', role);
 END $$;
 
--- The batch insert in the packed form pg_envelopes_router sends a shard (one
+-- The inserts in the packed form pg_envelopes_router sends a shard (one
 -- originator's rows in one base64 value, src/insert/mod.rs): a bytea[] in
 -- PL/Proxy's text transfer costs the shard a parse of every character of the
--- array.
+-- array, and every argument of an unprepared call its share of planning.
 CREATE FUNCTION insert_gateway_envelopes_packed(originator_node_id integer, packed_rows text)
 RETURNS bigint VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'insert_gateway_envelopes_packed_wrapper';
 REVOKE ALL ON FUNCTION insert_gateway_envelopes_packed(integer, text) FROM PUBLIC;
+CREATE FUNCTION insert_gateway_envelope_packed(originator_node_id integer, packed_row text)
+RETURNS bigint VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'insert_gateway_envelope_packed_wrapper';
+REVOKE ALL ON FUNCTION insert_gateway_envelope_packed(integer, text) FROM PUBLIC;
 
 -- Roles granted the writer bundle before this upgrade get it too.
 DO $$
@@ -613,7 +617,8 @@ BEGIN
            AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner AND a.grantee <> 0
     LOOP
         EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION
-            @extschema@.insert_gateway_envelopes_packed(integer, text) TO %s', grantee);
+            @extschema@.insert_gateway_envelopes_packed(integer, text),
+            @extschema@.insert_gateway_envelope_packed(integer, text) TO %s', grantee);
     END LOOP;
 END $$;
 
@@ -627,6 +632,7 @@ BEGIN
         @extschema@.insert_gateway_envelope(integer, bigint, bytea, bytea, integer, timestamp with time zone, bigint),
         @extschema@.insert_gateway_envelopes(integer[], bigint[], bytea[], bytea[], integer[], timestamp with time zone[], bigint[]),
         @extschema@.insert_gateway_envelopes_packed(integer, text),
+        @extschema@.insert_gateway_envelope_packed(integer, text),
         @extschema@.ensure_gateway_parts(integer, bigint, bigint),
         @extschema@.publish(text, bytea, jsonb),
         @extschema@.ingress_position(text, text),
@@ -643,6 +649,7 @@ BEGIN
         @extschema@.insert_gateway_envelope(integer, bigint, bytea, bytea, integer, timestamp with time zone, bigint),
         @extschema@.insert_gateway_envelopes(integer[], bigint[], bytea[], bytea[], integer[], timestamp with time zone[], bigint[]),
         @extschema@.insert_gateway_envelopes_packed(integer, text),
+        @extschema@.insert_gateway_envelope_packed(integer, text),
         @extschema@.ensure_gateway_parts(integer, bigint, bigint),
         @extschema@.publish(text, bytea, jsonb),
         @extschema@.ingress_position(text, text),

@@ -1,5 +1,6 @@
-//! `insert_gateway_envelope` and `insert_gateway_envelopes` (and the latter's
-//! packed form for `pg_envelopes_router`, `insert_gateway_envelopes_packed`).
+//! `insert_gateway_envelope` and `insert_gateway_envelopes`, and their packed
+//! forms for `pg_envelopes_router` (`insert_gateway_envelope_packed`,
+//! `insert_gateway_envelopes_packed`).
 //!
 //! Both write meta and blob in the caller's transaction, so a row is either in
 //! both tables or in neither, and return how many envelopes were new: an existing
@@ -445,17 +446,23 @@ fn insert_gateway_envelopes(
     .or_raise()
 }
 
-/// A batch of one originator's envelopes in one base64 value: the form
-/// `pg_envelopes_router` sends a shard. PL/Proxy passes every value as text, and
-/// a `bytea[]` in text costs the shard a parse of every character of the array
-/// (more than the insert itself for a 100-row batch of 272-byte envelopes);
-/// base64 decoded here costs a small part of that. `packed_rows` is the base64
-/// (standard alphabet, padded; line breaks as `encode(..., 'base64')` writes
-/// them are allowed) of, for each envelope: its sequence id (8 bytes), its
-/// topic's length (4 bytes), the topic, its envelope's length (4 bytes) and the
-/// envelope, integers big-endian. Returns how many were new, as
-/// `insert_gateway_envelopes` does for the same rows, with the same checks and
-/// errors; a malformed `packed_rows` is `22P03`. Not meant for applications.
+/// Envelopes of one originator in one base64 value: the form
+/// `pg_envelopes_router` sends a shard (single rows: see
+/// [`insert_gateway_envelope_packed`]). PL/Proxy
+/// passes every value as text and sends every call unprepared: a `bytea[]` in
+/// text costs the shard a parse of every character of the array (more than the
+/// insert itself for a 100-row batch of 272-byte envelopes), and each argument
+/// of a call its share of parsing and planning; one base64 value decoded here
+/// costs a small part of either. `packed_rows` is the base64 (standard alphabet,
+/// padded; line breaks as `encode(..., 'base64')` writes them are allowed) of,
+/// for each envelope: its sequence id (8 bytes), its topic's length (4 bytes),
+/// the topic, its envelope's length (4 bytes), the envelope, a flags byte (1: a
+/// payer id follows, 4 bytes; 2: a gateway time follows, 8 bytes, microseconds
+/// since 2000-01-01 as `timestamptz_send` writes them; 4: an expiry follows, 8
+/// bytes; absent: no payer, the transaction's `now()`, never), integers
+/// big-endian. Returns how many were new, as `insert_gateway_envelopes` does for
+/// the same rows, with the same checks and errors; a malformed `packed_rows` is
+/// `22P03`. Not meant for applications.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 fn insert_gateway_envelopes_packed(
     originator_node_id: Option<i32>,
@@ -467,16 +474,51 @@ fn insert_gateway_envelopes_packed(
 fn insert_packed(node: Option<i32>, packed: Option<&str>) -> Result<i64, InsertError> {
     let node = partition::check_node(node)?;
     let packed = decode_base64(packed.ok_or(InsertError::Null("packed_rows"))?)?;
-    let (seqs, topics, envelopes) = unpack(&packed)?;
-    insert_batch(Batch {
-        nodes: vec![Some(node); seqs.len()],
-        seqs,
-        topics,
-        envelopes,
-        payers: None,
-        times: None,
-        expiries: None,
-    })
+    insert_batch(unpack(node, &packed)?)
+}
+
+/// One envelope in the packed form of [`insert_gateway_envelopes_packed`]
+/// (exactly one row): how `pg_envelopes_router` sends a single row, which would
+/// otherwise cost the shard parsing and planning seven arguments on every call.
+/// Returns 1 or 0, stores and refuses as `insert_gateway_envelope` does for the
+/// same values. Not meant for applications.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+fn insert_gateway_envelope_packed(
+    originator_node_id: Option<i32>,
+    packed_row: Option<&str>,
+) -> i64 {
+    insert_packed_row(originator_node_id, packed_row).or_raise()
+}
+
+fn insert_packed_row(node: Option<i32>, packed: Option<&str>) -> Result<i64, InsertError> {
+    let node = partition::check_node(node)?;
+    let packed = decode_base64(packed.ok_or(InsertError::Null("packed_row"))?)?;
+    let row = unpack(node, &packed)?;
+    if row.nodes.len() != 1 {
+        return Err(InsertError::Packed {
+            at: 0,
+            what: "exactly one row",
+        });
+    }
+    insert_one(
+        row.nodes[0],
+        row.seqs[0],
+        row.topics[0],
+        row.envelopes[0],
+        first(&row.payers),
+        first(&row.times),
+        first(&row.expiries),
+    )
+}
+
+/// An optional column, present when any row has a value.
+fn present<T>(column: Vec<Option<T>>) -> Option<Vec<Option<T>>> {
+    column.iter().any(Option::is_some).then_some(column)
+}
+
+/// The first element of an optional column.
+fn first<T: Copy>(column: &Option<Vec<Option<T>>>) -> Option<T> {
+    column.as_ref().and_then(|c| c[0])
 }
 
 /// Decodes base64, skipping white space. `encode(..., 'base64')` breaks its
@@ -508,22 +550,61 @@ fn decode_base64(text: &str) -> Result<Vec<u8>, InsertError> {
     })
 }
 
-/// The columns of `packed_rows` (see [`insert_gateway_envelopes_packed`]).
-type Unpacked<'a> = (
-    Vec<Option<i64>>,
-    Vec<Option<&'a [u8]>>,
-    Vec<Option<&'a [u8]>>,
-);
-
-fn unpack(packed: &[u8]) -> Result<Unpacked<'_>, InsertError> {
+/// The rows of `packed_rows` (see [`insert_gateway_envelopes_packed`]) as a
+/// batch of `node`; an optional column is present when any row has a value.
+fn unpack(node: i32, packed: &[u8]) -> Result<Batch<'_>, InsertError> {
     let mut reader = Unpacker { packed, at: 0 };
-    let (mut seqs, mut topics, mut envelopes) = (Vec::new(), Vec::new(), Vec::new());
+    let mut batch = Batch {
+        nodes: Vec::new(),
+        seqs: Vec::new(),
+        topics: Vec::new(),
+        envelopes: Vec::new(),
+        payers: None,
+        times: None,
+        expiries: None,
+    };
+    let (mut payers, mut times, mut expiries) = (Vec::new(), Vec::new(), Vec::new());
     while reader.at < packed.len() {
-        seqs.push(Some(i64::from_be_bytes(reader.fixed("a sequence id")?)));
-        topics.push(Some(reader.counted("a topic")?));
-        envelopes.push(Some(reader.counted("an envelope")?));
+        batch.nodes.push(Some(node));
+        batch
+            .seqs
+            .push(Some(i64::from_be_bytes(reader.fixed("a sequence id")?)));
+        batch.topics.push(Some(reader.counted("a topic")?));
+        batch.envelopes.push(Some(reader.counted("an envelope")?));
+        let at = reader.at;
+        let [flags] = reader.fixed::<1>("a flags byte")?;
+        if flags & !7 != 0 {
+            return Err(InsertError::Packed {
+                at,
+                what: "a flags byte of 0 to 7",
+            });
+        }
+        payers.push(match flags & 1 {
+            0 => None,
+            _ => Some(i32::from_be_bytes(reader.fixed("a payer id")?)),
+        });
+        times.push(match flags & 2 {
+            0 => None,
+            _ => {
+                let at = reader.at;
+                let micros = i64::from_be_bytes(reader.fixed("a gateway time")?);
+                let time =
+                    TimestampWithTimeZone::try_from(micros).map_err(|_| InsertError::Packed {
+                        at,
+                        what: "a gateway time in range",
+                    })?;
+                Some(time)
+            }
+        });
+        expiries.push(match flags & 4 {
+            0 => None,
+            _ => Some(i64::from_be_bytes(reader.fixed("an expiry")?)),
+        });
     }
-    Ok((seqs, topics, envelopes))
+    batch.payers = present(payers);
+    batch.times = present(times);
+    batch.expiries = present(expiries);
+    Ok(batch)
 }
 
 /// Reads `packed_rows` from the front.
@@ -1277,44 +1358,71 @@ mod packed_tests {
         }
     }
 
-    fn packed(rows: &[(i64, &[u8], &[u8])]) -> Vec<u8> {
+    /// A packed row: sequence id, topic, envelope, then the optional payer,
+    /// gateway time (raw microseconds) and expiry.
+    type Row<'a> = (
+        i64,
+        &'a [u8],
+        &'a [u8],
+        Option<i32>,
+        Option<i64>,
+        Option<i64>,
+    );
+
+    fn packed(rows: &[Row<'_>]) -> Vec<u8> {
         let mut out = Vec::new();
-        for (seq, topic, envelope) in rows {
+        for &(seq, topic, envelope, payer, time, expiry) in rows {
             out.extend(seq.to_be_bytes());
             out.extend((topic.len() as i32).to_be_bytes());
-            out.extend(*topic);
+            out.extend(topic);
             out.extend((envelope.len() as i32).to_be_bytes());
-            out.extend(*envelope);
+            out.extend(envelope);
+            let flags = u8::from(payer.is_some())
+                | u8::from(time.is_some()) << 1
+                | u8::from(expiry.is_some()) << 2;
+            out.push(flags);
+            out.extend(payer.map(i32::to_be_bytes).into_iter().flatten());
+            out.extend(time.map(i64::to_be_bytes).into_iter().flatten());
+            out.extend(expiry.map(i64::to_be_bytes).into_iter().flatten());
         }
         out
     }
 
     #[test]
     fn packed_rows_unpack_to_their_columns_or_say_where_they_end() {
-        let rows: [(i64, &[u8], &[u8]); 3] = [
-            (i64::MAX, b"t", b""),
-            (-1, b"", b"\0\0"),
-            (7, b"topic", b"envelope"),
+        let rows: [Row<'_>; 3] = [
+            (i64::MAX, b"t", b"", None, None, None),
+            (-1, b"", b"\0\0", Some(-5), None, Some(i64::MIN)),
+            (7, b"topic", b"envelope", None, Some(0), None),
         ];
         let bytes = packed(&rows);
-        let (seqs, topics, envelopes) = unpack(&bytes).unwrap();
-        assert_eq!(seqs, vec![Some(i64::MAX), Some(-1), Some(7)]);
+        let batch = unpack(3, &bytes).unwrap();
+        assert_eq!(batch.nodes, vec![Some(3); 3]);
+        assert_eq!(batch.seqs, vec![Some(i64::MAX), Some(-1), Some(7)]);
         assert_eq!(
-            topics,
+            batch.topics,
             vec![Some(&b"t"[..]), Some(&b""[..]), Some(&b"topic"[..])]
         );
         assert_eq!(
-            envelopes,
+            batch.envelopes,
             vec![Some(&b""[..]), Some(&b"\0\0"[..]), Some(&b"envelope"[..])]
         );
-        assert_eq!(unpack(&[]).unwrap().0, Vec::<Option<i64>>::new());
+        assert_eq!(batch.payers, Some(vec![None, Some(-5), None]));
+        assert_eq!(batch.expiries, Some(vec![None, Some(i64::MIN), None]));
+        let times = batch.times.as_ref().unwrap();
+        assert!(times[0].is_none() && times[1].is_none() && times[2].is_some());
+        // No optional value anywhere: the columns are absent.
+        let first = packed(&rows[..1]);
+        let plain = unpack(3, &first).unwrap();
+        assert!(plain.payers.is_none() && plain.times.is_none() && plain.expiries.is_none());
+        assert!(unpack(3, &[]).unwrap().nodes.is_empty());
         // Cut anywhere inside: an error naming the byte, never a panic.
         for cut in 1..bytes.len() {
             if cut == packed(&rows[..1]).len() || cut == packed(&rows[..2]).len() {
                 continue; // whole rows
             }
             assert!(
-                matches!(unpack(&bytes[..cut]), Err(InsertError::Packed { .. })),
+                matches!(unpack(3, &bytes[..cut]), Err(InsertError::Packed { .. })),
                 "{cut}"
             );
         }
@@ -1323,9 +1431,16 @@ mod packed_tests {
             let mut bad = packed(&rows[..1]);
             bad[8..12].copy_from_slice(&len.to_be_bytes());
             assert!(
-                matches!(unpack(&bad), Err(InsertError::Packed { at: 8 | 12, .. })),
+                matches!(unpack(3, &bad), Err(InsertError::Packed { at: 8 | 12, .. })),
                 "{len}"
             );
         }
+        // Unknown flags, and a gateway time outside Postgres' range.
+        let mut bad = packed(&rows[..1]);
+        let flags = bad.len() - 1;
+        bad[flags] = 8;
+        assert!(matches!(unpack(3, &bad), Err(InsertError::Packed { .. })));
+        let bad = packed(&[(1, b"t", b"e", None, Some(i64::MAX - 1), None)]);
+        assert!(matches!(unpack(3, &bad), Err(InsertError::Packed { .. })));
     }
 }

@@ -781,6 +781,135 @@ fn a_batch_of_one_originator_travels_packed_and_lands_like_one_node() {
         "refused batches wrote nothing"
     );
 
+    // Single rows travel packed too (insert_gateway_envelope_packed), their
+    // optional values with them; a NULL the shard refuses travels as it is.
+    let single = "SELECT envelopes.insert_gateway_envelope($1, $2, $3, $4, $5, $6, $7)";
+    let time: std::time::SystemTime = proxy
+        .query_one("SELECT '2026-01-02 03:04:05.678901+00'::timestamptz", &[])
+        .unwrap()
+        .get(0);
+    type One = (i64, Option<i32>, Option<std::time::SystemTime>, Option<i64>);
+    let ones: Vec<One> = vec![
+        (7_000_001, None, None, None),
+        (7_000_002, Some(42), Some(time), Some(1_900_000_000)),
+        (7_000_003, Some(-1), None, Some(i64::MAX)),
+        (7_000_004, None, Some(time), None),
+    ];
+    for &(seq, payer, at, expiry) in &ones {
+        let args: [&(dyn postgres::types::ToSql + Sync); 7] = [
+            &node,
+            &seq,
+            &topic(seq),
+            &envelope(seq),
+            &payer,
+            &at,
+            &expiry,
+        ];
+        for c in [&mut proxy, &mut one] {
+            let n: i64 = c.query_one(single, &args).unwrap().get(0);
+            assert_eq!(n, 1, "{seq}");
+        }
+        let again: i64 = proxy.query_one(single, &args).unwrap().get(0);
+        assert_eq!(again, 0, "{seq} again");
+    }
+    // The default gateway time (the proxy's now()) and an explicit NULL (the
+    // shard's now()) are both the time of the call.
+    for sql in [
+        "SELECT envelopes.insert_gateway_envelope(7, 7000005, '\\x01', '\\x02')",
+        "SELECT envelopes.insert_gateway_envelope(7, 7000006, '\\x01', '\\x02', gateway_time => NULL)",
+    ] {
+        proxy.batch_execute(sql).unwrap();
+        one.batch_execute(sql).unwrap();
+    }
+    let recent: i64 = shards
+        .shard(home)
+        .query_one(
+            "SELECT count(*) FROM envelopes.gateway_envelopes_meta
+              WHERE originator_sequence_id IN (7000005, 7000006)
+                AND gateway_time > now() - interval '1 minute'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(recent, 2);
+    for sql in [
+        "SELECT envelopes.insert_gateway_envelope(7, 7000007, NULL, '\\x02')",
+        "SELECT envelopes.insert_gateway_envelope(7, NULL, '\\x01', '\\x02')",
+        "SELECT envelopes.insert_gateway_envelope(NULL, 1, '\\x01', '\\x02')",
+        "SELECT envelopes.insert_gateway_envelope(7, 0, '\\x01', '\\x02')",
+        "SELECT envelopes.insert_gateway_envelope(7, 7000008, '\\x01', '\\x02', gateway_time => 'infinity')",
+        "SELECT envelopes.insert_gateway_envelope(7, 7000009, pg_catalog.decode(repeat('ab', 1025), 'hex'), '\\x02')",
+    ] {
+        let routed = proxy.batch_execute(sql).unwrap_err();
+        let direct = one.batch_execute(sql).unwrap_err();
+        assert_eq!(sqlstate(&routed), sqlstate(&direct), "{sql}");
+        let (r, d) = (routed.as_db_error().unwrap(), direct.as_db_error().unwrap());
+        assert!(
+            r.message().ends_with(d.message()),
+            "{sql}: {} vs {}",
+            r.message(),
+            d.message()
+        );
+    }
+    // A batch of one originator with the optional arrays travels packed as well.
+    let opt_seqs: Vec<i64> = vec![8_000_003, 8_000_001, 8_000_002];
+    let opt_topics: Vec<Vec<u8>> = opt_seqs.iter().map(|&s| topic(s)).collect();
+    let opt_envs: Vec<Vec<u8>> = opt_seqs.iter().map(|&s| envelope(s)).collect();
+    let payers: Vec<Option<i32>> = vec![Some(1), None, Some(3)];
+    let times: Vec<Option<std::time::SystemTime>> = vec![None, Some(time), Some(time)];
+    let expiries: Vec<Option<i64>> = vec![Some(5), Some(6), None];
+    let nodes = vec![node; 3];
+    let before_options = packed_calls();
+    for c in [&mut proxy, &mut one] {
+        let n: i64 = c
+            .query_one(
+                "SELECT envelopes.insert_gateway_envelopes($1, $2, $3, $4, $5, $6, $7)",
+                &[
+                    &nodes,
+                    &opt_seqs,
+                    &opt_topics,
+                    &opt_envs,
+                    &payers,
+                    &times,
+                    &expiries,
+                ],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(n, 3);
+    }
+    let mut after_options = packed_calls();
+    for _ in 0..50 {
+        if after_options > before_options {
+            break;
+        }
+        thread::sleep(Duration::from_millis(200));
+        after_options = packed_calls();
+    }
+    assert!(
+        after_options > before_options,
+        "the batch with options went packed"
+    );
+    assert_eq!(stored(&mut shards.shard(home)), stored(&mut one));
+    let explicit_times = |c: &mut Client| -> Vec<(i64, std::time::SystemTime)> {
+        c.query(
+            "SELECT originator_sequence_id, gateway_time FROM envelopes.gateway_envelopes_meta
+              WHERE originator_sequence_id IN (7000002, 7000004, 8000001, 8000002) ORDER BY 1",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+    };
+    let routed_times = explicit_times(&mut shards.shard(home));
+    assert_eq!(routed_times, explicit_times(&mut one));
+    assert_eq!(routed_times.len(), 4);
+    assert!(
+        routed_times.iter().all(|&(_, t)| t == time),
+        "to the microsecond"
+    );
+
     // The packed form on a shard: malformed values are 22P03, a NULL originator 22004.
     let mut shard = shards.shard(home);
     let packed =
@@ -791,6 +920,7 @@ fn a_batch_of_one_originator_travels_packed_and_lands_like_one_node() {
     good.extend(b"tp");
     good.extend(3i32.to_be_bytes());
     good.extend(b"env");
+    good.push(0); // no optional values
     let mut negative = good.clone();
     negative[8..12].copy_from_slice(&(-1i32).to_be_bytes());
     let mut huge = good.clone();
@@ -822,6 +952,22 @@ fn a_batch_of_one_originator_travels_packed_and_lands_like_one_node() {
         .unwrap()
         .get(0);
     assert_eq!(n, 0, "an empty batch");
+    // The single-row form takes exactly one row.
+    let single_packed =
+        "SELECT envelopes.insert_gateway_envelope_packed($1, pg_catalog.encode($2, 'base64'))";
+    let mut two = good.clone();
+    two[..8].copy_from_slice(&5_000_001i64.to_be_bytes());
+    let mut both = good.clone();
+    both.extend(&two);
+    for bad in [Vec::new(), both] {
+        let e = shard.query_one(single_packed, &[&node, &bad]).unwrap_err();
+        assert_eq!(sqlstate(&e), "22P03", "{bad:?}");
+    }
+    let n: i64 = shard
+        .query_one(single_packed, &[&node, &two])
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1);
 }
 
 #[test]
