@@ -207,10 +207,10 @@ BEGIN
                    (CASE WHEN payer_id IS NULL THEN 0 ELSE 1 END)
                    OPERATOR(pg_catalog.+) (CASE WHEN gateway_time IS NULL THEN 0 ELSE 2 END)
                    OPERATOR(pg_catalog.+) (CASE WHEN expiry IS NULL THEN 0 ELSE 4 END)), 4, 1)
-            OPERATOR(pg_catalog.||) coalesce(pg_catalog.int4send(payer_id), '\x'::pg_catalog.bytea)
+            OPERATOR(pg_catalog.||) coalesce(pg_catalog.int4send(payer_id), ''::pg_catalog.bytea)
             OPERATOR(pg_catalog.||) coalesce(pg_catalog.timestamptz_send(gateway_time),
-                                             '\x'::pg_catalog.bytea)
-            OPERATOR(pg_catalog.||) coalesce(pg_catalog.int8send(expiry), '\x'::pg_catalog.bytea),
+                                             ''::pg_catalog.bytea)
+            OPERATOR(pg_catalog.||) coalesce(pg_catalog.int8send(expiry), ''::pg_catalog.bytea),
             'base64'));
 END;
 $$;
@@ -328,9 +328,9 @@ BEGIN
        AND array_position(topics, NULL) IS NULL
        AND array_position(originator_envelopes, NULL) IS NULL
        AND NOT EXISTS (SELECT 1 FROM unnest(originator_node_ids) o
-                        WHERE o <> originator_node_ids[1]) THEN
+                        WHERE o <> originator_node_ids[array_lower(originator_node_ids, 1)]) THEN
         RETURN envelopes_router._insert_gateway_envelopes_packed(
-            originator_node_ids[1],
+            originator_node_ids[array_lower(originator_node_ids, 1)],
             (SELECT encode(string_agg(
                         int8send(u.s) || int4send(length(u.t)) || u.t
                         || int4send(length(u.e)) || u.e
@@ -338,10 +338,10 @@ BEGIN
                         || substr(int4send((CASE WHEN u.p IS NULL THEN 0 ELSE 1 END)
                                            + (CASE WHEN u.g IS NULL THEN 0 ELSE 2 END)
                                            + (CASE WHEN u.x IS NULL THEN 0 ELSE 4 END)), 4, 1)
-                        || coalesce(int4send(u.p), '\x'::bytea)
-                        || coalesce(timestamptz_send(u.g), '\x'::bytea)
-                        || coalesce(int8send(u.x), '\x'::bytea),
-                        '\x'::bytea ORDER BY u.i), 'base64')
+                        || coalesce(int4send(u.p), ''::bytea)
+                        || coalesce(timestamptz_send(u.g), ''::bytea)
+                        || coalesce(int8send(u.x), ''::bytea),
+                        ''::bytea ORDER BY u.i), 'base64')
                FROM unnest(originator_sequence_ids, topics, originator_envelopes,
                            payer_ids, gateway_times, expiries)
                     WITH ORDINALITY AS u(s, t, e, p, g, x, i)));

@@ -58,9 +58,9 @@ pub enum InsertError {
     NullElement { name: &'static str, index: usize },
     #[error("{0} must be a finite timestamp")]
     InfiniteTime(String),
-    #[error("packed_rows is malformed: {what} expected at byte {at}")]
+    #[error("packed input is malformed: {what} expected at byte {at}")]
     Packed { at: usize, what: &'static str },
-    #[error("packed_rows is not base64: {0}")]
+    #[error("packed input is not base64: {0}")]
     Base64(String),
     #[error("{0}")]
     Partition(#[from] PartitionError),

@@ -641,17 +641,18 @@ fn a_batch_of_one_originator_travels_packed_and_lands_like_one_node() {
             ))
             .unwrap();
     }
-    let packed_calls = || -> i64 {
+    let packed_calls_of = |function: &str| -> i64 {
         let mut shard = shards.shard(home);
         shard
             .query_one(
                 "SELECT coalesce(sum(calls), 0)::bigint FROM pg_catalog.pg_stat_user_functions
-                  WHERE funcname = 'insert_gateway_envelopes_packed'",
-                &[],
+                  WHERE funcname = $1",
+                &[&function],
             )
             .unwrap()
             .get(0)
     };
+    let packed_calls = || packed_calls_of("insert_gateway_envelopes_packed");
     let call = "SELECT envelopes.insert_gateway_envelopes($1, $2, $3, $4)";
     let batch =
         |c: &mut Client, seqs: &[i64], topics: &[Option<Vec<u8>>], envs: &[Option<Vec<u8>>]| {
@@ -704,8 +705,9 @@ fn a_batch_of_one_originator_travels_packed_and_lands_like_one_node() {
         c.query(
             "SELECT originator_node_id, originator_sequence_id, topic, payer_id, expiry,
                     originator_envelope
-               FROM envelopes.gateway_envelopes_view ORDER BY 1, 2",
-            &[],
+               FROM envelopes.gateway_envelopes_view WHERE originator_node_id = $1
+              ORDER BY 1, 2",
+            &[&node],
         )
         .unwrap()
         .iter()
@@ -789,12 +791,21 @@ fn a_batch_of_one_originator_travels_packed_and_lands_like_one_node() {
         .unwrap()
         .get(0);
     type One = (i64, Option<i32>, Option<std::time::SystemTime>, Option<i64>);
+    let long_ago: std::time::SystemTime = proxy
+        .query_one("SELECT '1969-07-20 20:17:40.123456+00'::timestamptz", &[])
+        .unwrap()
+        .get(0);
     let ones: Vec<One> = vec![
         (7_000_001, None, None, None),
         (7_000_002, Some(42), Some(time), Some(1_900_000_000)),
         (7_000_003, Some(-1), None, Some(i64::MAX)),
         (7_000_004, None, Some(time), None),
+        // before 2000 (a negative count of microseconds), a zero payer, a
+        // negative expiry
+        (7_000_010, Some(0), Some(long_ago), Some(-5)),
+        (7_000_011, Some(i32::MIN), Some(long_ago), Some(i64::MIN)),
     ];
+    let single_before = packed_calls_of("insert_gateway_envelope_packed");
     for &(seq, payer, at, expiry) in &ones {
         let args: [&(dyn postgres::types::ToSql + Sync); 7] = [
             &node,
@@ -812,6 +823,99 @@ fn a_batch_of_one_originator_travels_packed_and_lands_like_one_node() {
         let again: i64 = proxy.query_one(single, &args).unwrap().get(0);
         assert_eq!(again, 0, "{seq} again");
     }
+    // An empty topic or envelope: whatever one node does, the router does.
+    for (seq, t, e) in [
+        (7_000_012i64, Vec::new(), b"x".to_vec()),
+        (7_000_013, b"t".to_vec(), Vec::new()),
+        (7_000_014, Vec::new(), Vec::new()),
+    ] {
+        let args: [&(dyn postgres::types::ToSql + Sync); 7] = [
+            &node,
+            &seq,
+            &t,
+            &e,
+            &None::<i32>,
+            &None::<std::time::SystemTime>,
+            &None::<i64>,
+        ];
+        let routed = proxy.query_one(single, &args).map(|r| r.get::<_, i64>(0));
+        let direct = one.query_one(single, &args).map(|r| r.get::<_, i64>(0));
+        match (routed, direct) {
+            (Ok(r), Ok(d)) => assert_eq!(r, d, "{seq}"),
+            (Err(r), Err(d)) => assert_eq!(sqlstate(&r), sqlstate(&d), "{seq}"),
+            (r, d) => panic!("{seq}: routed {r:?}, one node {d:?}"),
+        }
+    }
+    // With standard_conforming_strings off, the router's own literals keep
+    // their meaning (an empty bytea stays empty). A new session: PL/pgSQL reads
+    // a function's statements at their first call in a session.
+    let mut lax = shards.proxy();
+    lax.batch_execute("SET standard_conforming_strings = off")
+        .unwrap();
+    let args: [&(dyn postgres::types::ToSql + Sync); 7] = [
+        &node,
+        &7_000_015i64,
+        &topic(15),
+        &envelope(15),
+        &None::<i32>,
+        &None::<std::time::SystemTime>,
+        &None::<i64>,
+    ];
+    for c in [&mut lax, &mut one] {
+        let n: i64 = c.query_one(single, &args).unwrap().get(0);
+        assert_eq!(n, 1, "with standard_conforming_strings off");
+    }
+    let n = batch(
+        &mut lax,
+        &[7_000_016, 7_000_017],
+        &[Some(topic(16)), Some(topic(17))],
+        &[Some(envelope(16)), Some(envelope(17))],
+    )
+    .unwrap();
+    assert_eq!(n, 2, "a packed batch with standard_conforming_strings off");
+    batch(
+        &mut one,
+        &[7_000_016, 7_000_017],
+        &[Some(topic(16)), Some(topic(17))],
+        &[Some(envelope(16)), Some(envelope(17))],
+    )
+    .unwrap();
+    // Arrays whose subscripts do not start at 1, one originator and two.
+    for sql in [
+        "SELECT envelopes.insert_gateway_envelopes('[2:3]={7,7}'::int[],
+                '[2:3]={7000020,7000021}'::bigint[], '{\"\\\\x01\",\"\\\\x02\"}'::bytea[],
+                '{\"\\\\x03\",\"\\\\x04\"}'::bytea[])",
+        "SELECT envelopes.insert_gateway_envelopes('[0:1]={7,8}'::int[],
+                '{7000022,7000023}'::bigint[], '{\"\\\\x01\",\"\\\\x02\"}'::bytea[],
+                '{\"\\\\x03\",\"\\\\x04\"}'::bytea[])",
+    ] {
+        let routed: i64 = proxy.query_one(sql, &[]).unwrap().get(0);
+        let direct: i64 = one.query_one(sql, &[]).unwrap().get(0);
+        assert_eq!((routed, direct), (2, 2), "{sql}");
+    }
+    let moved = shards.shard_of(&mut proxy, 8);
+    let eight: i64 = shards
+        .shard(moved)
+        .query_one(
+            "SELECT count(*) FROM envelopes.gateway_envelopes_meta
+              WHERE originator_node_id = 8 AND originator_sequence_id = 7000023",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(eight, 1, "originator 8 of a [0:1] batch on its own shard");
+    let mut single_after = packed_calls_of("insert_gateway_envelope_packed");
+    for _ in 0..50 {
+        if single_after >= single_before + ones.len() as i64 {
+            break;
+        }
+        thread::sleep(Duration::from_millis(200));
+        single_after = packed_calls_of("insert_gateway_envelope_packed");
+    }
+    assert!(
+        single_after >= single_before + ones.len() as i64,
+        "single rows went packed ({single_before} -> {single_after} calls)"
+    );
     // The default gateway time (the proxy's now()) and an explicit NULL (the
     // shard's now()) are both the time of the call.
     for sql in [
