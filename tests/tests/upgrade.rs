@@ -75,8 +75,14 @@ fn upgrade_keeps_the_data_and_matches_a_fresh_install(from: &str) {
          CREATE ROLE {role} LOGIN;"
     ))
     .unwrap();
+    // A writer granted before the upgrade (grant_writer came with 0.2.0).
+    let writer = format!("{}_writer", old.name);
     if from != "0.1.0" {
         c.execute("SELECT envelopes.grant_consumer($1)", &[&role])
+            .unwrap();
+        c.batch_execute(&format!("CREATE ROLE {writer} LOGIN"))
+            .unwrap();
+        c.execute("SELECT envelopes.grant_writer($1)", &[&writer])
             .unwrap();
     }
     // The bridge delivered the first outbox row (in the version's own terms).
@@ -109,6 +115,13 @@ fn upgrade_keeps_the_data_and_matches_a_fresh_install(from: &str) {
     connect_to(&fresh.name)
         .execute("SELECT envelopes.grant_consumer($1)", &[&role])
         .unwrap();
+    if from != "0.1.0" {
+        // The writer's privileges are compared below with a fresh install's
+        // writer: functions added since are granted to it by the upgrade.
+        connect_to(&fresh.name)
+            .execute("SELECT envelopes.grant_writer($1)", &[&writer])
+            .unwrap();
+    }
     if from == "0.1.0" {
         c.execute("SELECT envelopes.grant_consumer($1)", &[&role])
             .unwrap();
@@ -189,6 +202,48 @@ fn upgrade_keeps_the_data_and_matches_a_fresh_install(from: &str) {
         .get(0);
     assert_eq!(owner, role);
     drop(as_role);
+    if from != "0.1.0" {
+        // The writer granted before the upgrade calls the forms added since
+        // (the packed rows pg_envelopes_router sends).
+        let mut as_writer = postgres::Client::connect(
+            &format!("{} dbname={} user={writer}", old.server, old.name),
+            postgres::NoTls,
+        )
+        .unwrap();
+        let packed = |seq: i64| {
+            format!(
+                "pg_catalog.encode(pg_catalog.int8send({seq}::bigint) || pg_catalog.int4send(1)
+                    || '\\x01'::bytea || pg_catalog.int4send(1) || '\\x02'::bytea
+                    || '\\x00'::bytea, 'base64')"
+            )
+        };
+        for sql in [
+            format!(
+                "SELECT envelopes.insert_gateway_envelope_packed(5, {})",
+                packed(1)
+            ),
+            format!(
+                "SELECT envelopes.insert_gateway_envelopes_packed(5, {})",
+                packed(2)
+            ),
+        ] {
+            let n: i64 = as_writer
+                .query_one(sql.as_str(), &[])
+                .unwrap_or_else(|e| panic!("{sql} as a writer of {from}: {e}"))
+                .get(0);
+            assert_eq!(n, 1, "{sql}");
+        }
+        drop(as_writer);
+        assert_eq!(
+            old.int8("SELECT count(*) FROM envelopes.gateway_envelopes_view WHERE originator_node_id = 5"),
+            2
+        );
+        connect_to(&fresh.name)
+            .batch_execute(&format!("DROP OWNED BY {writer}"))
+            .unwrap();
+        c.batch_execute(&format!("DROP OWNED BY {writer}; DROP ROLE {writer}"))
+            .unwrap();
+    }
     connect_to(&fresh.name)
         .batch_execute(&format!("DROP OWNED BY {role}"))
         .unwrap();
