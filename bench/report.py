@@ -33,6 +33,8 @@ ABSOLUTE = [
     ("routerinstr_single_text", "routed", None, "lower", "single-row insert, text client, the shard's instructions per call through the router"),
     ("routerinstr_batch_binary", "direct", None, "lower", "100-row batch, binary client, the shard's instructions per call straight"),
     ("routerinstr_batch_binary", "routed", None, "lower", "100-row batch, binary client, the shard's instructions per call through the router"),
+    ("routerinstr_mixed_binary", "direct", None, "lower", "100-row batch over 4 originators of one shard, binary client, the shard's instructions per call straight"),
+    ("routerinstr_mixed_binary", "routed", None, "lower", "100-row batch over 4 originators of one shard, binary client, the shard's instructions per call through the router"),
     ("routerinstr_select1", "unprepared", None, "lower", "SELECT 1 unprepared, instructions per call"),
     ("routerinstr_select1", "prepared", None, "lower", "SELECT 1 prepared, instructions per call"),
     ("routerpin_insert_cpu0_us", "proxy", None, "lower", "single-row insert through the router, CPU 0 (the clients and the proxy) per call (us)"),
@@ -83,6 +85,8 @@ RATIOS = [
      "single-row insert, the shard's instructions per call: straight / through the router, text-parameter client (pgbench -M prepared)"),
     ("routerinstr_batch_binary", "direct", "routed", 0.95, "higher",
      "100-row batch, the shard's instructions per call: straight / through the router, binary-parameter client"),
+    ("routerinstr_mixed_binary", "direct", "routed", None, "higher",
+     "100-row batch over 4 originators (packed per originator), the shard's instructions per call: straight / through the router, binary-parameter client"),
     ("routerinstr_select1", "prepared", "unprepared", None, "higher",
      "SELECT 1, instructions per call: prepared / unprepared (how PL/Proxy sends every call; the protocol's floor)"),
     # Everything on the same two cores: the proxy's work takes the shard's CPU.

@@ -13,7 +13,8 @@
 # is what one more call costs, connection start-up cancelled out. Clients:
 #   binary  bridge/examples/bulk_load (tokio-postgres: prepared, every value a
 #           binary bind parameter, as gateways written with tokio-postgres or
-#           pgx send them), single rows and 100-row batches
+#           pgx send them), single rows and 100-row batches (of one
+#           originator, and spread over 4 originators of the shard: mixed)
 #   text    pgbench -M prepared with the topic and envelope as text bind
 #           parameters (psql-like clients), single rows
 #   select1 `SELECT 1` unprepared (how PL/Proxy sends every call) vs prepared:
@@ -46,7 +47,7 @@ trap cleanup EXIT
 cluster_start "$shard" "$sport" "synchronous_commit = off" "autovacuum = off" "shared_buffers = 256MB"
 cluster_psql "$shard" "$sport" postgres -q -c "CREATE DATABASE envelopes"
 cluster_psql "$shard" "$sport" envelopes -q -c "CREATE EXTENSION pg_envelopes" \
-    -c "SELECT envelopes.ensure_gateway_parts(1, 1, 10000000000000000)" >/dev/null
+    -c "SELECT envelopes.ensure_gateway_parts(n, 1, 10000000000000000) FROM generate_series(1, 4) n" >/dev/null
 cluster_stop "$shard"
 install -d -o postgres -g postgres "$counts"
 # The whole server under callgrind: backends are forked, so each gets a count.
@@ -90,10 +91,12 @@ fresh_seq() { echo $(( $(date +%s%N) / 1000 )); }
 client() {
     local kind=$1 port=$2 calls=$3
     case $kind in
-    single_binary|batch_binary)
-        local mode=single rows=1
+    single_binary|batch_binary|mixed_binary)
+        local mode=single rows=1 spread=1
         [ "$kind" = batch_binary ] && mode=extension rows=100
+        [ "$kind" = mixed_binary ] && mode=extension rows=100 spread=4
         ENVELOPES_LOAD_NODES=1 ENVELOPES_LOAD_FIRST_SEQ=$(fresh_seq) ENVELOPES_LOAD_CALLS=$calls \
+            ENVELOPES_LOAD_SPREAD=$spread \
             "$BULK" "host=127.0.0.1 port=$port user=postgres dbname=envelopes" "$mode" 1 3600 "$rows" ;;
     single_text)
         "$PG_BIN/pgbench" -n -M prepared -h 127.0.0.1 -p "$port" -U postgres -c 1 -t "$calls" \
@@ -121,6 +124,7 @@ for where in direct routed; do
     measure single_binary "$where" 200 1200
     measure single_text "$where" 200 1200
     measure batch_binary "$where" 20 120
+    measure mixed_binary "$where" 20 120
 done
 measure select1_unprepared direct 200 1200
 measure select1_prepared direct 200 1200

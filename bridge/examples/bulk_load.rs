@@ -18,7 +18,9 @@
 //! Environment: ENVELOPES_LOAD_NODES (comma-separated originators, client i takes
 //! the i-th, cycling), ENVELOPES_LOAD_FIRST_SEQ (the first sequence id, default
 //! 1), ENVELOPES_LOAD_CALLS (stop each client after this many calls, whatever
-//! the time; for instruction counts).
+//! the time; for instruction counts), ENVELOPES_LOAD_SPREAD (extension mode:
+//! spread each batch's rows over this many originators from the client's own
+//! upwards, row i to originator + i % SPREAD; default 1).
 
 use futures_util::SinkExt;
 use std::time::{Duration, Instant};
@@ -73,7 +75,13 @@ async fn client_loop(
     };
     let topics = vec![TOPIC.to_vec(); per_call as usize];
     let envelopes = vec![ENVELOPE.to_vec(); per_call as usize];
-    let nodes = vec![node; per_call as usize];
+    let spread: i32 = std::env::var("ENVELOPES_LOAD_SPREAD")
+        .ok()
+        .filter(|v| !v.is_empty())
+        .map_or(1, |v| v.parse().expect("ENVELOPES_LOAD_SPREAD"));
+    let nodes: Vec<i32> = (0..per_call as i32)
+        .map(|i| node + i % spread.max(1))
+        .collect();
     let mut next = first_seq;
     let mut rows = 0i64;
     let mut calls = 0u64;

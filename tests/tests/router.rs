@@ -904,6 +904,77 @@ fn a_batch_of_one_originator_travels_packed_and_lands_like_one_node() {
         .unwrap()
         .get(0);
     assert_eq!(eight, 1, "originator 8 of a [0:1] batch on its own shard");
+    // A batch across originators travels packed too, one value per originator,
+    // interleaved rows, a repeated key and optional values included.
+    let mixed_nodes: Vec<i32> = vec![7, 9, 7, 10, 9, 7, 11, 10];
+    let mixed_seqs: Vec<i64> = vec![9_000_001, 5, 9_000_002, 6, 5, 9_000_001, 1, 7];
+    let mixed_topics: Vec<Vec<u8>> = mixed_seqs.iter().map(|&s| topic(s)).collect();
+    let mut mixed_envs: Vec<Vec<u8>> = mixed_seqs.iter().map(|&s| envelope(s)).collect();
+    mixed_envs[5] = b"a repeated key keeps its first row".to_vec();
+    let mixed_payers: Vec<Option<i32>> = vec![Some(1), None, None, Some(4), None, None, None, None];
+    let mixed_times: Vec<Option<std::time::SystemTime>> = vec![
+        None,
+        Some(time),
+        None,
+        None,
+        None,
+        None,
+        Some(long_ago),
+        None,
+    ];
+    let before_mixed = packed_calls();
+    let mut counts = Vec::new();
+    for c in [&mut proxy, &mut one] {
+        let n: i64 = c
+            .query_one(
+                "SELECT envelopes.insert_gateway_envelopes($1, $2, $3, $4, $5, $6)",
+                &[
+                    &mixed_nodes,
+                    &mixed_seqs,
+                    &mixed_topics,
+                    &mixed_envs,
+                    &mixed_payers,
+                    &mixed_times,
+                ],
+            )
+            .unwrap()
+            .get(0);
+        counts.push(n);
+    }
+    assert_eq!(counts, vec![6, 6], "the count one node returns");
+    let of_originator = |c: &mut Client, o: i32| -> Vec<Stored> {
+        c.query(
+            "SELECT originator_node_id, originator_sequence_id, topic, payer_id, expiry,
+                    originator_envelope
+               FROM envelopes.gateway_envelopes_view WHERE originator_node_id = $1
+              ORDER BY 1, 2",
+            &[&o],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)))
+        .collect()
+    };
+    for o in [7, 9, 10, 11] {
+        let at = shards.shard_of(&mut proxy, o);
+        assert_eq!(
+            of_originator(&mut shards.shard(at), o),
+            of_originator(&mut one, o),
+            "originator {o} on its shard"
+        );
+    }
+    let mut after_mixed = packed_calls();
+    for _ in 0..50 {
+        if after_mixed > before_mixed {
+            break;
+        }
+        thread::sleep(Duration::from_millis(200));
+        after_mixed = packed_calls();
+    }
+    assert!(
+        after_mixed > before_mixed,
+        "the batch across originators went packed"
+    );
     let mut single_after = packed_calls_of("insert_gateway_envelope_packed");
     for _ in 0..50 {
         if single_after >= single_before + ones.len() as i64 {
