@@ -1525,3 +1525,96 @@ fn a_router_without_shards_refuses_calls_at_once() {
     }
     let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"));
 }
+
+/// Several writers through the router on the same keys at once, as single rows,
+/// batches of one originator and batches across originators (every packed
+/// form): each key is stored once on its shard and the counts the writers get
+/// back add up to the number of distinct keys.
+#[test]
+fn racing_writers_through_the_router_store_each_key_once() {
+    let _guard = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    let shards = Arc::new(Cluster::new("race", false));
+    let originators: Vec<i32> = (101..=106).collect();
+    let keys: Vec<(i32, i64)> = originators
+        .iter()
+        .flat_map(|&o| (1..=60).map(move |s| (o, s * 7)))
+        .collect();
+    let keys = Arc::new(keys);
+    let writers: Vec<_> = (0..6)
+        .map(|w| {
+            let shards = Arc::clone(&shards);
+            let keys = Arc::clone(&keys);
+            thread::spawn(move || -> i64 {
+                let mut proxy = shards.proxy();
+                let mut total = 0i64;
+                // Each writer takes the keys in its own order and shape.
+                let mut mine: Vec<(i32, i64)> = keys.to_vec();
+                mine.rotate_left(w * 37 % keys.len());
+                if w % 2 == 1 {
+                    mine.reverse();
+                }
+                for chunk in mine.chunks(match w % 3 {
+                    0 => 1,
+                    1 => 9,
+                    _ => 25,
+                }) {
+                    if chunk.len() == 1 {
+                        let (o, s) = chunk[0];
+                        total += proxy
+                            .query_one(
+                                "SELECT envelopes.insert_gateway_envelope($1, $2, $3, $4)",
+                                &[&o, &s, &vec![1u8, 2], &s.to_be_bytes().to_vec()],
+                            )
+                            .unwrap()
+                            .get::<_, i64>(0);
+                    } else {
+                        let nodes: Vec<i32> = chunk.iter().map(|k| k.0).collect();
+                        let seqs: Vec<i64> = chunk.iter().map(|k| k.1).collect();
+                        let topics: Vec<Vec<u8>> = chunk.iter().map(|_| vec![1u8, 2]).collect();
+                        let envs: Vec<Vec<u8>> =
+                            chunk.iter().map(|k| k.1.to_be_bytes().to_vec()).collect();
+                        total += proxy
+                            .query_one(
+                                "SELECT envelopes.insert_gateway_envelopes($1, $2, $3, $4)",
+                                &[&nodes, &seqs, &topics, &envs],
+                            )
+                            .unwrap()
+                            .get::<_, i64>(0);
+                    }
+                }
+                total
+            })
+        })
+        .collect();
+    let inserted: i64 = writers.into_iter().map(|w| w.join().unwrap()).sum();
+    assert_eq!(
+        inserted,
+        keys.len() as i64,
+        "counts add up to the distinct keys"
+    );
+    let mut proxy = shards.proxy();
+    for &o in &originators {
+        let home = shards.shard_of(&mut proxy, o);
+        for (i, _) in shards.shards.iter().enumerate() {
+            let (rows, distinct, bad): (i64, i64, i64) = {
+                let r = shards
+                    .shard(i)
+                    .query_one(
+                        "SELECT count(*), count(DISTINCT originator_sequence_id),
+                                count(*) FILTER (WHERE originator_envelope
+                                    <> pg_catalog.int8send(originator_sequence_id))
+                           FROM envelopes.gateway_envelopes_view WHERE originator_node_id = $1",
+                        &[&o],
+                    )
+                    .unwrap();
+                (r.get(0), r.get(1), r.get(2))
+            };
+            let want = if i == home { 60 } else { 0 };
+            assert_eq!(
+                (rows, distinct, bad),
+                (want, want, 0),
+                "originator {o} on shard {i}"
+            );
+        }
+    }
+}
