@@ -150,21 +150,6 @@ $$;
 -- The writer's functions.
 -- ---------------------------------------------------------------------------
 
--- A single row with a NULL where one node refuses it: sent as it is, so the
--- shard refuses it with one node's error.
-CREATE FUNCTION envelopes_router._insert_gateway_envelope(
-    originator_node_id integer, originator_sequence_id bigint, topic bytea,
-    originator_envelope bytea, payer_id integer, gateway_time timestamptz, expiry bigint)
-RETURNS bigint LANGUAGE plproxy
-AS $$
-    CLUSTER 'envelopes_router_shards';
-    -- A NULL id goes to partition 0's shard, which rejects it as one node does.
-    RUN ON hashint4(coalesce(originator_node_id, 0));
-    SELECT envelopes.insert_gateway_envelope(originator_node_id, originator_sequence_id,
-                                             topic, originator_envelope, payer_id,
-                                             gateway_time, expiry);
-$$;
-
 -- A single row packed into one base64 value (see the shard's
 -- insert_gateway_envelope_packed): PL/Proxy sends every call unprepared, and a
 -- call of two arguments costs the shard less to parse and plan than one of seven
@@ -175,7 +160,7 @@ CREATE FUNCTION envelopes_router._insert_gateway_envelope_packed(
 RETURNS bigint LANGUAGE plproxy
 AS $$
     CLUSTER 'envelopes_router_shards';
-    RUN ON hashint4(originator_node_id);
+    RUN ON pg_catalog.hashint4(originator_node_id);
     SELECT envelopes.insert_gateway_envelope_packed(originator_node_id, packed_row);
 $$;
 
@@ -188,11 +173,19 @@ CREATE FUNCTION envelopes.insert_gateway_envelope(
 RETURNS bigint LANGUAGE plpgsql
 AS $$
 BEGIN
-    IF originator_node_id IS NULL OR originator_sequence_id IS NULL OR topic IS NULL
-       OR originator_envelope IS NULL THEN
-        RETURN envelopes_router._insert_gateway_envelope(
-            originator_node_id, originator_sequence_id, topic, originator_envelope,
-            payer_id, gateway_time, expiry);
+    -- Refused here with one node's errors (every value then travels packed,
+    -- binary: none is turned to text in this session's DateStyle or TimeZone).
+    IF originator_node_id IS NULL THEN
+        RAISE EXCEPTION 'originator_node_id must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF originator_sequence_id IS NULL THEN
+        RAISE EXCEPTION 'originator_sequence_id must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF topic IS NULL THEN
+        RAISE EXCEPTION 'topic must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF originator_envelope IS NULL THEN
+        RAISE EXCEPTION 'originator_envelope must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     RETURN envelopes_router._insert_gateway_envelope_packed(
         originator_node_id,
@@ -215,38 +208,6 @@ BEGIN
 END;
 $$;
 
--- One call per shard with that shard's elements of every array (PL/Proxy SPLIT);
--- each shard returns how many rows it inserted.
-CREATE FUNCTION envelopes_router._insert_gateway_envelopes(
-    originator_node_ids integer[], originator_sequence_ids bigint[], topics bytea[],
-    originator_envelopes bytea[], payer_ids integer[], gateway_times timestamptz[],
-    expiries bigint[])
-RETURNS SETOF bigint LANGUAGE plproxy
-AS $$
-    CLUSTER 'envelopes_router_shards';
-    SPLIT originator_node_ids, originator_sequence_ids, topics, originator_envelopes,
-          payer_ids, gateway_times, expiries;
-    RUN ON hashint4(originator_node_ids);
-    TARGET envelopes.insert_gateway_envelopes;
-$$;
-
--- The same for a batch without the optional arrays (the usual call): only the four
--- given arrays are split and sent, and each shard fills in its defaults (no payer,
--- no expiry, its transaction's now() as the gateway time), as one node would.
--- This spares the proxy and the shards 100 timestamps and two arrays of NULLs in
--- text form per 100-row batch; on the 2-core test machine the gain was within
--- the noise (docs/SCALING.md).
-CREATE FUNCTION envelopes_router._insert_gateway_envelopes_given(
-    originator_node_ids integer[], originator_sequence_ids bigint[], topics bytea[],
-    originator_envelopes bytea[])
-RETURNS SETOF bigint LANGUAGE plproxy
-AS $$
-    CLUSTER 'envelopes_router_shards';
-    SPLIT originator_node_ids, originator_sequence_ids, topics, originator_envelopes;
-    RUN ON hashint4(originator_node_ids);
-    TARGET envelopes.insert_gateway_envelopes;
-$$;
-
 -- A batch of one originator without the optional arrays (a gateway's usual
 -- call), packed into one base64 value (see the shard's
 -- insert_gateway_envelopes_packed). PL/Proxy passes every value as text: a
@@ -260,7 +221,7 @@ CREATE FUNCTION envelopes_router._insert_gateway_envelopes_packed(
 RETURNS bigint LANGUAGE plproxy
 AS $$
     CLUSTER 'envelopes_router_shards';
-    RUN ON hashint4(originator_node_id);
+    RUN ON pg_catalog.hashint4(originator_node_id);
     SELECT envelopes.insert_gateway_envelopes_packed(originator_node_id, packed_rows);
 $$;
 
@@ -276,13 +237,14 @@ RETURNS SETOF bigint LANGUAGE plproxy
 AS $$
     CLUSTER 'envelopes_router_shards';
     SPLIT originator_node_ids, packed_rows;
-    RUN ON hashint4(originator_node_ids);
+    RUN ON pg_catalog.hashint4(originator_node_ids);
     SELECT pg_catalog.sum(envelopes.insert_gateway_envelopes_packed(u.node, u.packed))::bigint
       FROM unnest(originator_node_ids, packed_rows) AS u(node, packed);
 $$;
 
--- The batch insert: checked here as one node checks it (so a bad batch writes
--- nothing anywhere), then split by shard. Each shard's part is one transaction
+-- The batch insert: its shape checked here as one node checks it (so a batch
+-- refused for a NULL or a length writes nothing anywhere), then packed and split
+-- by shard; values are checked on each shard. Each shard's part is one transaction
 -- there; the parts are not one transaction together, and a batch that failed on
 -- one shard is completed by calling it again (every insert is idempotent).
 CREATE FUNCTION envelopes.insert_gateway_envelopes(
@@ -332,80 +294,73 @@ BEGIN
         RAISE EXCEPTION 'array expiries has % elements but originator_node_ids has %',
             cardinality(expiries), n USING ERRCODE = '2202E';
     END IF;
+    -- NULL elements are refused here, with one node's messages (the position
+    -- counted from 1), so no shard stores its part of a batch refused for one.
     i := array_position(originator_node_ids, NULL);
     IF i IS NOT NULL THEN
-        RAISE EXCEPTION 'originator_node_ids[%] must not be NULL', i USING ERRCODE = 'null_value_not_allowed';
+        RAISE EXCEPTION 'originator_node_ids[%] must not be NULL',
+            i - array_lower(originator_node_ids, 1) + 1 USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    i := array_position(originator_sequence_ids, NULL);
+    IF i IS NOT NULL THEN
+        RAISE EXCEPTION 'originator_sequence_ids[%] must not be NULL',
+            i - array_lower(originator_sequence_ids, 1) + 1 USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    i := array_position(topics, NULL);
+    IF i IS NOT NULL THEN
+        RAISE EXCEPTION 'topics[%] must not be NULL',
+            i - array_lower(topics, 1) + 1 USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    i := array_position(originator_envelopes, NULL);
+    IF i IS NOT NULL THEN
+        RAISE EXCEPTION 'originator_envelopes[%] must not be NULL',
+            i - array_lower(originator_envelopes, 1) + 1 USING ERRCODE = 'null_value_not_allowed';
     END IF;
     IF n = 0 THEN
         RETURN 0;
     END IF;
-    -- No NULL element (which the shard refuses, naming its index, on the split
-    -- path below): the packed form, one value for a batch of one originator,
-    -- one per originator otherwise.
-    IF array_position(originator_sequence_ids, NULL) IS NULL
-       AND array_position(topics, NULL) IS NULL
-       AND array_position(originator_envelopes, NULL) IS NULL THEN
-        IF NOT EXISTS (SELECT 1 FROM unnest(originator_node_ids) o
-                        WHERE o <> originator_node_ids[array_lower(originator_node_ids, 1)]) THEN
-            RETURN envelopes_router._insert_gateway_envelopes_packed(
-                originator_node_ids[array_lower(originator_node_ids, 1)],
-                (SELECT encode(string_agg(
-                            int8send(u.s) || int4send(length(u.t)) || u.t
-                            || int4send(length(u.e)) || u.e
-                            -- the flags byte, then the optional values given
-                            || substr(int4send((CASE WHEN u.p IS NULL THEN 0 ELSE 1 END)
-                                               + (CASE WHEN u.g IS NULL THEN 0 ELSE 2 END)
-                                               + (CASE WHEN u.x IS NULL THEN 0 ELSE 4 END)), 4, 1)
-                            || coalesce(int4send(u.p), ''::bytea)
-                            || coalesce(timestamptz_send(u.g), ''::bytea)
-                            || coalesce(int8send(u.x), ''::bytea),
-                            ''::bytea ORDER BY u.i), 'base64')
-                   FROM unnest(originator_sequence_ids, topics, originator_envelopes,
-                               payer_ids, gateway_times, expiries)
-                        WITH ORDINALITY AS u(s, t, e, p, g, x, i)));
-        END IF;
-        RETURN (SELECT coalesce(sum(c), 0)::bigint
-                  FROM envelopes_router._insert_gateway_envelopes_packed_split(
-                           (SELECT array_agg(q.o ORDER BY q.first) FROM (
-                                SELECT u.o, min(u.i) AS first
-                                  FROM unnest(originator_node_ids) WITH ORDINALITY AS u(o, i)
-                                 GROUP BY u.o) q),
-                           (SELECT array_agg(q.packed ORDER BY q.first) FROM (
-                                SELECT min(u.i) AS first, encode(string_agg(
-                                        int8send(u.s) || int4send(length(u.t)) || u.t
-                                        || int4send(length(u.e)) || u.e
-                                        || substr(int4send((CASE WHEN u.p IS NULL THEN 0 ELSE 1 END)
-                                                           + (CASE WHEN u.g IS NULL THEN 0 ELSE 2 END)
-                                                           + (CASE WHEN u.x IS NULL THEN 0 ELSE 4 END)), 4, 1)
-                                        || coalesce(int4send(u.p), ''::bytea)
-                                        || coalesce(timestamptz_send(u.g), ''::bytea)
-                                        || coalesce(int8send(u.x), ''::bytea),
-                                        ''::bytea ORDER BY u.i), 'base64') AS packed
-                                  FROM unnest(originator_node_ids, originator_sequence_ids, topics,
-                                              originator_envelopes, payer_ids, gateway_times, expiries)
-                                       WITH ORDINALITY AS u(o, s, t, e, p, g, x, i)
-                                 GROUP BY u.o) q)) c);
-    END IF;
-    IF payer_ids IS NULL AND gateway_times IS NULL AND expiries IS NULL THEN
-        RETURN (SELECT coalesce(sum(c), 0)::bigint
-                  FROM envelopes_router._insert_gateway_envelopes_given(
-                           originator_node_ids, originator_sequence_ids, topics,
-                           originator_envelopes) c);
-    END IF;
-    -- Optional arrays travel as arrays of NULLs: PL/Proxy splits element by element.
-    IF payer_ids IS NULL THEN
-        payer_ids := array_fill(NULL::integer, ARRAY[n]);
-    END IF;
-    IF gateway_times IS NULL THEN
-        gateway_times := array_fill(now(), ARRAY[n]);
-    END IF;
-    IF expiries IS NULL THEN
-        expiries := array_fill(NULL::bigint, ARRAY[n]);
+    -- Packed: one value for a batch of one originator, one per originator
+    -- otherwise (split by shard).
+    IF NOT EXISTS (SELECT 1 FROM unnest(originator_node_ids) o
+                    WHERE o <> originator_node_ids[array_lower(originator_node_ids, 1)]) THEN
+        RETURN envelopes_router._insert_gateway_envelopes_packed(
+            originator_node_ids[array_lower(originator_node_ids, 1)],
+            (SELECT encode(string_agg(
+                        int8send(u.s) || int4send(length(u.t)) || u.t
+                        || int4send(length(u.e)) || u.e
+                        -- the flags byte, then the optional values given
+                        || substr(int4send((CASE WHEN u.p IS NULL THEN 0 ELSE 1 END)
+                                           + (CASE WHEN u.g IS NULL THEN 0 ELSE 2 END)
+                                           + (CASE WHEN u.x IS NULL THEN 0 ELSE 4 END)), 4, 1)
+                        || coalesce(int4send(u.p), ''::bytea)
+                        || coalesce(timestamptz_send(u.g), ''::bytea)
+                        || coalesce(int8send(u.x), ''::bytea),
+                        ''::bytea ORDER BY u.i), 'base64')
+               FROM unnest(originator_sequence_ids, topics, originator_envelopes,
+                           payer_ids, gateway_times, expiries)
+                    WITH ORDINALITY AS u(s, t, e, p, g, x, i)));
     END IF;
     RETURN (SELECT coalesce(sum(c), 0)::bigint
-              FROM envelopes_router._insert_gateway_envelopes(
-                       originator_node_ids, originator_sequence_ids, topics, originator_envelopes,
-                       payer_ids, gateway_times, expiries) c);
+              FROM envelopes_router._insert_gateway_envelopes_packed_split(
+                       (SELECT array_agg(q.o ORDER BY q.first) FROM (
+                            SELECT u.o, min(u.i) AS first
+                              FROM unnest(originator_node_ids) WITH ORDINALITY AS u(o, i)
+                             GROUP BY u.o) q),
+                       (SELECT array_agg(q.packed ORDER BY q.first) FROM (
+                            SELECT min(u.i) AS first, encode(string_agg(
+                                    int8send(u.s) || int4send(length(u.t)) || u.t
+                                    || int4send(length(u.e)) || u.e
+                                    || substr(int4send((CASE WHEN u.p IS NULL THEN 0 ELSE 1 END)
+                                                       + (CASE WHEN u.g IS NULL THEN 0 ELSE 2 END)
+                                                       + (CASE WHEN u.x IS NULL THEN 0 ELSE 4 END)), 4, 1)
+                                    || coalesce(int4send(u.p), ''::bytea)
+                                    || coalesce(timestamptz_send(u.g), ''::bytea)
+                                    || coalesce(int8send(u.x), ''::bytea),
+                                    ''::bytea ORDER BY u.i), 'base64') AS packed
+                              FROM unnest(originator_node_ids, originator_sequence_ids, topics,
+                                          originator_envelopes, payer_ids, gateway_times, expiries)
+                                   WITH ORDINALITY AS u(o, s, t, e, p, g, x, i)
+                             GROUP BY u.o) q)) c);
 END;
 $$;
 
@@ -414,7 +369,7 @@ CREATE FUNCTION envelopes.ensure_gateway_parts(
 RETURNS void LANGUAGE plproxy
 AS $$
     CLUSTER 'envelopes_router_shards';
-    RUN ON hashint4(coalesce(originator_node_id, 0));
+    RUN ON pg_catalog.hashint4(coalesce(originator_node_id, 0));
     TARGET envelopes.ensure_gateway_parts;
 $$;
 
@@ -762,7 +717,7 @@ LANGUAGE plproxy
 AS $$
     CLUSTER 'envelopes_router_shards';
     -- A NULL id goes to partition 0's shard, which rejects it as one node does.
-    RUN ON hashint4(coalesce(node, 0));
+    RUN ON pg_catalog.hashint4(coalesce(node, 0));
     TARGET envelopes.select_originator;
 $$;
 
@@ -1023,11 +978,8 @@ BEGIN
     EXECUTE format('GRANT EXECUTE ON FUNCTION
         envelopes.insert_gateway_envelope(integer, bigint, bytea, bytea, integer, timestamptz, bigint),
         envelopes.insert_gateway_envelopes(integer[], bigint[], bytea[], bytea[], integer[], timestamptz[], bigint[]),
-        envelopes_router._insert_gateway_envelopes(integer[], bigint[], bytea[], bytea[], integer[], timestamptz[], bigint[]),
-        envelopes_router._insert_gateway_envelopes_given(integer[], bigint[], bytea[], bytea[]),
         envelopes_router._insert_gateway_envelopes_packed(integer, text),
         envelopes_router._insert_gateway_envelopes_packed_split(integer[], text[]),
-        envelopes_router._insert_gateway_envelope(integer, bigint, bytea, bytea, integer, timestamptz, bigint),
         envelopes_router._insert_gateway_envelope_packed(integer, text),
         envelopes.ensure_gateway_parts(integer, bigint, bigint),
         envelopes.publish(text, bytea, jsonb, integer),

@@ -880,6 +880,98 @@ fn a_batch_of_one_originator_travels_packed_and_lands_like_one_node() {
         &[Some(envelope(16)), Some(envelope(17))],
     )
     .unwrap();
+    // A session with other date and time settings: times travel binary, so each
+    // is stored as given; a NULL element is refused on the proxy, so no shard
+    // stores its part of the batch.
+    let mut odd = shards.proxy();
+    odd.batch_execute("SET datestyle = 'SQL, DMY'; SET timezone = 'Asia/Kolkata'")
+        .unwrap();
+    let odd_nodes: Vec<i32> = vec![7, 12, 13];
+    let odd_seqs: Vec<i64> = vec![9_100_001, 9_100_002, 9_100_003];
+    let odd_topics: Vec<Vec<u8>> = vec![vec![1], vec![2], vec![3]];
+    let odd_times: Vec<Option<std::time::SystemTime>> =
+        vec![Some(time), Some(long_ago), Some(time)];
+    for c in [&mut odd, &mut one] {
+        let n: i64 = c
+            .query_one(
+                "SELECT envelopes.insert_gateway_envelopes($1, $2, $3, $3, gateway_times => $4)",
+                &[&odd_nodes, &odd_seqs, &odd_topics, &odd_times],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(n, 3);
+    }
+    for ((&o, &seq), &at) in odd_nodes.iter().zip(&odd_seqs).zip(&odd_times) {
+        let at_shard = shards.shard_of(&mut proxy, o);
+        let stored: std::time::SystemTime = shards
+            .shard(at_shard)
+            .query_one(
+                "SELECT gateway_time FROM envelopes.gateway_envelopes_meta
+                  WHERE originator_node_id = $1 AND originator_sequence_id = $2",
+                &[&o, &seq],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(Some(stored), at, "originator {o}");
+    }
+    let null_topic: Vec<Option<Vec<u8>>> = vec![Some(vec![1]), Some(vec![2]), None];
+    let e = odd
+        .query_one(
+            "SELECT envelopes.insert_gateway_envelopes($1, $2, $3, $4)",
+            &[
+                &odd_nodes,
+                &vec![9_100_011i64, 9_100_012, 9_100_013],
+                &null_topic,
+                &odd_topics,
+            ],
+        )
+        .unwrap_err();
+    assert_eq!(sqlstate(&e), "22004");
+    assert_eq!(
+        e.as_db_error().unwrap().message(),
+        "topics[3] must not be NULL"
+    );
+    for &o in &odd_nodes {
+        let at_shard = shards.shard_of(&mut proxy, o);
+        let stored: i64 = shards
+            .shard(at_shard)
+            .query_one(
+                "SELECT count(*) FROM envelopes.gateway_envelopes_meta
+                  WHERE originator_node_id = $1 AND originator_sequence_id > 9100010",
+                &[&o],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            stored, 0,
+            "nothing of the refused batch on originator {o}'s shard"
+        );
+    }
+    // The router's hash is pg_catalog's whatever the caller's search_path.
+    odd.batch_execute(
+        "CREATE SCHEMA IF NOT EXISTS odd_hash;
+         CREATE OR REPLACE FUNCTION odd_hash.hashint4(integer) RETURNS integer
+             LANGUAGE sql IMMUTABLE AS 'SELECT 0';
+         SET search_path = odd_hash, pg_catalog",
+    )
+    .unwrap();
+    for o in 20..28 {
+        odd.query_one(
+            "SELECT envelopes.insert_gateway_envelope($1, 1, '\\x01', '\\x02')",
+            &[&o],
+        )
+        .unwrap();
+        let at_shard = shards.shard_of(&mut proxy, o);
+        let stored: i64 = shards
+            .shard(at_shard)
+            .query_one(
+                "SELECT count(*) FROM envelopes.gateway_envelopes_meta WHERE originator_node_id = $1",
+                &[&o],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(stored, 1, "originator {o} on its own shard");
+    }
     // Arrays whose subscripts do not start at 1, one originator and two.
     for sql in [
         "SELECT envelopes.insert_gateway_envelopes('[2:3]={7,7}'::int[],
