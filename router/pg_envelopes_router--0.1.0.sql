@@ -164,6 +164,29 @@ AS $$
     SELECT envelopes.insert_gateway_envelope_packed(originator_node_id, packed_row);
 $$;
 
+-- One row in the packed form the shards' insert_gateway_envelope(s)_packed read:
+-- sequence id, topic and envelope with their lengths, a flags byte (1 payer,
+-- 2 gateway time, 4 expiry), then the optional values given, all binary. A plain
+-- SQL expression, so the planner inlines it where it is called; every name is
+-- qualified, as callers run with their own search_path.
+CREATE FUNCTION envelopes_router._packed_row(
+    seq bigint, topic bytea, envelope bytea, payer integer, gtime timestamptz, expiry bigint)
+RETURNS bytea LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT pg_catalog.int8send(seq)
+        OPERATOR(pg_catalog.||) pg_catalog.int4send(pg_catalog.length(topic))
+        OPERATOR(pg_catalog.||) topic
+        OPERATOR(pg_catalog.||) pg_catalog.int4send(pg_catalog.length(envelope))
+        OPERATOR(pg_catalog.||) envelope
+        OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(
+               (CASE WHEN payer IS NULL THEN 0 ELSE 1 END)
+               OPERATOR(pg_catalog.+) (CASE WHEN gtime IS NULL THEN 0 ELSE 2 END)
+               OPERATOR(pg_catalog.+) (CASE WHEN expiry IS NULL THEN 0 ELSE 4 END)), 4, 1)
+        OPERATOR(pg_catalog.||) coalesce(pg_catalog.int4send(payer), ''::pg_catalog.bytea)
+        OPERATOR(pg_catalog.||) coalesce(pg_catalog.timestamptz_send(gtime), ''::pg_catalog.bytea)
+        OPERATOR(pg_catalog.||) coalesce(pg_catalog.int8send(expiry), ''::pg_catalog.bytea)
+$$;
+
 -- No SET search_path (applied on every call, it cost 9 us): every name is
 -- qualified instead, operators included.
 CREATE FUNCTION envelopes.insert_gateway_envelope(
@@ -189,21 +212,8 @@ BEGIN
     END IF;
     RETURN envelopes_router._insert_gateway_envelope_packed(
         originator_node_id,
-        pg_catalog.encode(
-            pg_catalog.int8send(originator_sequence_id)
-            OPERATOR(pg_catalog.||) pg_catalog.int4send(pg_catalog.length(topic))
-            OPERATOR(pg_catalog.||) topic
-            OPERATOR(pg_catalog.||) pg_catalog.int4send(pg_catalog.length(originator_envelope))
-            OPERATOR(pg_catalog.||) originator_envelope
-            -- the flags byte, then the optional values given
-            OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.int4send(
-                   (CASE WHEN payer_id IS NULL THEN 0 ELSE 1 END)
-                   OPERATOR(pg_catalog.+) (CASE WHEN gateway_time IS NULL THEN 0 ELSE 2 END)
-                   OPERATOR(pg_catalog.+) (CASE WHEN expiry IS NULL THEN 0 ELSE 4 END)), 4, 1)
-            OPERATOR(pg_catalog.||) coalesce(pg_catalog.int4send(payer_id), ''::pg_catalog.bytea)
-            OPERATOR(pg_catalog.||) coalesce(pg_catalog.timestamptz_send(gateway_time),
-                                             ''::pg_catalog.bytea)
-            OPERATOR(pg_catalog.||) coalesce(pg_catalog.int8send(expiry), ''::pg_catalog.bytea),
+        pg_catalog.encode(envelopes_router._packed_row(
+            originator_sequence_id, topic, originator_envelope, payer_id, gateway_time, expiry),
             'base64'));
 END;
 $$;
@@ -257,6 +267,8 @@ AS $$
 DECLARE
     n integer := coalesce(cardinality(originator_node_ids), 0);
     i integer;
+    nodes integer[];
+    packs text[];
 BEGIN
     IF originator_node_ids IS NULL THEN
         RAISE EXCEPTION 'originator_node_ids must not be NULL' USING ERRCODE = 'null_value_not_allowed';
@@ -320,47 +332,21 @@ BEGIN
         RETURN 0;
     END IF;
     -- Packed: one value for a batch of one originator, one per originator
-    -- otherwise (split by shard).
-    IF NOT EXISTS (SELECT 1 FROM unnest(originator_node_ids) o
-                    WHERE o <> originator_node_ids[array_lower(originator_node_ids, 1)]) THEN
-        RETURN envelopes_router._insert_gateway_envelopes_packed(
-            originator_node_ids[array_lower(originator_node_ids, 1)],
-            (SELECT encode(string_agg(
-                        int8send(u.s) || int4send(length(u.t)) || u.t
-                        || int4send(length(u.e)) || u.e
-                        -- the flags byte, then the optional values given
-                        || substr(int4send((CASE WHEN u.p IS NULL THEN 0 ELSE 1 END)
-                                           + (CASE WHEN u.g IS NULL THEN 0 ELSE 2 END)
-                                           + (CASE WHEN u.x IS NULL THEN 0 ELSE 4 END)), 4, 1)
-                        || coalesce(int4send(u.p), ''::bytea)
-                        || coalesce(timestamptz_send(u.g), ''::bytea)
-                        || coalesce(int8send(u.x), ''::bytea),
-                        ''::bytea ORDER BY u.i), 'base64')
-               FROM unnest(originator_sequence_ids, topics, originator_envelopes,
-                           payer_ids, gateway_times, expiries)
-                    WITH ORDINALITY AS u(s, t, e, p, g, x, i)));
+    -- otherwise (split by shard), each the originator's rows in batch order.
+    SELECT array_agg(q.o ORDER BY q.first), array_agg(q.packed ORDER BY q.first)
+      INTO nodes, packs
+      FROM (SELECT u.o, min(u.i) AS first,
+                   encode(string_agg(envelopes_router._packed_row(u.s, u.t, u.e, u.p, u.g, u.x),
+                                     ''::bytea ORDER BY u.i), 'base64') AS packed
+              FROM unnest(originator_node_ids, originator_sequence_ids, topics,
+                          originator_envelopes, payer_ids, gateway_times, expiries)
+                   WITH ORDINALITY AS u(o, s, t, e, p, g, x, i)
+             GROUP BY u.o) q;
+    IF cardinality(nodes) = 1 THEN
+        RETURN envelopes_router._insert_gateway_envelopes_packed(nodes[1], packs[1]);
     END IF;
     RETURN (SELECT coalesce(sum(c), 0)::bigint
-              FROM envelopes_router._insert_gateway_envelopes_packed_split(
-                       (SELECT array_agg(q.o ORDER BY q.first) FROM (
-                            SELECT u.o, min(u.i) AS first
-                              FROM unnest(originator_node_ids) WITH ORDINALITY AS u(o, i)
-                             GROUP BY u.o) q),
-                       (SELECT array_agg(q.packed ORDER BY q.first) FROM (
-                            SELECT min(u.i) AS first, encode(string_agg(
-                                    int8send(u.s) || int4send(length(u.t)) || u.t
-                                    || int4send(length(u.e)) || u.e
-                                    || substr(int4send((CASE WHEN u.p IS NULL THEN 0 ELSE 1 END)
-                                                       + (CASE WHEN u.g IS NULL THEN 0 ELSE 2 END)
-                                                       + (CASE WHEN u.x IS NULL THEN 0 ELSE 4 END)), 4, 1)
-                                    || coalesce(int4send(u.p), ''::bytea)
-                                    || coalesce(timestamptz_send(u.g), ''::bytea)
-                                    || coalesce(int8send(u.x), ''::bytea),
-                                    ''::bytea ORDER BY u.i), 'base64') AS packed
-                              FROM unnest(originator_node_ids, originator_sequence_ids, topics,
-                                          originator_envelopes, payer_ids, gateway_times, expiries)
-                                   WITH ORDINALITY AS u(o, s, t, e, p, g, x, i)
-                             GROUP BY u.o) q)) c);
+              FROM envelopes_router._insert_gateway_envelopes_packed_split(nodes, packs) c);
 END;
 $$;
 
@@ -980,6 +966,7 @@ BEGIN
         envelopes.insert_gateway_envelopes(integer[], bigint[], bytea[], bytea[], integer[], timestamptz[], bigint[]),
         envelopes_router._insert_gateway_envelopes_packed(integer, text),
         envelopes_router._insert_gateway_envelopes_packed_split(integer[], text[]),
+        envelopes_router._packed_row(bigint, bytea, bytea, integer, timestamptz, bigint),
         envelopes_router._insert_gateway_envelope_packed(integer, text),
         envelopes.ensure_gateway_parts(integer, bigint, bigint),
         envelopes.publish(text, bytea, jsonb, integer),

@@ -294,6 +294,20 @@ fn insert_one(c: &mut Client, r: &Input) -> i64 {
     .get(0)
 }
 
+/// A statistics counter read until `done` holds or 10 s have passed (function
+/// statistics reach the view once the calling backend is idle); the last value.
+fn settled(mut read: impl FnMut() -> i64, done: impl Fn(i64) -> bool) -> i64 {
+    let mut value = read();
+    for _ in 0..50 {
+        if done(value) {
+            break;
+        }
+        thread::sleep(Duration::from_millis(200));
+        value = read();
+    }
+    value
+}
+
 fn array<T: ToString>(v: &[T]) -> String {
     format!(
         "'{{{}}}'",
@@ -716,14 +730,7 @@ fn a_batch_of_one_originator_travels_packed_and_lands_like_one_node() {
     };
     assert_eq!(stored(&mut shards.shard(home)), stored(&mut one));
     // Statistics reach the view once the calling backend is idle.
-    let mut calls = packed_calls();
-    for _ in 0..50 {
-        if calls >= before + 2 {
-            break;
-        }
-        thread::sleep(Duration::from_millis(200));
-        calls = packed_calls();
-    }
+    let calls = settled(packed_calls, |c| c >= before + 2);
     assert!(
         calls >= before + 2,
         "the batches went packed ({before} -> {calls} calls)"
@@ -1055,26 +1062,15 @@ fn a_batch_of_one_originator_travels_packed_and_lands_like_one_node() {
             "originator {o} on its shard"
         );
     }
-    let mut after_mixed = packed_calls();
-    for _ in 0..50 {
-        if after_mixed > before_mixed {
-            break;
-        }
-        thread::sleep(Duration::from_millis(200));
-        after_mixed = packed_calls();
-    }
+    let after_mixed = settled(packed_calls, |c| c > before_mixed);
     assert!(
         after_mixed > before_mixed,
         "the batch across originators went packed"
     );
-    let mut single_after = packed_calls_of("insert_gateway_envelope_packed");
-    for _ in 0..50 {
-        if single_after >= single_before + ones.len() as i64 {
-            break;
-        }
-        thread::sleep(Duration::from_millis(200));
-        single_after = packed_calls_of("insert_gateway_envelope_packed");
-    }
+    let single_after = settled(
+        || packed_calls_of("insert_gateway_envelope_packed"),
+        |c| c >= single_before + ones.len() as i64,
+    );
     assert!(
         single_after >= single_before + ones.len() as i64,
         "single rows went packed ({single_before} -> {single_after} calls)"
@@ -1145,14 +1141,7 @@ fn a_batch_of_one_originator_travels_packed_and_lands_like_one_node() {
             .get(0);
         assert_eq!(n, 3);
     }
-    let mut after_options = packed_calls();
-    for _ in 0..50 {
-        if after_options > before_options {
-            break;
-        }
-        thread::sleep(Duration::from_millis(200));
-        after_options = packed_calls();
-    }
+    let after_options = settled(packed_calls, |c| c > before_options);
     assert!(
         after_options > before_options,
         "the batch with options went packed"
