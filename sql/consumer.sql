@@ -48,10 +48,11 @@ CREATE TABLE delivery_log (
 );
 CREATE INDEX delivery_log_consumer_idx ON delivery_log (consumer, acknowledged_at);
 
--- Rows a consumer could not deliver because its bus refuses them for good (too
--- large, a subject the bus rejects), set aside after bounded retries so that the
--- rows after them flow. The cursor has moved past them; retry_dead_letters()
--- asks the consumer to try them again.
+-- Rows a consumer could not deliver because its bus refuses them (too large, a
+-- subject or key the bus rejects, an ACL), set aside at the first refusal so that
+-- the rows after them flow. The cursor has moved past them. The bridge tries each
+-- again by itself a few times on a short schedule (next_attempt_at); after that it
+-- stays here until retry_dead_letters() asks the consumer to try it again.
 CREATE TABLE dead_letters (
     id                     bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     consumer               text        NOT NULL REFERENCES consumers (name) ON DELETE CASCADE,
@@ -66,6 +67,9 @@ CREATE TABLE dead_letters (
     first_attempt_at       timestamptz NOT NULL,
     last_attempt_at        timestamptz NOT NULL,
     retry_requested_at     timestamptz,
+    -- When the bridge tries the row again by itself (NULL: it will not; after its
+    -- attempts ran out the row waits for retry_dead_letters()).
+    next_attempt_at        timestamptz,
     CONSTRAINT dead_letters_row CHECK (
         CASE kind WHEN 'envelope' THEN originator_node_id IS NOT NULL AND originator_sequence_id IS NOT NULL
                                        AND outbox_id IS NULL
@@ -75,8 +79,10 @@ CREATE TABLE dead_letters (
         (consumer, kind, originator_node_id, originator_sequence_id, outbox_id)
 );
 CREATE INDEX dead_letters_retry_idx ON dead_letters (consumer) WHERE retry_requested_at IS NOT NULL;
+CREATE INDEX dead_letters_next_attempt_idx ON dead_letters (consumer, next_attempt_at)
+    WHERE next_attempt_at IS NOT NULL;
 COMMENT ON TABLE dead_letters IS
-    'Rows a consumer''s bus refused for good, set aside after bounded retries; see retry_dead_letters().';
+    'Rows a consumer''s bus refused, set aside at once so the rest flows, tried again by the bridge on a short schedule (next_attempt_at) and then kept until retry_dead_letters().';
 
 -- Locks a consumer's row for an update, or raises 42704 for an unknown one and
 -- 42501 when the calling role may not act for it.
@@ -133,6 +139,46 @@ BEGIN
     UPDATE @extschema@.consumers c SET owner = new_owner WHERE c.name = consumer;
 END $$;
 
+-- Makes this session the active bridge of a consumer, unless another session
+-- already is: (true, NULL) when this session holds the lease now, (false, pid)
+-- when the session with that backend pid holds it (pid 0: unknown). The lease
+-- lasts until the session ends (or consumer_lease_release); while it is held, the
+-- functions that move the consumer's positions or record its dead letters fail
+-- with 55006 in any other session, so two bridges under one name never both
+-- acknowledge. 42704 for an unknown consumer, 42501 for one the caller may not
+-- act for.
+CREATE FUNCTION consumer_lease(consumer text, OUT acquired boolean, OUT holder_pid integer)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c @extschema@.consumers;
+BEGIN
+    IF consumer IS NULL THEN
+        RAISE EXCEPTION 'consumer must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    SELECT * INTO c FROM @extschema@.consumers k WHERE k.name = consumer_lease.consumer;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'consumer "%" does not exist', consumer USING ERRCODE = 'undefined_object',
+              HINT = 'Create it with envelopes.consumer_register(name).';
+    END IF;
+    PERFORM @extschema@._check_consumer_owner(c);
+    holder_pid := @extschema@._lease_take('egress', consumer);
+    acquired := holder_pid IS NULL;
+END $$;
+
+-- Gives up this session's lease of a consumer (true if it held it).
+CREATE FUNCTION consumer_lease_release(consumer text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF consumer IS NULL THEN
+        RAISE EXCEPTION 'consumer must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    RETURN @extschema@._lease_release('egress', consumer);
+END $$;
+
 -- Refuses a position no batch could have returned: above the feed's last id.
 CREATE FUNCTION _check_drawn_position(what text, acked bigint, feed_sequence regclass) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
@@ -160,6 +206,7 @@ BEGIN
         RAISE EXCEPTION 'id must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     cur := @extschema@._lock_consumer(consumer);
+    PERFORM @extschema@._lease_check('egress', consumer);
     PERFORM @extschema@._check_drawn_position('outbox id', id, '@extschema@.outbox_id_seq');
     IF id <= cur.outbox_id THEN
         RETURN 0;
@@ -178,13 +225,17 @@ END $$;
 -- acknowledges with index range scans of the band leaves, which no plan over the
 -- partitioned tables can turn into a scan of every row.
 
--- Sets a row aside for a consumer whose bus refuses it: called by the bridge
--- after its bounded retries, before it acknowledges past the row. Recording the
--- same row again adds the attempts and keeps the first attempt's time.
+-- Sets a row aside for a consumer whose bus refuses it: called by the bridge at
+-- the refusal, before it acknowledges past the row. next_attempt_at is when the
+-- bridge means to try it again by itself (NULL: not any more, it waits for
+-- retry_dead_letters()). Recording the same row again adds the attempts, keeps
+-- the first attempt's time and clears an operator's retry request. Returns the
+-- dead letter's id.
 CREATE FUNCTION consumer_dead_letter(consumer text, kind text, originator_node_id integer,
                                      originator_sequence_id bigint, outbox_id bigint,
                                      reason text, error text, attempts integer,
-                                     first_attempt_at timestamptz DEFAULT NULL)
+                                     first_attempt_at timestamptz DEFAULT NULL,
+                                     next_attempt_at timestamptz DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -213,14 +264,15 @@ BEGIN
         RAISE EXCEPTION 'attempts must be positive (got %)', attempts USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM @extschema@._lock_consumer(consumer);
+    PERFORM @extschema@._lease_check('egress', consumer);
     INSERT INTO @extschema@.dead_letters AS d
         (consumer, kind, originator_node_id, originator_sequence_id, outbox_id, reason, error,
-         attempts, first_attempt_at, last_attempt_at)
+         attempts, first_attempt_at, last_attempt_at, next_attempt_at)
     VALUES (consumer, kind, originator_node_id, originator_sequence_id, outbox_id, reason, error,
-            attempts, COALESCE(first_attempt_at, now()), now())
+            attempts, COALESCE(first_attempt_at, now()), now(), next_attempt_at)
     ON CONFLICT ON CONSTRAINT dead_letters_once DO UPDATE
        SET attempts = d.attempts + EXCLUDED.attempts, reason = EXCLUDED.reason, error = EXCLUDED.error,
-           last_attempt_at = now(), retry_requested_at = NULL
+           last_attempt_at = now(), retry_requested_at = NULL, next_attempt_at = EXCLUDED.next_attempt_at
     RETURNING d.id INTO new_id;
     RETURN new_id;
 END $$;
@@ -241,15 +293,17 @@ AS $$
     SELECT count(*) FROM r
 $$;
 
--- The dead letters of a consumer that were asked to be retried, with their rows
--- (NULL columns when the row no longer exists, e.g. pruned). The bridge asks on
--- every poll, so the common answer — nothing asked — costs one index probe; the
--- join with the envelope view is planned only when there is something to return.
+-- The dead letters of a consumer that are due again: asked for by
+-- retry_dead_letters(), or whose next_attempt_at has come. With their rows (NULL
+-- columns when the row no longer exists, e.g. pruned) and the attempts so far.
+-- The bridge asks on every poll, so the common answer — nothing due — costs two
+-- index probes; the join with the envelope view is planned only when there is
+-- something to return.
 CREATE FUNCTION consumer_dead_letter_retries(consumer text, batch_size integer DEFAULT 100)
 RETURNS TABLE (dead_letter_id bigint, kind text, originator_node_id integer, originator_sequence_id bigint,
                gateway_time timestamptz, topic bytea, payer_id integer, expiry bigint,
                originator_envelope bytea, outbox_id bigint, subject text, payload bytea, headers jsonb,
-               created_at timestamptz)
+               created_at timestamptz, attempts integer)
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -270,19 +324,23 @@ BEGIN
     PERFORM @extschema@._check_consumer_owner(c);
     IF NOT EXISTS (SELECT FROM @extschema@.dead_letters d
                     WHERE d.consumer = consumer_dead_letter_retries.consumer
-                      AND d.retry_requested_at IS NOT NULL) THEN
+                      AND d.retry_requested_at IS NOT NULL)
+       AND NOT EXISTS (SELECT FROM @extschema@.dead_letters d
+                        WHERE d.consumer = consumer_dead_letter_retries.consumer
+                          AND d.next_attempt_at IS NOT NULL AND d.next_attempt_at <= pg_catalog.now()) THEN
         RETURN;
     END IF;
     RETURN QUERY
     SELECT d.id, d.kind, d.originator_node_id, d.originator_sequence_id,
            v.gateway_time, v.topic, v.payer_id, v.expiry, v.originator_envelope,
-           d.outbox_id, o.subject, o.payload, o.headers, o.created_at
+           d.outbox_id, o.subject, o.payload, o.headers, o.created_at, d.attempts
       FROM @extschema@.dead_letters d
       LEFT JOIN @extschema@.gateway_envelopes_view v
              ON d.kind = 'envelope' AND v.originator_node_id = d.originator_node_id
             AND v.originator_sequence_id = d.originator_sequence_id
       LEFT JOIN @extschema@.outbox o ON d.kind = 'outbox' AND o.id = d.outbox_id
-     WHERE d.consumer = consumer_dead_letter_retries.consumer AND d.retry_requested_at IS NOT NULL
+     WHERE d.consumer = consumer_dead_letter_retries.consumer
+       AND (d.retry_requested_at IS NOT NULL OR d.next_attempt_at <= pg_catalog.now())
      ORDER BY d.id
      LIMIT batch_size;
 END $$;
@@ -299,11 +357,25 @@ BEGIN
         RAISE EXCEPTION 'ids must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     PERFORM @extschema@._lock_consumer(consumer);
+    PERFORM @extschema@._lease_check('egress', consumer);
     DELETE FROM @extschema@.dead_letters d
      WHERE d.consumer = consumer_dead_letter_resolved.consumer AND d.id = ANY (ids);
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END $$;
+
+-- The dead letters of one consumer, or of every consumer the calling role may act
+-- for (NULL), oldest first: for `envelopes-bridge status` and operators, who need
+-- no privilege on the table itself.
+CREATE FUNCTION consumer_dead_letters(consumer text DEFAULT NULL)
+RETURNS SETOF @extschema@.dead_letters LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT d.* FROM @extschema@.dead_letters d
+      JOIN @extschema@.consumers c ON c.name = d.consumer
+     WHERE ($1 IS NULL OR d.consumer = $1) AND @extschema@._acts_for(COALESCE(c.owner, 0))
+     ORDER BY d.id
+$$;
 
 -- How full the server's NOTIFY queue is (0..1); a listener that stops reading its
 -- notifications makes it grow.

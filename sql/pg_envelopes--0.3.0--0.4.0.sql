@@ -26,6 +26,23 @@ AS 'MODULE_PATHNAME', '_acts_for_wrapper';
 ALTER TABLE consumers ADD COLUMN owner oid;
 ALTER TABLE ingress_positions ADD COLUMN owner oid;
 
+-- An ingress position is per (consumer, stream): keyed by the name alone, storing
+-- a second stream's position under the same name kept the larger of the two and
+-- skipped the other stream's messages. Each existing row keeps its stream.
+ALTER TABLE ingress_positions DROP CONSTRAINT ingress_positions_pkey,
+    ALTER COLUMN consumer SET NOT NULL,
+    ADD CONSTRAINT ingress_positions_pkey PRIMARY KEY (consumer, stream);
+COMMENT ON TABLE ingress_positions IS
+    'Last bus stream sequence each ingress consumer stored per stream, committed with the envelopes.';
+
+-- Refused rows are set aside at the first refusal and tried again by the bridge
+-- on a short schedule, so one refused row no longer holds up the rest of the feed.
+ALTER TABLE dead_letters ADD COLUMN next_attempt_at timestamptz;
+CREATE INDEX dead_letters_next_attempt_idx ON dead_letters (consumer, next_attempt_at)
+    WHERE next_attempt_at IS NOT NULL;
+COMMENT ON TABLE dead_letters IS
+    'Rows a consumer''s bus refused, set aside at once so the rest flows, tried again by the bridge on a short schedule (next_attempt_at) and then kept until retry_dead_letters().';
+
 -- Locks a consumer's row for an update, or raises 42704 for an unknown one and
 -- 42501 when the calling role may not act for it.
 CREATE OR REPLACE FUNCTION _lock_consumer(consumer text) RETURNS @extschema@.consumers
@@ -93,16 +110,14 @@ AS $$
         RETURNING 1)
     SELECT count(*) FROM r
 $$;
--- consumer_dead_letter_retries is no longer STABLE: it may claim an unowned consumer.
--- The dead letters of a consumer that were asked to be retried, with their rows
--- (NULL columns when the row no longer exists, e.g. pruned). The bridge asks on
--- every poll, so the common answer — nothing asked — costs one index probe; the
--- join with the envelope view is planned only when there is something to return.
-CREATE OR REPLACE FUNCTION consumer_dead_letter_retries(consumer text, batch_size integer DEFAULT 100)
+-- consumer_dead_letter_retries returns the attempts too, and the rows whose
+-- next automatic attempt is due (no longer STABLE: it may claim an unowned consumer).
+DROP FUNCTION consumer_dead_letter_retries(text, integer);
+CREATE FUNCTION consumer_dead_letter_retries(consumer text, batch_size integer DEFAULT 100)
 RETURNS TABLE (dead_letter_id bigint, kind text, originator_node_id integer, originator_sequence_id bigint,
                gateway_time timestamptz, topic bytea, payer_id integer, expiry bigint,
                originator_envelope bytea, outbox_id bigint, subject text, payload bytea, headers jsonb,
-               created_at timestamptz)
+               created_at timestamptz, attempts integer)
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -123,19 +138,23 @@ BEGIN
     PERFORM @extschema@._check_consumer_owner(c);
     IF NOT EXISTS (SELECT FROM @extschema@.dead_letters d
                     WHERE d.consumer = consumer_dead_letter_retries.consumer
-                      AND d.retry_requested_at IS NOT NULL) THEN
+                      AND d.retry_requested_at IS NOT NULL)
+       AND NOT EXISTS (SELECT FROM @extschema@.dead_letters d
+                        WHERE d.consumer = consumer_dead_letter_retries.consumer
+                          AND d.next_attempt_at IS NOT NULL AND d.next_attempt_at <= pg_catalog.now()) THEN
         RETURN;
     END IF;
     RETURN QUERY
     SELECT d.id, d.kind, d.originator_node_id, d.originator_sequence_id,
            v.gateway_time, v.topic, v.payer_id, v.expiry, v.originator_envelope,
-           d.outbox_id, o.subject, o.payload, o.headers, o.created_at
+           d.outbox_id, o.subject, o.payload, o.headers, o.created_at, d.attempts
       FROM @extschema@.dead_letters d
       LEFT JOIN @extschema@.gateway_envelopes_view v
              ON d.kind = 'envelope' AND v.originator_node_id = d.originator_node_id
             AND v.originator_sequence_id = d.originator_sequence_id
       LEFT JOIN @extschema@.outbox o ON d.kind = 'outbox' AND o.id = d.outbox_id
-     WHERE d.consumer = consumer_dead_letter_retries.consumer AND d.retry_requested_at IS NOT NULL
+     WHERE d.consumer = consumer_dead_letter_retries.consumer
+       AND (d.retry_requested_at IS NOT NULL OR d.next_attempt_at <= pg_catalog.now())
      ORDER BY d.id
      LIMIT batch_size;
 END $$;
@@ -151,9 +170,106 @@ BEGIN
         RAISE EXCEPTION 'ids must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     PERFORM @extschema@._lock_consumer(consumer);
+    PERFORM @extschema@._lease_check('egress', consumer);
     DELETE FROM @extschema@.dead_letters d
      WHERE d.consumer = consumer_dead_letter_resolved.consumer AND d.id = ANY (ids);
     GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END $$;
+-- consumer_dead_letters: what `envelopes-bridge status` shows, for the consumer role.
+CREATE FUNCTION consumer_dead_letters(consumer text DEFAULT NULL)
+RETURNS SETOF @extschema@.dead_letters LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT d.* FROM @extschema@.dead_letters d
+      JOIN @extschema@.consumers c ON c.name = d.consumer
+     WHERE ($1 IS NULL OR d.consumer = $1) AND @extschema@._acts_for(COALESCE(c.owner, 0))
+     ORDER BY d.id
+$$;
+-- Leases: one active bridge per consumer (src/lease.rs).
+-- pg_envelopes::lease::_lease_take
+CREATE  FUNCTION "_lease_take"(
+	"kind" TEXT, /* Option < & str > */
+	"name" TEXT, /* Option < & str > */
+	"stream" TEXT DEFAULT '' /* Option < & str > */
+) RETURNS INT /* Option < i32 > */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_lease_take_wrapper';
+-- pg_envelopes::lease::_lease_release
+CREATE  FUNCTION "_lease_release"(
+	"kind" TEXT, /* Option < & str > */
+	"name" TEXT, /* Option < & str > */
+	"stream" TEXT DEFAULT '' /* Option < & str > */
+) RETURNS bool /* bool */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_lease_release_wrapper';
+-- pg_envelopes::lease::_lease_check
+CREATE  FUNCTION "_lease_check"(
+	"kind" TEXT, /* Option < & str > */
+	"name" TEXT, /* Option < & str > */
+	"stream" TEXT DEFAULT '' /* Option < & str > */
+) RETURNS void
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_lease_check_wrapper';
+CREATE FUNCTION consumer_lease(consumer text, OUT acquired boolean, OUT holder_pid integer)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c @extschema@.consumers;
+BEGIN
+    IF consumer IS NULL THEN
+        RAISE EXCEPTION 'consumer must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    SELECT * INTO c FROM @extschema@.consumers k WHERE k.name = consumer_lease.consumer;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'consumer "%" does not exist', consumer USING ERRCODE = 'undefined_object',
+              HINT = 'Create it with envelopes.consumer_register(name).';
+    END IF;
+    PERFORM @extschema@._check_consumer_owner(c);
+    holder_pid := @extschema@._lease_take('egress', consumer);
+    acquired := holder_pid IS NULL;
+END $$;
+CREATE FUNCTION consumer_lease_release(consumer text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF consumer IS NULL THEN
+        RAISE EXCEPTION 'consumer must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    RETURN @extschema@._lease_release('egress', consumer);
+END $$;
+-- Acknowledgements are refused while another session holds the consumer's lease.
+CREATE OR REPLACE FUNCTION consumer_outbox_ack(consumer text, id bigint)
+RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    cur @extschema@.consumers;
+    n bigint;
+    first_at timestamptz;
+    last_at timestamptz;
+BEGIN
+    IF id IS NULL THEN
+        RAISE EXCEPTION 'id must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    cur := @extschema@._lock_consumer(consumer);
+    PERFORM @extschema@._lease_check('egress', consumer);
+    PERFORM @extschema@._check_drawn_position('outbox id', id, '@extschema@.outbox_id_seq');
+    IF id <= cur.outbox_id THEN
+        RETURN 0;
+    END IF;
+    SELECT count(*), min(o.created_at), max(o.created_at) INTO n, first_at, last_at
+      FROM @extschema@.outbox o
+     WHERE o.id > cur.outbox_id AND o.id <= consumer_outbox_ack.id;
+    UPDATE @extschema@.consumers c SET outbox_id = consumer_outbox_ack.id, acked_at = now()
+     WHERE c.name = consumer;
+    INSERT INTO @extschema@.delivery_log (consumer, kind, rows, committed_from, committed_to)
+    VALUES (consumer, 'outbox', n, first_at, last_at);
     RETURN n;
 END $$;
 -- Per consumer: where it stands, what is committed but not yet acknowledged, how
@@ -182,14 +298,23 @@ SELECT c.name AS consumer,
         SELECT count(*) AS dead_letters FROM @extschema@.dead_letters dl WHERE dl.consumer = c.name) d;
 COMMENT ON VIEW consumer_status IS 'Consumer positions, what is committed but not yet acknowledged, dead letters and the NOTIFY queue usage.';
 -- The stored position of a consumer on a stream (0 when it has none yet).
-CREATE OR REPLACE FUNCTION ingress_position(consumer text, stream text)
-RETURNS bigint LANGUAGE plpgsql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+CREATE FUNCTION _check_ingress_names(consumer text, stream text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF consumer IS NULL OR stream IS NULL THEN
         RAISE EXCEPTION 'consumer and stream must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    IF consumer = '' OR stream = '' THEN
+        RAISE EXCEPTION 'consumer and stream names must not be empty' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END $$;
+CREATE OR REPLACE FUNCTION ingress_position(consumer text, stream text)
+RETURNS bigint LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@._check_ingress_names(consumer, stream);
     RETURN COALESCE((SELECT p.position FROM @extschema@.ingress_positions p
                       WHERE p.consumer = ingress_position.consumer
                         AND p.stream = ingress_position.stream), 0);
@@ -205,40 +330,70 @@ DECLARE
     moved bigint;
     owner oid;
 BEGIN
-    IF consumer IS NULL OR stream IS NULL OR new_position IS NULL THEN
-        RAISE EXCEPTION 'consumer, stream and position must not be NULL' USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    IF consumer = '' THEN
-        RAISE EXCEPTION 'consumer name must not be empty' USING ERRCODE = 'invalid_parameter_value';
+    PERFORM @extschema@._check_ingress_names(consumer, stream);
+    IF new_position IS NULL THEN
+        RAISE EXCEPTION 'position must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     IF new_position < 0 THEN
         RAISE EXCEPTION 'position must not be negative (got %)', new_position USING ERRCODE = 'numeric_value_out_of_range';
     END IF;
+    PERFORM @extschema@._lease_check('ingress', consumer, stream);
     INSERT INTO @extschema@.ingress_positions AS p (consumer, stream, position, owner)
     VALUES ($1, $2, $3, @extschema@._caller())
     ON CONFLICT ON CONSTRAINT ingress_positions_pkey
-    DO UPDATE SET stream = EXCLUDED.stream,
-                  position = GREATEST(p.position, EXCLUDED.position),
+    DO UPDATE SET position = GREATEST(p.position, EXCLUDED.position),
                   updated_at = now(),
                   owner = COALESCE(p.owner, EXCLUDED.owner)
           WHERE p.owner IS NULL OR @extschema@._acts_for(p.owner);
     GET DIAGNOSTICS moved = ROW_COUNT;
     IF moved = 0 THEN
-        SELECT p.owner INTO owner FROM @extschema@.ingress_positions p WHERE p.consumer = $1;
-        RAISE EXCEPTION 'permission denied for ingress consumer "%"', consumer
+        SELECT p.owner INTO owner FROM @extschema@.ingress_positions p
+         WHERE p.consumer = $1 AND p.stream = $2;
+        RAISE EXCEPTION 'permission denied for ingress consumer "%" on stream "%"', consumer, stream
               USING ERRCODE = 'insufficient_privilege',
                     HINT = pg_catalog.format('Its position belongs to role %s: only that role (or a member of it) '
                                              'and the extension''s owner may move it.',
                                              owner::pg_catalog.regrole);
     END IF;
 END $$;
+CREATE FUNCTION ingress_lease(consumer text, stream text,
+                              OUT acquired boolean, OUT holder_pid integer)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    owner oid;
+BEGIN
+    PERFORM @extschema@._check_ingress_names(consumer, stream);
+    SELECT p.owner INTO owner FROM @extschema@.ingress_positions p
+     WHERE p.consumer = ingress_lease.consumer AND p.stream = ingress_lease.stream;
+    IF owner IS NOT NULL AND NOT @extschema@._acts_for(owner) THEN
+        RAISE EXCEPTION 'permission denied for ingress consumer "%" on stream "%"', consumer, stream
+              USING ERRCODE = 'insufficient_privilege',
+                    HINT = pg_catalog.format('Its position belongs to role %s: only that role (or a member of it) '
+                                             'and the extension''s owner may use it.',
+                                             owner::pg_catalog.regrole);
+    END IF;
+    holder_pid := @extschema@._lease_take('ingress', consumer, stream);
+    acquired := holder_pid IS NULL;
+END $$;
+CREATE FUNCTION ingress_lease_release(consumer text, stream text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@._check_ingress_names(consumer, stream);
+    RETURN @extschema@._lease_release('ingress', consumer, stream);
+END $$;
 -- Sets a row aside for a consumer whose bus refuses it: called by the bridge
 -- after its bounded retries, before it acknowledges past the row. Recording the
 -- same row again adds the attempts and keeps the first attempt's time.
-CREATE OR REPLACE FUNCTION consumer_dead_letter(consumer text, kind text, originator_node_id integer,
+DROP FUNCTION consumer_dead_letter(text, text, integer, bigint, bigint, text, text, integer, timestamp with time zone);
+CREATE FUNCTION consumer_dead_letter(consumer text, kind text, originator_node_id integer,
                                      originator_sequence_id bigint, outbox_id bigint,
                                      reason text, error text, attempts integer,
-                                     first_attempt_at timestamptz DEFAULT NULL)
+                                     first_attempt_at timestamptz DEFAULT NULL,
+                                     next_attempt_at timestamptz DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -267,14 +422,15 @@ BEGIN
         RAISE EXCEPTION 'attempts must be positive (got %)', attempts USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM @extschema@._lock_consumer(consumer);
+    PERFORM @extschema@._lease_check('egress', consumer);
     INSERT INTO @extschema@.dead_letters AS d
         (consumer, kind, originator_node_id, originator_sequence_id, outbox_id, reason, error,
-         attempts, first_attempt_at, last_attempt_at)
+         attempts, first_attempt_at, last_attempt_at, next_attempt_at)
     VALUES (consumer, kind, originator_node_id, originator_sequence_id, outbox_id, reason, error,
-            attempts, COALESCE(first_attempt_at, now()), now())
+            attempts, COALESCE(first_attempt_at, now()), now(), next_attempt_at)
     ON CONFLICT ON CONSTRAINT dead_letters_once DO UPDATE
        SET attempts = d.attempts + EXCLUDED.attempts, reason = EXCLUDED.reason, error = EXCLUDED.error,
-           last_attempt_at = now(), retry_requested_at = NULL
+           last_attempt_at = now(), retry_requested_at = NULL, next_attempt_at = EXCLUDED.next_attempt_at
     RETURNING d.id INTO new_id;
     RETURN new_id;
 END $$;
@@ -367,9 +523,12 @@ BEGIN
         @extschema@.consumer_outbox_ack(text, bigint),
         @extschema@.consumer_envelope_batch(text, integer, bigint),
         @extschema@.consumer_envelope_ack(text, integer[], bigint[], bigint),
-        @extschema@.consumer_dead_letter(text, text, integer, bigint, bigint, text, text, integer, timestamp with time zone),
+        @extschema@.consumer_dead_letter(text, text, integer, bigint, bigint, text, text, integer, timestamp with time zone, timestamp with time zone),
         @extschema@.consumer_dead_letter_retries(text, integer),
         @extschema@.consumer_dead_letter_resolved(text, bigint[]),
+        @extschema@.consumer_dead_letters(text),
+        @extschema@.consumer_lease(text),
+        @extschema@.consumer_lease_release(text),
         @extschema@.consumer_envelopes_pending(text),
         @extschema@.consumer_set_owner(text, regrole),
         @extschema@.notification_queue_usage()
@@ -387,9 +546,12 @@ BEGIN
         @extschema@.consumer_outbox_ack(text, bigint),
         @extschema@.consumer_envelope_batch(text, integer, bigint),
         @extschema@.consumer_envelope_ack(text, integer[], bigint[], bigint),
-        @extschema@.consumer_dead_letter(text, text, integer, bigint, bigint, text, text, integer, timestamp with time zone),
+        @extschema@.consumer_dead_letter(text, text, integer, bigint, bigint, text, text, integer, timestamp with time zone, timestamp with time zone),
         @extschema@.consumer_dead_letter_retries(text, integer),
         @extschema@.consumer_dead_letter_resolved(text, bigint[]),
+        @extschema@.consumer_dead_letters(text),
+        @extschema@.consumer_lease(text),
+        @extschema@.consumer_lease_release(text),
         @extschema@.consumer_envelopes_pending(text),
         @extschema@.consumer_set_owner(text, regrole),
         @extschema@.notification_queue_usage()
@@ -401,7 +563,14 @@ END $$;
 REVOKE ALL ON FUNCTION @extschema@._caller(), @extschema@._acts_for(oid), @extschema@._bands(),
     @extschema@._check_consumer_owner(@extschema@.consumers),
     @extschema@.consumer_set_owner(text, regrole),
-    @extschema@.prune_expired(bigint, integer, boolean) FROM PUBLIC;
+    @extschema@.prune_expired(bigint, integer, boolean),
+    @extschema@.consumer_dead_letter(text, text, integer, bigint, bigint, text, text, integer, timestamp with time zone, timestamp with time zone),
+    @extschema@.consumer_dead_letter_retries(text, integer), @extschema@.consumer_dead_letters(text),
+    @extschema@.consumer_lease(text), @extschema@.consumer_lease_release(text),
+    @extschema@.ingress_lease(text, text), @extschema@.ingress_lease_release(text, text),
+    @extschema@._check_ingress_names(text, text),
+    @extschema@._lease_take(text, text, text), @extschema@._lease_release(text, text, text),
+    @extschema@._lease_check(text, text, text) FROM PUBLIC;
 DO $upgrade$
 DECLARE
     grantee text;
@@ -412,7 +581,11 @@ BEGIN
          WHERE p.oid = '@extschema@.consumer_register(text, boolean)'::pg_catalog.regprocedure
            AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner AND a.grantee <> 0
     LOOP
-        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION @extschema@.consumer_set_owner(text, regrole) TO %s',
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION @extschema@.consumer_set_owner(text, regrole),
+            @extschema@.consumer_dead_letter(text, text, integer, bigint, bigint, text, text, integer,
+                                             timestamp with time zone, timestamp with time zone),
+            @extschema@.consumer_dead_letter_retries(text, integer), @extschema@.consumer_dead_letters(text),
+            @extschema@.consumer_lease(text), @extschema@.consumer_lease_release(text) TO %s',
                                   grantee);
     END LOOP;
 END
@@ -618,7 +791,9 @@ BEGIN
     LOOP
         EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION
             @extschema@.insert_gateway_envelopes_packed(integer, text),
-            @extschema@.insert_gateway_envelope_packed(integer, text) TO %s', grantee);
+            @extschema@.insert_gateway_envelope_packed(integer, text),
+            @extschema@.ingress_lease(text, text),
+            @extschema@.ingress_lease_release(text, text) TO %s', grantee);
     END LOOP;
 END $$;
 
@@ -636,7 +811,9 @@ BEGIN
         @extschema@.ensure_gateway_parts(integer, bigint, bigint),
         @extschema@.publish(text, bytea, jsonb),
         @extschema@.ingress_position(text, text),
-        @extschema@.ingress_store_position(text, text, bigint)
+        @extschema@.ingress_store_position(text, text, bigint),
+        @extschema@.ingress_lease(text, text),
+        @extschema@.ingress_lease_release(text, text)
         TO %I', role);
 END $$;
 
@@ -653,7 +830,9 @@ BEGIN
         @extschema@.ensure_gateway_parts(integer, bigint, bigint),
         @extschema@.publish(text, bytea, jsonb),
         @extschema@.ingress_position(text, text),
-        @extschema@.ingress_store_position(text, text, bigint)
+        @extschema@.ingress_store_position(text, text, bigint),
+        @extschema@.ingress_lease(text, text),
+        @extschema@.ingress_lease_release(text, text)
         FROM %I', role);
 END $$;
 

@@ -34,7 +34,9 @@ BEGIN
         @extschema@.ensure_gateway_parts(integer, bigint, bigint),
         @extschema@.publish(text, bytea, jsonb),
         @extschema@.ingress_position(text, text),
-        @extschema@.ingress_store_position(text, text, bigint)
+        @extschema@.ingress_store_position(text, text, bigint),
+        @extschema@.ingress_lease(text, text),
+        @extschema@.ingress_lease_release(text, text)
         TO %I', role);
 END $$;
 
@@ -51,7 +53,9 @@ BEGIN
         @extschema@.ensure_gateway_parts(integer, bigint, bigint),
         @extschema@.publish(text, bytea, jsonb),
         @extschema@.ingress_position(text, text),
-        @extschema@.ingress_store_position(text, text, bigint)
+        @extschema@.ingress_store_position(text, text, bigint),
+        @extschema@.ingress_lease(text, text),
+        @extschema@.ingress_lease_release(text, text)
         FROM %I', role);
 END $$;
 
@@ -104,9 +108,12 @@ BEGIN
         @extschema@.consumer_outbox_ack(text, bigint),
         @extschema@.consumer_envelope_batch(text, integer, bigint),
         @extschema@.consumer_envelope_ack(text, integer[], bigint[], bigint),
-        @extschema@.consumer_dead_letter(text, text, integer, bigint, bigint, text, text, integer, timestamp with time zone),
+        @extschema@.consumer_dead_letter(text, text, integer, bigint, bigint, text, text, integer, timestamp with time zone, timestamp with time zone),
         @extschema@.consumer_dead_letter_retries(text, integer),
         @extschema@.consumer_dead_letter_resolved(text, bigint[]),
+        @extschema@.consumer_dead_letters(text),
+        @extschema@.consumer_lease(text),
+        @extschema@.consumer_lease_release(text),
         @extschema@.consumer_envelopes_pending(text),
         @extschema@.consumer_set_owner(text, regrole),
         @extschema@.notification_queue_usage()
@@ -125,9 +132,12 @@ BEGIN
         @extschema@.consumer_outbox_ack(text, bigint),
         @extschema@.consumer_envelope_batch(text, integer, bigint),
         @extschema@.consumer_envelope_ack(text, integer[], bigint[], bigint),
-        @extschema@.consumer_dead_letter(text, text, integer, bigint, bigint, text, text, integer, timestamp with time zone),
+        @extschema@.consumer_dead_letter(text, text, integer, bigint, bigint, text, text, integer, timestamp with time zone, timestamp with time zone),
         @extschema@.consumer_dead_letter_retries(text, integer),
         @extschema@.consumer_dead_letter_resolved(text, bigint[]),
+        @extschema@.consumer_dead_letters(text),
+        @extschema@.consumer_lease(text),
+        @extschema@.consumer_lease_release(text),
         @extschema@.consumer_envelopes_pending(text),
         @extschema@.consumer_set_owner(text, regrole),
         @extschema@.notification_queue_usage()

@@ -52,6 +52,8 @@ pub enum ConsumerError {
     Partition(#[from] PartitionError),
     #[error("{0}")]
     Marker(#[from] MarkerError),
+    #[error("{0}")]
+    Lease(#[from] crate::lease::LeaseError),
     #[error("a feed table of the extension is missing or damaged: {0}")]
     Feed(&'static str),
     #[error("SPI error in the consumer functions: {0}")]
@@ -72,6 +74,7 @@ impl SqlError for ConsumerError {
             ConsumerError::NotOwner { .. } => ERRCODE_INSUFFICIENT_PRIVILEGE,
             ConsumerError::Partition(e) => e.sqlstate(),
             ConsumerError::Marker(e) => e.sqlstate(),
+            ConsumerError::Lease(e) => e.sqlstate(),
             ConsumerError::Feed(_) => ERRCODE_UNDEFINED_TABLE,
             ConsumerError::Spi(_) => ERRCODE_INTERNAL_ERROR,
         }
@@ -83,6 +86,7 @@ impl SqlError for ConsumerError {
                 Some("Create it with envelopes.consumer_register(name).".into())
             }
             ConsumerError::Marker(e) => e.hint(),
+            ConsumerError::Lease(e) => e.hint(),
             ConsumerError::NotOwner { owner, .. } => Some(format!(
                 "It belongs to role {owner}: only that role (or a member of it) and the \
                  extension's owner may read its batches and move its positions \
@@ -898,6 +902,7 @@ fn envelope_ack(
         return Err(ConsumerError::Unknown(consumer.to_owned()));
     };
     check_owner(consumer, owner, extension_owner)?;
+    crate::lease::check(crate::lease::Kind::Egress, consumer, "")?;
     if let Some(id) = late_id {
         if id > Drawn::Late.last_drawn()? {
             return Err(ConsumerError::NeverDrawn(id));

@@ -15,6 +15,7 @@ mod error;
 mod feed;
 mod gucs;
 mod insert;
+mod lease;
 mod locks;
 mod lookup;
 mod outbox;
@@ -60,7 +61,10 @@ pgrx::extension_sql_file!(
         feed::originator_ceilings,
         feed::forget_high_water_marks,
         consumer::consumer_envelopes_pending,
-        consumer::_acts_for
+        consumer::_acts_for,
+        lease::_lease_take,
+        lease::_lease_release,
+        lease::_lease_check
     ]
 );
 
@@ -71,7 +75,14 @@ pgrx::extension_sql_file!("../sql/reads.sql", name = "reads", requires = ["stora
 pgrx::extension_sql_file!(
     "../sql/ingress.sql",
     name = "ingress_positions",
-    requires = ["storage", consumer::_acts_for, consumer::_caller]
+    requires = [
+        "storage",
+        consumer::_acts_for,
+        consumer::_caller,
+        lease::_lease_take,
+        lease::_lease_release,
+        lease::_lease_check
+    ]
 );
 
 // Roles: grant_writer / grant_reader / grant_consumer and their revoke_ twins.

@@ -41,6 +41,11 @@ pub const LAUNCH_SUBID: u16 = 0x4503;
 /// = node, `classid` = database, `objid` = a hash of the band's lower bound).
 pub const PRUNE_GUARD_SUBID: u16 = 0x4504;
 
+/// `objsubid` of a bridge's lease (see [`crate::lease`]): `classid` and `objid`
+/// are the two halves of the lease's 64-bit key. (0x4502, 0x4505 and 0x4506
+/// are the change feed's markers, `crate::feed::markers`.)
+pub const LEASE_SUBID: u16 = 0x4507;
+
 /// An advisory LOCKTAG with an `objsubid` of the extension's own.
 pub fn advisory_tag(field1: u32, field2: u32, field3: u32, subid: u16) -> pg_sys::LOCKTAG {
     pg_sys::LOCKTAG {
@@ -182,6 +187,18 @@ pub fn unlock_partition_creation() {
     unsafe {
         pg_sys::LockRelease(&tag, pg_sys::ExclusiveLock as pg_sys::LOCKMODE, false);
     }
+}
+
+/// The tag of the lease with this key in the current database.
+pub fn lease_tag(key: u64) -> pg_sys::LOCKTAG {
+    // SAFETY: MyDatabaseId is set once the backend is connected to a database.
+    let database = unsafe { pg_sys::MyDatabaseId };
+    advisory_tag(
+        database.to_u32(),
+        (key >> 32) as u32,
+        key as u32,
+        LEASE_SUBID,
+    )
 }
 
 fn creation_tag() -> pg_sys::LOCKTAG {

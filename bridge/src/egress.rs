@@ -14,10 +14,19 @@
 //! Failures, by kind:
 //! * the bus is unavailable: the batch is published again with backoff, for as
 //!   long as it takes (an outage never sets a row aside);
-//! * the bus refuses one message for good (too large, a subject it does not
-//!   take): after `--dead-letter-after` attempts the row is recorded in
-//!   `envelopes.dead_letters` with the reason, counted, and the rest flows; an
-//!   operator can ask for it again with `retry_dead_letters()`;
+//! * the bus refuses one message (too large, a subject or key it does not take,
+//!   an ACL): the row is set aside at once in `envelopes.dead_letters` with the
+//!   bus's code and reason, and the rest of the batch and of the feed flows
+//!   without waiting for it. The bridge tries the row again by itself on a short
+//!   schedule of its own ([`retry::refusal_delay`]: 250 ms doubling, jittered)
+//!   until `--dead-letter-after` attempts in all; after that it stays set aside
+//!   (counted in `dead_lettered_total`) until an operator asks for it again with
+//!   `retry_dead_letters()`. A batch the bus refuses as a whole as too large (an
+//!   HTTP 413) is published again in halves, down to single rows;
+//!
+//! Only the instance holding its consumer's lease works ([`crate::lease`]): a
+//! second bridge under the same name stands by, connected, and takes over when
+//! the first one's database session ends.
 //! * a transient database error (connection, serialization, resources): reconnect
 //!   with backoff;
 //! * a permanent database error (data, privileges, e.g. 42501 after a revoke):
@@ -26,11 +35,12 @@
 
 use crate::crash;
 use crate::db::{self, Db};
+use crate::lease::{self, Lease};
 use crate::message::{Envelope, Message, OutboxMessage};
 use crate::metrics::Metrics;
-use crate::retry::{Backoff, Class, DbFailure};
+use crate::retry::{self, Backoff, Class, DbFailure};
 use crate::sink::{Sink, SinkError, SinkOptions, SinkSpec};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::watch;
@@ -45,7 +55,8 @@ pub struct EgressConfig {
     pub batch_bytes: i64,
     pub poll_interval: Duration,
     pub channel: String,
-    /// Attempts a message the bus refuses gets before it is set aside.
+    /// Attempts in all a message the bus refuses gets (the first, when it is set
+    /// aside, and the bridge's own retries) before it waits for an operator.
     pub dead_letter_after: u32,
     /// Goes into outbox rows' dedup ids (`outbox:SCOPE:ID`), see `--outbox-scope`.
     pub outbox_scope: Option<String>,
@@ -57,9 +68,11 @@ pub async fn run(config: EgressConfig, metrics: Arc<Metrics>, mut shutdown: watc
     let mut state = State::default();
     let mut progress = Progress::new();
     'connect: while !*shutdown.borrow() {
-        let mut db = match connect(&config).await {
-            Ok(db) => db,
+        let mut db = match connect(&config, &metrics, &mut shutdown).await {
+            Ok(Some(db)) => db,
+            Ok(None) => break, // shutdown while standing by
             Err(e) => {
+                metrics.active.set(0);
                 if failed(&metrics, &mut backoff, &mut shutdown, &e, "connecting").await {
                     break;
                 }
@@ -84,6 +97,7 @@ pub async fn run(config: EgressConfig, metrics: Arc<Metrics>, mut shutdown: watc
                     progress.idle();
                 }
                 Err(Failure::Database(e, during)) => {
+                    metrics.active.set(0);
                     if failed(&metrics, &mut backoff, &mut shutdown, &e, &during).await {
                         break 'connect;
                     }
@@ -140,15 +154,27 @@ async fn failed(
     }
 }
 
-async fn connect(config: &EgressConfig) -> Result<Db, DbFailure> {
+/// Connects, registers the consumer, waits for its lease (standing by while
+/// another instance holds it) and listens. `None` when shutdown came first.
+async fn connect(
+    config: &EgressConfig,
+    metrics: &Metrics,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<Option<Db>, DbFailure> {
     let db = db::connect(&config.database_url, "envelopes-bridge egress").await?;
-    db.client
-        .batch_execute(&format!("LISTEN {}", quote_ident(&config.channel)))
-        .await?;
     db.client
         .execute("SELECT envelopes.consumer_register($1)", &[&config.name])
         .await?;
-    Ok(db)
+    let lease = Lease::Egress {
+        consumer: &config.name,
+    };
+    if !lease::acquire(&db, lease, metrics, shutdown).await? {
+        return Ok(None);
+    }
+    db.client
+        .batch_execute(&format!("LISTEN {}", quote_ident(&config.channel)))
+        .await?;
+    Ok(Some(db))
 }
 
 /// A Postgres identifier, quoted.
@@ -162,13 +188,10 @@ enum Failure {
     Shutdown,
 }
 
-/// What the bridge keeps between batches: the sink connection and how often each
-/// refused message has been tried.
+/// What the bridge keeps between batches: the sink connection.
 #[derive(Default)]
 struct State {
     sink: Option<Sink>,
-    /// dedup id -> (attempts, first attempt).
-    refusals: HashMap<String, (u32, SystemTime)>,
 }
 
 /// A row as read, with the position to acknowledge once it is delivered.
@@ -194,7 +217,7 @@ async fn drain_once(
         .await
         .map_err(|e| Failure::Database(e, "reading the outbox".into()))?;
     if let Some(Position::Outbox(last)) = positions.last() {
-        deliver(config, db, state, &outbox, metrics, shutdown).await?;
+        deliver(config, db, state, &outbox, &[], metrics, shutdown).await?;
         db.client
             .execute(
                 "SELECT envelopes.consumer_outbox_ack($1, $2)",
@@ -210,7 +233,7 @@ async fn drain_once(
         .await
         .map_err(|e| Failure::Database(e, "reading envelopes".into()))?;
     if !envelopes.is_empty() {
-        deliver(config, db, state, &envelopes, metrics, shutdown).await?;
+        deliver(config, db, state, &envelopes, &[], metrics, shutdown).await?;
         let mut tops: BTreeMap<i32, i64> = BTreeMap::new();
         let mut late: Option<i64> = None;
         for p in &positions {
@@ -348,27 +371,34 @@ async fn read_envelopes(
     Ok((out, positions))
 }
 
-/// Publishes until the bus has acknowledged every message of the batch or set
-/// the ones it refuses aside as dead letters (see the module documentation).
-/// Returns the indices of the rows set aside. Only shutdown and database errors
-/// (while recording a dead letter) end it early.
+/// Publishes until the bus has acknowledged every message of the batch, or
+/// refused it: a refused message is set aside at once (see the module
+/// documentation) and the messages after it are published. `prior[i]` is how
+/// often message `i` was refused before (dead letters tried again; 0 when absent).
+/// Returns the indices of the messages refused again. Only shutdown and database
+/// errors (while recording a dead letter) end it early.
 async fn deliver(
     config: &EgressConfig,
     db: &Db,
     state: &mut State,
     batch: &[Message],
+    prior: &[u32],
     metrics: &Metrics,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<Vec<usize>, Failure> {
     let mut backoff = Backoff::new();
     let mut start = 0;
-    let mut dead = Vec::new();
+    // Messages per publish: the whole rest, halved while the bus refuses a
+    // request as too large, doubled again after each one it takes.
+    let mut window = batch.len().max(1);
+    let mut refused_again = Vec::new();
     crash::reached("before_publish");
     while start < batch.len() {
         if state.sink.is_none() {
             match Sink::connect(&config.sink, &config.sink_options).await {
                 Ok(s) => state.sink = Some(s),
                 Err(e) => {
+                    metrics.retried.inc();
                     tracing::warn!(error = %e, sink = %config.sink, "bus unavailable, retrying");
                     if backoff.wait(shutdown).await {
                         return Err(Failure::Shutdown);
@@ -380,19 +410,18 @@ async fn deliver(
         let Some(sink) = state.sink.as_mut() else {
             continue;
         };
-        let rest = &batch[start..];
+        let end = (start + window).min(batch.len());
+        let part = &batch[start..end];
         let started = Instant::now();
-        match sink.publish(rest).await {
+        match sink.publish(part).await {
             Ok(()) => {
-                metrics.published(rest);
+                metrics.published(part);
                 metrics
                     .batch_latency
                     .observe(started.elapsed().as_secs_f64());
-                for m in rest {
-                    state.refusals.remove(&m.dedup_id());
-                }
-                crash::reached("after_publish");
-                return Ok(dead);
+                backoff.reset();
+                start = end;
+                window = (window * 2).min(batch.len());
             }
             Err(
                 e @ SinkError::Unavailable {
@@ -402,17 +431,17 @@ async fn deliver(
                 },
             ) => {
                 metrics.retried.inc();
-                let (first_id, last_id) = (rest[0].dedup_id(), rest[rest.len() - 1].dedup_id());
+                let (first_id, last_id) = (part[0].dedup_id(), part[part.len() - 1].dedup_id());
                 state.sink = None;
                 let stop = if permanent {
                     tracing::error!(error = %e, first_id = %first_id, last_id = %last_id,
-                                    rows = rest.len(),
+                                    rows = part.len(),
                                     "the bus refuses the request; retrying at the longest backoff \
                                      until it is fixed (nothing is skipped)");
                     backoff.wait_longest(shutdown).await
                 } else {
                     tracing::warn!(error = %e, first_id = %first_id, last_id = %last_id,
-                                   rows = rest.len(), retry_after_ms = retry_after.map(|d| d.as_millis() as u64),
+                                   rows = part.len(), retry_after_ms = retry_after.map(|d| d.as_millis() as u64),
                                    "publish failed, retrying the batch");
                     backoff
                         .wait_at_least(retry_after.unwrap_or_default(), shutdown)
@@ -422,50 +451,73 @@ async fn deliver(
                     return Err(Failure::Shutdown);
                 }
             }
-            Err(SinkError::Refused {
-                index,
-                code,
-                reason,
-                ..
-            }) => {
-                let index = start + index.min(rest.len() - 1);
-                metrics.published(&batch[start..index]);
-                start = index;
-                let message = &batch[index];
-                let id = message.dedup_id();
-                let (attempts, first) = {
-                    let entry = state
-                        .refusals
-                        .entry(id.clone())
-                        .or_insert((0, SystemTime::now()));
-                    entry.0 += 1;
-                    *entry
+            Err(SinkError::TooLarge { code, reason, .. }) if part.len() > 1 => {
+                // Nothing of the request counts: send it again in halves.
+                window = part.len() / 2;
+                tracing::warn!(code = %code, reason = %reason, rows = part.len(), next_rows = window,
+                               first_id = %part[0].dedup_id(),
+                               "the bus refuses the request as too large; publishing it in halves");
+            }
+            Err(refusal @ (SinkError::Refused { .. } | SinkError::TooLarge { .. })) => {
+                let (index, code, reason) = match refusal {
+                    SinkError::Refused {
+                        index,
+                        code,
+                        reason,
+                        ..
+                    } => (start + index.min(part.len() - 1), code, reason),
+                    SinkError::TooLarge { code, reason, .. } => (start, code, reason),
+                    SinkError::Unavailable { .. } => unreachable!("matched above"),
                 };
-                if attempts < config.dead_letter_after {
-                    metrics.retried.inc();
-                    tracing::warn!(id = %id, code = %code, reason = %reason, attempts,
-                                   limit = config.dead_letter_after,
-                                   "the bus refuses a message, retrying");
-                    if backoff.wait(shutdown).await {
-                        return Err(Failure::Shutdown);
-                    }
-                    continue;
+                metrics.published(&batch[start..index]);
+                // The bus took what came before the refused message: progress.
+                backoff.reset();
+                let attempts = prior.get(index).copied().unwrap_or(0) + 1;
+                set_aside(config, db, &batch[index], &code, &reason, attempts, metrics).await?;
+                if index < prior.len() {
+                    refused_again.push(index);
                 }
-                record_dead_letter(db, &config.name, message, &code, &reason, attempts, first)
-                    .await
-                    .map_err(|e| Failure::Database(e, format!("recording dead letter {id}")))?;
-                state.refusals.remove(&id);
-                metrics.dead_lettered(message.kind());
-                tracing::error!(id = %id, code = %code, reason = %reason, attempts,
-                                "the bus refuses a message for good: set aside in \
-                                 envelopes.dead_letters, the rows after it go on");
-                dead.push(index);
                 start = index + 1;
+                window = batch.len().max(1);
             }
         }
     }
     crash::reached("after_publish");
-    Ok(dead)
+    Ok(refused_again)
+}
+
+/// Records a message its bus refused in `envelopes.dead_letters`, with when the
+/// bridge will try it again (none once `attempts` reached `--dead-letter-after`),
+/// logs and counts it.
+async fn set_aside(
+    config: &EgressConfig,
+    db: &Db,
+    message: &Message,
+    code: &str,
+    reason: &str,
+    attempts: u32,
+    metrics: &Metrics,
+) -> Result<(), Failure> {
+    let id = message.dedup_id();
+    let again = (attempts < config.dead_letter_after)
+        .then(|| SystemTime::now() + retry::refusal_delay(attempts));
+    record_dead_letter(db, &config.name, message, code, reason, again)
+        .await
+        .map_err(|e| Failure::Database(e, format!("recording dead letter {id}")))?;
+    metrics.refused(message.kind());
+    match again {
+        Some(_) => tracing::warn!(id = %id, code = %code, reason = %reason, attempts,
+                                  limit = config.dead_letter_after,
+                                  "the bus refuses a message: set aside in envelopes.dead_letters \
+                                   while the rows after it go on; trying it again shortly"),
+        None => {
+            metrics.dead_lettered(message.kind());
+            tracing::error!(id = %id, code = %code, reason = %reason, attempts,
+                            "the bus refuses a message for good: it stays in envelopes.dead_letters \
+                             until envelopes.retry_dead_letters() asks for it again");
+        }
+    }
+    Ok(())
 }
 
 async fn record_dead_letter(
@@ -474,8 +526,7 @@ async fn record_dead_letter(
     message: &Message,
     code: &str,
     reason: &str,
-    attempts: u32,
-    first: SystemTime,
+    next_attempt: Option<SystemTime>,
 ) -> Result<(), DbFailure> {
     let (kind, node, seq, outbox): (&str, Option<i32>, Option<i64>, Option<i64>) = match message {
         Message::Envelope(e) => (
@@ -486,21 +537,29 @@ async fn record_dead_letter(
         ),
         Message::Outbox(o) => ("outbox", None, None, Some(o.id)),
     };
-    let attempts = i32::try_from(attempts).unwrap_or(i32::MAX);
     db.client
         .execute(
-            "SELECT envelopes.consumer_dead_letter($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            "SELECT envelopes.consumer_dead_letter($1, $2, $3, $4, $5, $6, $7, 1, NULL, $8)",
             &[
-                &consumer, &kind, &node, &seq, &outbox, &reason, &code, &attempts, &first,
+                &consumer,
+                &kind,
+                &node,
+                &seq,
+                &outbox,
+                &reason,
+                &code,
+                &next_attempt,
             ],
         )
         .await?;
     Ok(())
 }
 
-/// Publishes the dead letters an operator asked to retry; those the bus now takes
-/// are resolved, those it still refuses are recorded again (with the attempts
-/// added). Rows that no longer exist are resolved.
+/// Publishes the dead letters that are due again (the bridge's own schedule, or
+/// an operator's `retry_dead_letters()`); those the bus now takes are resolved,
+/// those it still refuses are recorded again (with the attempt added, and the
+/// next one scheduled while attempts remain). Rows that no longer exist are
+/// resolved.
 async fn retry_dead_letters(
     config: &EgressConfig,
     db: &Db,
@@ -513,7 +572,7 @@ async fn retry_dead_letters(
         .query(
             "SELECT dead_letter_id, kind, originator_node_id, originator_sequence_id, gateway_time,
                     topic, payer_id, expiry, originator_envelope, outbox_id, subject, payload,
-                    headers::text, created_at
+                    headers::text, created_at, attempts
                FROM envelopes.consumer_dead_letter_retries($1, 100)",
             &[&config.name],
         )
@@ -525,8 +584,10 @@ async fn retry_dead_letters(
     let mut ids = Vec::new();
     let mut gone = Vec::new();
     let mut batch = Vec::new();
+    let mut prior = Vec::new();
     for row in rows {
         let id: i64 = row.get(0);
+        let attempts = u32::try_from(row.get::<_, i32>(14)).unwrap_or(0);
         let kind: String = row.get(1);
         let message = match kind.as_str() {
             "envelope" => row.get::<_, Option<Vec<u8>>>(8).map(|blob| {
@@ -555,6 +616,7 @@ async fn retry_dead_letters(
             Some(m) => {
                 ids.push(id);
                 batch.push(m);
+                prior.push(attempts);
             }
             None => gone.push(id),
         }
@@ -562,7 +624,7 @@ async fn retry_dead_letters(
     let dead = if batch.is_empty() {
         Vec::new()
     } else {
-        deliver(config, db, state, &batch, metrics, shutdown).await?
+        deliver(config, db, state, &batch, &prior, metrics, shutdown).await?
     };
     let resolved: Vec<i64> = ids
         .iter()

@@ -15,11 +15,23 @@
 //! over the receiver's `max_topic_bytes`) is bisected in transactions that roll
 //! back, to find the messages it refuses; those go to the dead-letter subject
 //! with the SQLSTATE and the server's message in headers, and the rest of the
-//! batch is stored with the position as usual. Transient errors reconnect with
-//! backoff; the backoff starts over only after a batch went through.
+//! batch is stored with the position as usual. A batch that needs more new
+//! partitions than one call may create (54000, `envelopes.max_new_partitions_per_call`)
+//! is inserted in more, smaller calls in the same transaction, halving the part
+//! that was refused until it passes; a single message that still needs more is
+//! refused for good. Transient errors reconnect with backoff; the backoff starts
+//! over only after a batch went through.
+//!
+//! Positions are per (name, stream), and only one instance per name and stream
+//! works at a time ([`crate::lease`]): a second one stands by and takes over
+//! when the first one's database session ends. The JetStream consumer is made
+//! anew from the stored position by whichever instance becomes active, and
+//! messages are acknowledged one by one (explicit acks), each only after the
+//! transaction that stored it (or set it aside) committed.
 
 use crate::crash;
 use crate::db;
+use crate::lease::{self, Lease};
 use crate::message::Envelope;
 use crate::metrics::Metrics;
 use crate::nats::NatsAuth;
@@ -91,6 +103,17 @@ async fn session(
     let mut db = db::connect(&config.database_url, "envelopes-bridge ingress")
         .await
         .map_err(|e| database(e.into()))?;
+    // Nothing of the bus is touched before this instance is the active one.
+    let lease = Lease::Ingress {
+        consumer: &config.name,
+        stream: &config.stream,
+    };
+    let active = lease::acquire(&db, lease, metrics, shutdown)
+        .await
+        .map_err(database)?;
+    if !active {
+        return Ok(());
+    }
     let client = crate::nats::connect(&config.source, &config.nats_auth)
         .await
         .map_err(|e| retry(&e))?;
@@ -115,7 +138,7 @@ async fn session(
             deliver_policy: DeliverPolicy::ByStartSequence {
                 start_sequence: position as u64 + 1,
             },
-            ack_policy: AckPolicy::All,
+            ack_policy: AckPolicy::Explicit,
             ack_wait: Duration::from_secs(30),
             filter_subject: config.subject.clone(),
             ..Default::default()
@@ -172,7 +195,7 @@ async fn session(
         }
         let stored = match store(&mut db, config, &good, last_sequence as i64).await {
             Ok(stored) => stored,
-            Err(e) if e.class == Class::Permanent && !good.is_empty() => {
+            Err(e) if refuses_rows(&e) && !good.is_empty() => {
                 // Which messages does the database refuse? Set them aside, store the rest.
                 let refused = refused_by_database(&mut db, &good)
                     .await
@@ -207,9 +230,11 @@ async fn session(
         };
         metrics.ingested.inc_by(stored as u64);
         crash::reached("after_commit");
-        // The position is committed: now the bus may forget the batch.
-        if let Some(last) = messages.last() {
-            last.ack().await.map_err(|e| retry(&e))?;
+        // The position is committed: now the bus may forget the batch's messages
+        // (each its own ack: a consumer another instance may have shared before
+        // this one became active never hears of messages this one did not store).
+        for m in &messages {
+            m.ack().await.map_err(|e| retry(&e))?;
         }
         tracing::debug!(rows = good.len(), stored, last_sequence, "batch stored");
     }
@@ -222,23 +247,62 @@ fn database(e: DbFailure) -> Failure {
     }
 }
 
-/// One transaction: the envelopes and the position.
+/// SQLSTATE of a call that would create more partitions than
+/// `envelopes.max_new_partitions_per_call` allows.
+const TOO_MANY_NEW_PARTITIONS: &str = "54000";
+
+fn too_many_partitions(e: &DbFailure) -> bool {
+    e.sqlstate.as_deref() == Some(TOO_MANY_NEW_PARTITIONS)
+}
+
+/// Whether the database refuses the rows themselves (for good), so that finding
+/// and setting aside the refused ones lets the rest through.
+fn refuses_rows(e: &DbFailure) -> bool {
+    e.class == Class::Permanent || too_many_partitions(e)
+}
+
+/// One transaction: the envelopes and the position. The envelopes go in one
+/// insert call, or, when one call would need more new partitions than it may
+/// create, in as many smaller calls as it takes (the part refused is halved
+/// until it passes). A single envelope refused that way fails the store.
 async fn store(
     db: &mut db::Db,
     config: &IngressConfig,
     envelopes: &[Envelope],
     position: i64,
 ) -> Result<i64, DbFailure> {
-    let tx = db.client.transaction().await?;
-    let stored = insert(&tx, envelopes).await?;
-    crash::reached("before_commit");
-    tx.execute(
-        "SELECT envelopes.ingress_store_position($1, $2, $3)",
-        &[&config.name, &config.stream, &position],
-    )
-    .await?;
-    tx.commit().await?;
-    Ok(stored)
+    let mut parts = vec![0..envelopes.len()];
+    'attempt: loop {
+        let tx = db.client.transaction().await?;
+        let mut stored = 0;
+        for (i, part) in parts.iter().enumerate() {
+            match insert(&tx, &envelopes[part.clone()]).await {
+                Ok(n) => stored += n,
+                Err(e) if too_many_partitions(&e) && part.len() > 1 => {
+                    drop(tx);
+                    let (from, to) = (part.start, part.end);
+                    let mid = from + (to - from) / 2;
+                    parts.splice(i..=i, [from..mid, mid..to]);
+                    tracing::info!(
+                        rows = to - from,
+                        parts = parts.len(),
+                        "the batch needs more new partitions than one call may create; \
+                                    inserting it in smaller calls"
+                    );
+                    continue 'attempt;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        crash::reached("before_commit");
+        tx.execute(
+            "SELECT envelopes.ingress_store_position($1, $2, $3)",
+            &[&config.name, &config.stream, &position],
+        )
+        .await?;
+        tx.commit().await?;
+        return Ok(stored);
+    }
 }
 
 /// Finds the envelopes the database refuses, by bisection: each half is inserted
@@ -256,7 +320,7 @@ async fn refused_by_database(
         tx.rollback().await?;
         match result {
             Ok(_) => {}
-            Err(e) if e.class == Class::Permanent => {
+            Err(e) if refuses_rows(&e) => {
                 if to - from == 1 {
                     refused.push((from, e));
                 } else {

@@ -5,6 +5,7 @@ mod crash;
 mod db;
 mod egress;
 mod ingress;
+mod lease;
 mod message;
 mod metrics;
 mod nats;
@@ -93,8 +94,10 @@ struct EgressArgs {
     #[arg(long, env = "ENVELOPES_BATCH_BYTES", default_value_t = 16 * 1024 * 1024,
           value_parser = clap::value_parser!(i64).range(1..))]
     batch_bytes: i64,
-    /// Attempts a message the bus refuses (too large, a subject it does not take)
-    /// gets before it is set aside in envelopes.dead_letters and the rest flows.
+    /// Attempts in all a message the bus refuses (too large, a subject or key it
+    /// does not take, an ACL) gets: it is set aside in envelopes.dead_letters at
+    /// the first refusal while the rest flows, and tried again on a short
+    /// schedule until this many attempts; then it waits for retry_dead_letters().
     #[arg(long, env = "ENVELOPES_DEAD_LETTER_AFTER", default_value_t = 5,
           value_parser = clap::value_parser!(u32).range(1..))]
     dead_letter_after: u32,
@@ -334,8 +337,8 @@ async fn status(args: StatusArgs) -> Result<(), String> {
                         THEN originator_node_id || ':' || originator_sequence_id
                         ELSE 'outbox:' || outbox_id END,
                     attempts, COALESCE(error, '-'), reason, last_attempt_at::text,
-                    retry_requested_at IS NOT NULL
-               FROM envelopes.dead_letters ORDER BY id",
+                    retry_requested_at IS NOT NULL, next_attempt_at IS NOT NULL
+               FROM envelopes.consumer_dead_letters() ORDER BY id",
             &[],
         )
         .await
@@ -354,6 +357,8 @@ async fn status(args: StatusArgs) -> Result<(), String> {
                 r.get::<_, String>(6),
                 if r.get::<_, bool>(7) {
                     ", retry asked"
+                } else if r.get::<_, bool>(8) {
+                    ", the bridge tries it again shortly"
                 } else {
                     ""
                 },

@@ -25,7 +25,10 @@ pub struct Metrics {
     pub lag_seconds: Gauge<f64, AtomicU64>,
     pub batch_latency: Histogram,
     pub ingested: Counter,
+    /// 1 while this instance holds its name's lease (active), 0 while it stands by.
+    pub active: Gauge,
     dead_lettered: Family<KindLabel, Counter>,
+    refused: Family<KindLabel, Counter>,
     errors: Family<KindLabel, Counter>,
 }
 
@@ -39,6 +42,8 @@ impl Metrics {
         let batch_latency = Histogram::new(exponential_buckets(0.001, 2.0, 16));
         let ingested = Counter::default();
         let dead_lettered = Family::<KindLabel, Counter>::default();
+        let refused = Family::<KindLabel, Counter>::default();
+        let active = Gauge::default();
         let errors = Family::<KindLabel, Counter>::default();
         registry.register(
             "published",
@@ -68,10 +73,22 @@ impl Metrics {
         registry.register("ingested", "Envelopes stored by ingress", ingested.clone());
         registry.register(
             "dead_lettered",
-            "Rows set aside: egress rows the bus refuses for good (envelopes.dead_letters), \
-             ingress messages that are malformed or that the database refuses (the \
-             dead-letter subject)",
+            "Rows set aside for good: egress rows the bus still refused after the bridge's \
+             own attempts (envelopes.dead_letters, until retry_dead_letters()), ingress \
+             messages that are malformed or that the database refuses (the dead-letter \
+             subject)",
             dead_lettered.clone(),
+        );
+        registry.register(
+            "refused",
+            "Refusals by the bus of one message (each attempt), which set the row aside \
+             in envelopes.dead_letters while the rest of the feed flows",
+            refused.clone(),
+        );
+        registry.register(
+            "active",
+            "1 while this instance holds its name's lease and works, 0 while it stands by",
+            active.clone(),
         );
         registry.register(
             "errors",
@@ -87,7 +104,9 @@ impl Metrics {
             lag_seconds,
             batch_latency,
             ingested,
+            active,
             dead_lettered,
+            refused,
             errors,
         }
     }
@@ -95,6 +114,11 @@ impl Metrics {
     /// Counts a row (`"envelope"` or `"outbox"`) set aside.
     pub fn dead_lettered(&self, kind: &'static str) {
         self.dead_lettered.get_or_create(&KindLabel { kind }).inc();
+    }
+
+    /// Counts one refusal by the bus of a row of this kind.
+    pub fn refused(&self, kind: &'static str) {
+        self.refused.get_or_create(&KindLabel { kind }).inc();
     }
 
     /// Counts a database error of this class.

@@ -347,8 +347,9 @@ fn randomized_writers_and_kills_lose_nothing() {
 }
 
 /// A NATS server whose max_payload is 8 KiB: an envelope and an outbox payload of
-/// 16 KiB cannot go; the 50 rows after them do, the two are set aside, counted and
-/// shown by `status`, and delivered once asked again on a server that takes them.
+/// 16 KiB cannot go; the 50 rows after them do, the two are set aside, tried again
+/// by the bridge until its attempts run out, then counted and shown by `status`,
+/// and delivered once asked again on a server that takes them.
 #[test]
 fn a_row_the_bus_refuses_is_set_aside_and_the_rest_flows() {
     let db = TestDb::new("poison");
@@ -403,6 +404,18 @@ fn a_row_the_bus_refuses_is_set_aside_and_the_rest_flows() {
         .collect();
     assert_eq!(ids.len(), 55, "{ids:?}");
     assert!(!ids.contains("1:1") && !ids.contains(&format!("outbox:{big_outbox}")));
+    // The rows flowed while the two were set aside; the bridge's own attempts at
+    // them end with none scheduled.
+    wait_until(
+        "the bridge's attempts at the refused rows to end",
+        Duration::from_secs(30),
+        || {
+            db.int8(
+                "SELECT count(*) FROM envelopes.dead_letters
+                  WHERE consumer = 'p' AND next_attempt_at IS NULL",
+            ) == 2
+        },
+    );
     let reasons: Vec<(String, String, i32)> = c
         .query(
             "SELECT kind, reason, attempts FROM envelopes.dead_letters WHERE consumer = 'p' ORDER BY kind",

@@ -9,18 +9,49 @@
 //! replays before carry the same `message_id`). After a failed batch the
 //! connection is rebuilt, so confirms of an abandoned attempt cannot count for
 //! the next one.
+//!
+//! Refused for good, and set aside while the rest flows:
+//! - a routing key or message id over AMQP's 255-byte short-string limit (an
+//!   outbox subject of more than about 240 bytes under the default prefix),
+//!   found before sending;
+//! - a message over the broker's `max_message_size`: RabbitMQ closes the channel
+//!   with 406 PRECONDITION_FAILED, naming its limit, which the sink remembers to
+//!   refuse larger messages before sending them.
+//!
+//! A broker whose `frame_max` is below 8192 (the protocol allows 4096) cannot
+//! be connected to with lapin's own negotiation, which rounds the broker's value
+//! up to 8192; when a connection attempt fails and the URL sets no `frame_max`,
+//! the next attempt asks for 4096, which every broker takes.
 
 use super::{subject, SinkError, SinkOptions};
 use crate::message::Message;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
-use lapin::types::FieldTable;
+use lapin::types::{FieldTable, ShortString};
+use lapin::uri::AMQPUri;
 use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties, ExchangeKind};
 
 pub struct Amqp {
     url: String,
-    exchange: String,
+    exchange: ShortString,
     prefix: String,
     session: Option<Session>,
+    /// The broker's `max_message_size`, once a refusal named it.
+    max_message_size: Option<usize>,
+    /// Ask for the protocol's smallest frame size (see the module documentation).
+    small_frames: bool,
+}
+
+/// The smallest `frame_max` the protocol allows a broker to announce.
+const PROTOCOL_MIN_FRAME: u32 = 4096;
+
+/// RabbitMQ's limit from its refusal: "... message size N is larger than
+/// configured max size M".
+fn max_size_named(text: &str) -> Option<usize> {
+    let (_, rest) = text.split_once("max size ")?;
+    rest.split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
 }
 
 struct Session {
@@ -32,11 +63,19 @@ const SINK: &str = "amqp";
 
 impl Amqp {
     pub async fn connect(url: &str, options: &SinkOptions) -> Result<Amqp, SinkError> {
+        let exchange = ShortString::try_new(options.amqp_exchange.clone()).map_err(|_| {
+            SinkError::permanent(
+                SINK,
+                "the exchange name is longer than AMQP's 255-byte limit",
+            )
+        })?;
         let mut amqp = Amqp {
             url: url.to_owned(),
-            exchange: options.amqp_exchange.clone(),
+            exchange,
             prefix: options.subject_prefix.clone(),
             session: None,
+            max_message_size: None,
+            small_frames: false,
         };
         amqp.session().await?;
         Ok(amqp)
@@ -46,9 +85,27 @@ impl Amqp {
     async fn session(&mut self) -> Result<&Session, SinkError> {
         if self.session.is_none() {
             let error = |e: lapin::Error| SinkError::new(SINK, e);
-            let connection = Connection::connect(&self.url, ConnectionProperties::default())
+            let mut uri: AMQPUri = self
+                .url
+                .parse()
+                .map_err(|e: String| SinkError::permanent(SINK, format!("AMQP URL: {e}")))?;
+            let own_frame_max = uri.query.frame_max.is_some();
+            if self.small_frames && !own_frame_max {
+                uri.query.frame_max = Some(PROTOCOL_MIN_FRAME);
+            }
+            let connection = match Connection::connect_uri(uri, ConnectionProperties::default())
                 .await
-                .map_err(error)?;
+            {
+                Ok(c) => c,
+                Err(e) => {
+                    if !own_frame_max && !self.small_frames {
+                        tracing::info!(error = %e, "AMQP connection failed; the next attempt asks \
+                                       for the protocol's smallest frame size ({PROTOCOL_MIN_FRAME})");
+                        self.small_frames = true;
+                    }
+                    return Err(error(e));
+                }
+            };
             let channel = connection.create_channel().await.map_err(error)?;
             channel
                 .confirm_select(ConfirmSelectOptions::default())
@@ -56,7 +113,7 @@ impl Amqp {
                 .map_err(error)?;
             channel
                 .exchange_declare(
-                    self.exchange.as_str().into(),
+                    self.exchange.clone(),
                     ExchangeKind::Topic,
                     ExchangeDeclareOptions {
                         durable: true,
@@ -87,6 +144,52 @@ impl Amqp {
     async fn try_publish(&mut self, batch: &[Message]) -> Result<(), SinkError> {
         let exchange = self.exchange.clone();
         let prefix = self.prefix.clone();
+        let max_message_size = self.max_message_size;
+        // What the broker would refuse is found before sending: the batch goes up
+        // to that message, and the refusal is reported after the rest is confirmed.
+        let mut local = None;
+        let mut prepared = Vec::with_capacity(batch.len());
+        for (index, message) in batch.iter().enumerate() {
+            let id = message.dedup_id();
+            let key = subject(&prefix, '.', message);
+            let payload = message.to_cbor();
+            let refusal = if key.len() > 255 {
+                Some((
+                    "ROUTING_KEY_TOO_LONG",
+                    format!("routing key of {} bytes", key.len()),
+                ))
+            } else if id.len() > 255 {
+                Some((
+                    "MESSAGE_ID_TOO_LONG",
+                    format!("message id of {} bytes", id.len()),
+                ))
+            } else {
+                max_message_size
+                    .filter(|max| payload.len() > *max)
+                    .map(|max| {
+                        (
+                            "AMQP_406",
+                            format!(
+                                "{} bytes, over the broker's max_message_size of {max}",
+                                payload.len()
+                            ),
+                        )
+                    })
+            };
+            if let Some((code, why)) = refusal {
+                local = Some(SinkError::refused(
+                    SINK,
+                    index,
+                    code,
+                    format!("{id}: {why} (AMQP short strings hold 255 bytes; messages up to max_message_size)"),
+                ));
+                break;
+            }
+            let (Ok(key), Ok(id)) = (ShortString::try_new(key), ShortString::try_new(id)) else {
+                unreachable!("lengths checked above");
+            };
+            prepared.push((message, key, id, payload));
+        }
         let session = self.session().await?;
         let error = |e: lapin::Error| SinkError::new(SINK, e);
         // Every message of the batch is handed to the connection before any is
@@ -94,34 +197,55 @@ impl Amqp {
         // publish is first polled (in batch order here), and a publish's future
         // only waits for its frames to reach the socket. Awaiting them one by
         // one would cost a round trip to lapin's I/O loop per message.
-        let keys: Vec<String> = batch.iter().map(|m| subject(&prefix, '.', m)).collect();
-        let payloads: Vec<Vec<u8>> = batch.iter().map(Message::to_cbor).collect();
-        let publishes = batch
-            .iter()
-            .zip(&keys)
-            .zip(&payloads)
-            .map(|((message, key), payload)| {
-                let properties = BasicProperties::default()
-                    .with_delivery_mode(2)
-                    .with_message_id(message.dedup_id().into())
-                    .with_content_type("application/cbor".into())
-                    .with_type(message.kind().into());
-                session.channel.basic_publish(
-                    exchange.as_str().into(),
-                    key.as_str().into(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        ..BasicPublishOptions::default()
-                    },
-                    payload,
-                    properties,
-                )
-            });
+        let publishes = prepared.iter().map(|(message, key, id, payload)| {
+            let properties = BasicProperties::default()
+                .with_delivery_mode(2)
+                .with_message_id(id.clone())
+                .with_content_type("application/cbor".into())
+                .with_type(message.kind().into());
+            session.channel.basic_publish(
+                exchange.clone(),
+                key.clone(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                payload,
+                properties,
+            )
+        });
         let confirms = futures_util::future::try_join_all(publishes)
             .await
             .map_err(error)?;
-        for (message, confirm) in batch.iter().zip(confirms) {
-            match confirm.await.map_err(error)? {
+        for (index, ((message, _, _, payload), confirm)) in
+            prepared.iter().zip(confirms).enumerate()
+        {
+            let confirmation = match confirm.await {
+                Ok(c) => c,
+                Err(e) => {
+                    // 406 closes the channel: the first message it fails is the
+                    // one the broker refused, when it is over the limit named.
+                    if let lapin::ErrorKind::ProtocolError(amqp) = e.kind() {
+                        if amqp.get_id() == 406 {
+                            let text = amqp.get_message().as_str().to_owned();
+                            let max = max_size_named(&text);
+                            if let Some(max) = max {
+                                self.max_message_size = Some(max);
+                            }
+                            if max.is_none_or(|max| payload.len() > max) {
+                                return Err(SinkError::refused(
+                                    SINK,
+                                    index,
+                                    "AMQP_406",
+                                    format!("{}: {text}", message.dedup_id()),
+                                ));
+                            }
+                        }
+                    }
+                    return Err(error(e));
+                }
+            };
+            match confirmation {
                 Confirmation::Ack(None) => {}
                 Confirmation::Ack(Some(returned)) => {
                     return Err(SinkError::new(
@@ -148,6 +272,25 @@ impl Amqp {
                 }
             }
         }
-        Ok(())
+        local.map_or(Ok(()), Err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_broker_s_limit_is_read_from_its_refusal() {
+        assert_eq!(
+            max_size_named(
+                "PRECONDITION_FAILED - message size 1048577 is larger than configured max size 1048576"
+            ),
+            Some(1_048_576)
+        );
+        assert_eq!(
+            max_size_named("PRECONDITION_FAILED - inequivalent arg"),
+            None
+        );
     }
 }

@@ -183,6 +183,16 @@ pub enum SinkError {
         code: String,
         reason: String,
     },
+    /// The bus refuses the batch as a whole as too large (an HTTP 413), without
+    /// saying which message: nothing of it counts. The caller publishes it again
+    /// in halves, down to single messages; a single message refused this way is
+    /// refused for good.
+    #[error("{sink} refuses the batch as too large ({code}): {reason}")]
+    TooLarge {
+        sink: &'static str,
+        code: String,
+        reason: String,
+    },
 }
 
 impl SinkError {
@@ -216,6 +226,14 @@ impl SinkError {
             message: message.to_string(),
             retry_after: None,
             permanent: true,
+        }
+    }
+
+    pub fn too_large(sink: &'static str, code: impl ToString, reason: impl ToString) -> SinkError {
+        SinkError::TooLarge {
+            sink,
+            code: code.to_string(),
+            reason: reason.to_string(),
         }
     }
 

@@ -1,19 +1,41 @@
-//! MQTT 5 at QoS 1: each message carries its dedup id as the user property `id`;
-//! the batch counts as delivered when the broker has sent a PUBACK for each. The
-//! client's event loop runs in its own task and counts PUBACKs. After a failed
+//! MQTT 5 at QoS 1: each message carries its dedup id as the user property `id`.
+//! A message counts as delivered when the broker answered its PUBLISH with a
+//! PUBACK whose reason code is below 0x80 (0x00 success, 0x10 no matching
+//! subscribers: accepted either way). The client's event loop runs in its own
+//! task, which pairs each PUBACK with its message by packet id. After a failed
 //! batch the connection is rebuilt from scratch, so late PUBACKs of an abandoned
 //! attempt cannot be mistaken for the next one's.
 //!
-//! Refused for good: a topic with a wildcard, and a message larger than the
-//! maximum packet size the broker announced in its CONNACK (if it did).
+//! Refused for good, and set aside while the rest flows:
+//! - a PUBACK with a reason code of 0x80 or more: 0x87 not authorized (an ACL),
+//!   0x97 quota exceeded, 0x90 topic name invalid, 0x99 payload format invalid ...;
+//! - 0x95 (packet too large), which mosquitto sends for a message over its
+//!   `message_size_limit` although the protocol has no such PUBACK code: the
+//!   client cannot parse that PUBACK and drops the connection, so the refused
+//!   message is found as the first one the broker had not acknowledged;
+//! - a topic with a wildcard, and a message larger than the maximum packet size
+//!   the broker announced in its CONNACK (if it did), found before sending.
 
 use super::{mqtt_topic_problem, subject, SinkError, SinkOptions};
 use crate::message::Message;
-use rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
+use rumqttc::v5::mqttbytes::v5::{Packet, PubAckReason, PublishProperties};
 use rumqttc::v5::mqttbytes::QoS;
-use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+use rumqttc::v5::{
+    AsyncClient, ConnectionError, Event, EventLoop, MqttOptions, Request, StateError,
+};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
+
+const SINK: &str = "mqtt";
+
+/// How long a connection attempt may take until the broker's CONNACK.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the broker may take to answer every PUBLISH of a batch.
+const ACK_TIMEOUT: Duration = Duration::from_secs(10);
+/// Pause between the event loop's attempts after a connection error.
+const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
 
 pub struct Mqtt {
     host: String,
@@ -25,19 +47,137 @@ pub struct Mqtt {
     session: Option<Session>,
 }
 
+/// What the event loop task tells the publisher, by the message's sequence
+/// number in this session.
+enum Outcome {
+    /// The broker answered the PUBLISH with this reason code.
+    Answered {
+        seq: u64,
+        code: u8,
+        reason: Option<String>,
+    },
+    /// The connection failed. `refused` is the message the broker refused with
+    /// an answer the client could not parse, and that answer's code, when it can
+    /// be told.
+    Broken {
+        error: String,
+        refused: Option<(u64, u8)>,
+    },
+}
+
 struct Session {
     client: AsyncClient,
     /// The broker's maximum packet size, from its CONNACK (0: none announced).
     max_packet: watch::Receiver<u32>,
-    acks: watch::Receiver<u64>,
     errors: watch::Receiver<Option<String>>,
-    sent: u64,
+    /// Sequence numbers of the messages handed to the client, in order, not yet
+    /// given a packet id by the event loop.
+    order: Arc<Mutex<VecDeque<u64>>>,
+    outcomes: mpsc::UnboundedReceiver<Outcome>,
+    next_seq: u64,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Drop for Session {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// The protocol's code of a PUBACK reason.
+fn code(reason: PubAckReason) -> u8 {
+    match reason {
+        PubAckReason::Success => 0x00,
+        PubAckReason::NoMatchingSubscribers => 0x10,
+        PubAckReason::UnspecifiedError => 0x80,
+        PubAckReason::ImplementationSpecificError => 0x83,
+        PubAckReason::NotAuthorized => 0x87,
+        PubAckReason::TopicNameInvalid => 0x90,
+        PubAckReason::PacketIdentifierInUse => 0x91,
+        PubAckReason::QuotaExceeded => 0x97,
+        PubAckReason::PayloadFormatInvalid => 0x99,
+    }
+}
+
+/// A name for a refusal code, for logs and dead letters.
+fn code_name(code: u8) -> &'static str {
+    match code {
+        0x80 => "unspecified error",
+        0x83 => "implementation specific error",
+        0x87 => "not authorized",
+        0x90 => "topic name invalid",
+        0x91 => "packet identifier in use",
+        0x95 => "packet too large",
+        0x97 => "quota exceeded",
+        0x99 => "payload format invalid",
+        _ => "refused",
+    }
+}
+
+/// Runs the client's event loop: pairs packet ids with sequence numbers and
+/// reports what the broker answered.
+async fn drive(
+    mut eventloop: EventLoop,
+    order: Arc<Mutex<VecDeque<u64>>>,
+    outcomes: mpsc::UnboundedSender<Outcome>,
+    connected: watch::Sender<bool>,
+    max_packet: watch::Sender<u32>,
+    errors: watch::Sender<Option<String>>,
+) {
+    let mut inflight: HashMap<u16, u64> = HashMap::new();
+    let answered = |inflight: &mut HashMap<u16, u64>, ack: &rumqttc::v5::mqttbytes::v5::PubAck| {
+        if let Some(seq) = inflight.remove(&ack.pkid) {
+            let _ = outcomes.send(Outcome::Answered {
+                seq,
+                code: code(ack.reason),
+                reason: ack
+                    .properties
+                    .as_ref()
+                    .and_then(|p| p.reason_string.clone()),
+            });
+        }
+    };
+    loop {
+        match eventloop.poll().await {
+            Ok(Event::Incoming(Packet::ConnAck(ack))) => {
+                let max = ack.properties.and_then(|p| p.max_packet_size).unwrap_or(0);
+                let _ = max_packet.send(max);
+                let _ = connected.send(true);
+            }
+            Ok(Event::Outgoing(rumqttc::Outgoing::Publish(pkid))) if pkid != 0 => {
+                let seq = order.lock().map(|mut o| o.pop_front()).ok().flatten();
+                if let Some(seq) = seq {
+                    inflight.insert(pkid, seq);
+                }
+            }
+            Ok(Event::Incoming(Packet::PubAck(ack))) => answered(&mut inflight, &ack),
+            Ok(_) => {}
+            Err(e) => {
+                // PUBACKs read before the failure but not yet handed out.
+                let late: Vec<Event> = eventloop.state.events.drain(..).collect();
+                for event in late {
+                    if let Event::Incoming(Packet::PubAck(ack)) = event {
+                        answered(&mut inflight, &ack);
+                    }
+                }
+                // A PUBACK the client could not parse: mosquitto acknowledges in
+                // order, so it answered the first PUBLISH still unacknowledged.
+                let refused = match &e {
+                    ConnectionError::MqttState(StateError::Deserialization(
+                        rumqttc::v5::mqttbytes::Error::InvalidConnectReturnCode(code),
+                    )) => eventloop.pending.iter().find_map(|r| match r {
+                        Request::Publish(p) => inflight.get(&p.pkid).map(|seq| (*seq, *code)),
+                        _ => None,
+                    }),
+                    _ => None,
+                };
+                let error = e.to_string();
+                let _ = errors.send(Some(error.clone()));
+                let _ = outcomes.send(Outcome::Broken { error, refused });
+                inflight.clear();
+                tokio::time::sleep(RECONNECT_PAUSE).await;
+            }
+        }
     }
 }
 
@@ -68,41 +208,30 @@ impl Mqtt {
         if let Some(user) = &self.username {
             options.set_credentials(user.clone(), self.password.clone().unwrap_or_default());
         }
-        let (client, mut eventloop) = AsyncClient::new(options, 1000);
-        let (ack_tx, acks) = watch::channel(0u64);
+        let (client, eventloop) = AsyncClient::new(options, 1000);
+        let (outcome_tx, outcomes) = mpsc::unbounded_channel();
         let (err_tx, errors) = watch::channel(None);
         let (connected_tx, mut connected) = watch::channel(false);
         let (max_tx, max_packet) = watch::channel(0u32);
-        let task = tokio::spawn(async move {
-            let mut count = 0u64;
-            loop {
-                match eventloop.poll().await {
-                    Ok(Event::Incoming(Packet::ConnAck(ack))) => {
-                        let max = ack.properties.and_then(|p| p.max_packet_size).unwrap_or(0);
-                        let _ = max_tx.send(max);
-                        let _ = connected_tx.send(true);
-                    }
-                    Ok(Event::Incoming(Packet::PubAck(_))) => {
-                        count += 1;
-                        let _ = ack_tx.send(count);
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        let _ = err_tx.send(Some(e.to_string()));
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                    }
-                }
-            }
-        });
+        let order = Arc::new(Mutex::new(VecDeque::new()));
+        let task = tokio::spawn(drive(
+            eventloop,
+            order.clone(),
+            outcome_tx,
+            connected_tx,
+            max_tx,
+            err_tx,
+        ));
         let mut session = Session {
             client,
             max_packet,
-            acks,
             errors,
-            sent: 0,
+            order,
+            outcomes,
+            next_seq: 0,
             task,
         };
-        let up = tokio::time::timeout(Duration::from_secs(5), connected.wait_for(|c| *c)).await;
+        let up = tokio::time::timeout(CONNECT_TIMEOUT, connected.wait_for(|c| *c)).await;
         if !matches!(up, Ok(Ok(_))) {
             let why = session
                 .errors
@@ -110,7 +239,7 @@ impl Mqtt {
                 .clone()
                 .unwrap_or_else(|| "no CONNACK".into());
             return Err(SinkError::new(
-                "mqtt",
+                SINK,
                 format!("connect {}:{}: {why}", self.host, self.port),
             ));
         }
@@ -122,7 +251,7 @@ impl Mqtt {
             self.session = Some(self.open().await?);
         }
         let result = self.publish_on_session(batch).await;
-        if let Err(SinkError::Unavailable { .. }) = result {
+        if result.is_err() {
             self.session = None; // start clean on the next attempt
         }
         result
@@ -133,16 +262,18 @@ impl Mqtt {
         let session = self
             .session
             .as_mut()
-            .ok_or_else(|| SinkError::new("mqtt", "not connected"))?;
+            .ok_or_else(|| SinkError::new(SINK, "not connected"))?;
         let max_packet = *session.max_packet.borrow();
-        let mut refused = None;
+        let base = session.next_seq;
+        let mut local = None;
+        let mut sent = 0usize;
         for (index, message) in batch.iter().enumerate() {
             let topic = subject(&prefix, '/', message);
             let payload = message.to_cbor();
             let id = message.dedup_id();
             if let Some(problem) = mqtt_topic_problem(&topic) {
-                refused = Some(SinkError::refused(
-                    "mqtt",
+                local = Some(SinkError::refused(
+                    SINK,
                     index,
                     "TOPIC",
                     format!("{id}: topic {topic:?}: {problem}"),
@@ -152,8 +283,8 @@ impl Mqtt {
             // Fixed header, topic, packet id, properties: well under 64 KiB more.
             let size = payload.len() + topic.len() + id.len() + 64;
             if max_packet > 0 && size > max_packet as usize {
-                refused = Some(SinkError::refused(
-                    "mqtt",
+                local = Some(SinkError::refused(
+                    SINK,
                     index,
                     "MAX_PACKET_SIZE",
                     format!(
@@ -166,29 +297,98 @@ impl Mqtt {
                 user_properties: vec![("id".into(), id.clone())],
                 ..Default::default()
             };
+            if let Ok(mut order) = session.order.lock() {
+                order.push_back(base + index as u64);
+            }
             session
                 .client
                 .publish_with_properties(topic, QoS::AtLeastOnce, false, payload, properties)
                 .await
-                .map_err(|e| SinkError::new("mqtt", format!("{id}: {e}")))?;
-            session.sent += 1;
+                .map_err(|e| SinkError::new(SINK, format!("{id}: {e}")))?;
+            sent += 1;
         }
-        let target = session.sent;
-        let acked = tokio::time::timeout(
-            Duration::from_secs(10),
-            session.acks.wait_for(|n| *n >= target),
-        )
-        .await;
-        match acked {
-            Ok(Ok(_)) => refused.map_or(Ok(()), Err),
-            _ => {
-                let why = session
-                    .errors
-                    .borrow()
-                    .clone()
-                    .unwrap_or_else(|| "no PUBACK in time".into());
-                Err(SinkError::new("mqtt", why))
+        session.next_seq = base + sent as u64;
+
+        // Every PUBLISH sent is answered, or the connection breaks, or time runs out.
+        let mut answers: HashMap<usize, (u8, Option<String>)> = HashMap::new();
+        let mut broken: Option<(String, Option<(usize, u8)>)> = None;
+        let deadline = tokio::time::Instant::now() + ACK_TIMEOUT;
+        while answers.len() < sent && broken.is_none() {
+            match tokio::time::timeout_at(deadline, session.outcomes.recv()).await {
+                Ok(Some(Outcome::Answered { seq, code, reason })) => {
+                    if let Some(index) = seq.checked_sub(base).map(|i| i as usize) {
+                        if index < sent {
+                            answers.insert(index, (code, reason));
+                        }
+                    }
+                }
+                Ok(Some(Outcome::Broken { error, refused })) => {
+                    let refused = refused.and_then(|(seq, code)| {
+                        let index = seq.checked_sub(base)? as usize;
+                        (index < sent).then_some((index, code))
+                    });
+                    broken = Some((error, refused));
+                }
+                Ok(None) => broken = Some(("the MQTT event loop ended".into(), None)),
+                Err(_) => break,
             }
         }
+
+        // The first refusal, of whatever kind; every message before it must have
+        // been accepted for it to count as a refusal of that one message.
+        let mut first_refused: Option<(usize, u8, Option<String>)> = answers
+            .iter()
+            .filter(|(_, (code, _))| *code >= 0x80)
+            .map(|(i, (code, reason))| (*i, *code, reason.clone()))
+            .min_by_key(|(i, _, _)| *i);
+        if let Some((_, Some((index, code)))) = &broken {
+            if first_refused.as_ref().is_none_or(|(i, _, _)| index < i) {
+                first_refused = Some((*index, *code, None));
+            }
+        }
+        let accepted_before = |end: usize| {
+            (0..end).all(|i| matches!(answers.get(&i), Some((code, _)) if *code < 0x80))
+        };
+        if let Some((index, code, reason)) = first_refused {
+            if accepted_before(index) {
+                let id = batch[index].dedup_id();
+                let text = match reason {
+                    Some(r) => format!("{id}: PUBACK 0x{code:02x} ({}): {r}", code_name(code)),
+                    None => format!("{id}: PUBACK 0x{code:02x} ({})", code_name(code)),
+                };
+                return Err(SinkError::refused(
+                    SINK,
+                    index,
+                    format!("MQTT_0x{code:02X}"),
+                    text,
+                ));
+            }
+        }
+        if let Some((error, _)) = broken {
+            return Err(SinkError::new(SINK, error));
+        }
+        if answers.len() < sent {
+            let why = session
+                .errors
+                .borrow()
+                .clone()
+                .unwrap_or_else(|| "no PUBACK in time".into());
+            return Err(SinkError::new(SINK, why));
+        }
+        local.map_or(Ok(()), Err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reason_codes_are_the_protocol_s() {
+        assert_eq!(code(PubAckReason::Success), 0);
+        assert_eq!(code(PubAckReason::NoMatchingSubscribers), 0x10);
+        assert_eq!(code(PubAckReason::NotAuthorized), 0x87);
+        assert_eq!(code(PubAckReason::QuotaExceeded), 0x97);
+        assert_eq!(code_name(0x95), "packet too large");
     }
 }

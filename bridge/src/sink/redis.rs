@@ -1,53 +1,151 @@
 //! Redis Streams: one XADD per message into one stream, with the dedup id in the
 //! `id` field (Redis keeps no dedup state: consumers drop repeated ids). The batch
-//! goes as one pipeline; the replies are Redis' acknowledgements.
+//! goes as one pipeline; a message counts as acknowledged when its XADD answered
+//! with the new entry's id.
+//!
+//! Refused for good:
+//! - a message whose body is over the server's `proto-max-bulk-len` (read with
+//!   `CONFIG GET` when connecting; Redis' default of 512 MiB where the server does
+//!   not answer it). Redis would answer such an argument with a protocol error and
+//!   close the connection, after running the commands before it; the bridge
+//!   sends the batch only up to that message instead;
+//! - a message whose XADD gets an error reply of its own (anything but the
+//!   replies that say the server or the key is not usable now, see
+//!   [`classify`]). Each command of the pipeline is answered on its own, so the
+//!   messages after a refused one were stored too and are published again: a
+//!   consumer sees them twice, under the same ids.
 
 use super::{SinkError, SinkOptions};
 use crate::message::Message;
 
+const SINK: &str = "redis";
+
+/// Redis' own default for `proto-max-bulk-len`.
+const DEFAULT_MAX_BULK: usize = 512 * 1024 * 1024;
+
 pub struct Redis {
     connection: redis::aio::MultiplexedConnection,
     stream: String,
+    /// The largest bulk argument the server takes.
+    max_bulk: usize,
+}
+
+/// What an error reply of one XADD means.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// The server cannot take writes now (loading, busy, out of memory, a
+    /// failover): publish the batch again later.
+    Unavailable,
+    /// The stream key or the bridge's user cannot be written at all (ACL, auth,
+    /// the key holds another type): the same for every message until someone
+    /// fixes it.
+    Misconfigured,
+    /// This message is refused.
+    Refused,
+}
+
+/// Sorts an error reply by its code (the reply's first word).
+pub fn classify(code: &str) -> Reply {
+    match code {
+        "LOADING" | "BUSY" | "TRYAGAIN" | "CLUSTERDOWN" | "MASTERDOWN" | "READONLY" | "OOM"
+        | "NOREPLICAS" | "MISCONF" | "MOVED" | "ASK" => Reply::Unavailable,
+        "NOPERM" | "NOAUTH" | "WRONGPASS" | "WRONGTYPE" => Reply::Misconfigured,
+        _ => Reply::Refused,
+    }
 }
 
 impl Redis {
     pub async fn connect(url: &str, options: &SinkOptions) -> Result<Redis, SinkError> {
-        let client = redis::Client::open(url).map_err(|e| SinkError::new("redis", e))?;
-        let connection = client
+        let client = redis::Client::open(url).map_err(|e| SinkError::new(SINK, e))?;
+        let mut connection = client
             .get_multiplexed_async_connection()
             .await
-            .map_err(|e| SinkError::new("redis", e))?;
+            .map_err(|e| SinkError::new(SINK, e))?;
+        // Best effort: managed services often refuse CONFIG.
+        let max_bulk = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("proto-max-bulk-len")
+            .query_async::<Vec<String>>(&mut connection)
+            .await
+            .ok()
+            .and_then(|reply| reply.get(1).and_then(|v| v.parse::<usize>().ok()))
+            .unwrap_or(DEFAULT_MAX_BULK);
         Ok(Redis {
             connection,
             stream: options.redis_stream.clone(),
+            max_bulk,
         })
     }
 
     pub async fn publish(&mut self, batch: &[Message]) -> Result<(), SinkError> {
+        let bodies: Vec<Vec<u8>> = batch.iter().map(Message::to_cbor).collect();
+        // Send only up to the first message the server would drop the connection
+        // for; report it after the ones before it are stored.
+        let oversized = bodies.iter().position(|b| b.len() > self.max_bulk);
+        let sent = oversized.unwrap_or(batch.len());
         let mut pipe = redis::pipe();
-        for message in batch {
-            let kind = message.kind();
+        pipe.ignore_errors();
+        for (message, body) in batch[..sent].iter().zip(&bodies) {
             pipe.cmd("XADD")
                 .arg(&self.stream)
                 .arg("*")
                 .arg("id")
                 .arg(message.dedup_id())
                 .arg("kind")
-                .arg(kind)
+                .arg(message.kind())
                 .arg("body")
-                .arg(message.to_cbor());
+                .arg(body);
         }
-        let ids: Vec<String> = pipe
-            .query_async(&mut self.connection)
-            .await
-            .map_err(|e| SinkError::new("redis", e))?;
-        if ids.len() == batch.len() {
-            Ok(())
-        } else {
-            Err(SinkError::new(
-                "redis",
-                format!("{} of {} messages acknowledged", ids.len(), batch.len()),
-            ))
+        if sent > 0 {
+            let replies: Vec<redis::RedisResult<String>> = pipe
+                .query_async(&mut self.connection)
+                .await
+                .map_err(|e| SinkError::new(SINK, e))?;
+            if replies.len() != sent {
+                return Err(SinkError::new(
+                    SINK,
+                    format!("{} replies for {sent} messages", replies.len()),
+                ));
+            }
+            for (index, reply) in replies.into_iter().enumerate() {
+                let Err(error) = reply else { continue };
+                let code = error.code().unwrap_or("ERR").to_owned();
+                let id = batch[index].dedup_id();
+                let text = format!("{id}: {error}");
+                return Err(match classify(&code) {
+                    Reply::Unavailable => SinkError::new(SINK, text),
+                    Reply::Misconfigured => SinkError::permanent(SINK, text),
+                    Reply::Refused => SinkError::refused(SINK, index, code, text),
+                });
+            }
         }
+        match oversized {
+            None => Ok(()),
+            Some(index) => Err(SinkError::refused(
+                SINK,
+                index,
+                "PROTO_MAX_BULK_LEN",
+                format!(
+                    "{}: {} bytes, over the server's proto-max-bulk-len of {}",
+                    batch[index].dedup_id(),
+                    bodies[index].len(),
+                    self.max_bulk
+                ),
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_replies_are_sorted_by_code() {
+        assert_eq!(classify("OOM"), Reply::Unavailable);
+        assert_eq!(classify("LOADING"), Reply::Unavailable);
+        assert_eq!(classify("NOPERM"), Reply::Misconfigured);
+        assert_eq!(classify("WRONGTYPE"), Reply::Misconfigured);
+        assert_eq!(classify("ERR"), Reply::Refused);
     }
 }

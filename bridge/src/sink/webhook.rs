@@ -7,12 +7,21 @@
 //! - `X-Envelopes-Signature: sha256=HEX`, an HMAC-SHA256 of the body with the
 //!   secret of `--webhook-secret` (or `ENVELOPES_WEBHOOK_SECRET`), when one is set.
 //!
-//! A 2xx answer acknowledges the batch. A 429, a 5xx, a timeout or a failed
-//! connection is the receiver being unavailable: the batch is sent again with
-//! backoff, no sooner than a `Retry-After` the answer gave. Any other status is a
-//! permanent error (the request itself is wrong for this receiver): logged with
-//! the status and the start of the body, and retried at the longest backoff until
-//! someone fixes it; nothing is skipped.
+//! A 2xx answer to the POST itself acknowledges the batch. Redirects that keep
+//! the method and the body (307, 308) are followed, up to [`MAX_REDIRECTS`]
+//! hops, each logged; a 301, 302 or 303 is not: a client that follows one turns
+//! the POST into a GET without the body, whose 2xx would acknowledge rows the
+//! receiver never saw. Such an answer is a permanent error naming its `Location`
+//! (point the bridge at that URL instead).
+//!
+//! A 413 (the body is over the receiver's limit) refuses the request as too
+//! large: the batch is sent again in halves, and a single row still refused is
+//! set aside as a dead letter. A 429, a 5xx, a timeout or a failed connection is
+//! the receiver being unavailable: the batch is sent again with backoff, no
+//! sooner than a `Retry-After` the answer gave. Any other status is a permanent
+//! error (the request itself is wrong for this receiver): logged with the status
+//! and the start of the body, and retried at the longest backoff until someone
+//! fixes it; nothing is skipped.
 
 use super::SinkError;
 use crate::message::Message;
@@ -36,6 +45,30 @@ const BODY_SHOWN: usize = 500;
 /// this pace (the bridge keeps polling its database meanwhile anyway).
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(300);
 
+/// Redirects (307/308) followed for one request.
+pub const MAX_REDIRECTS: usize = 5;
+
+/// Follows only the redirects that keep the method and the body.
+fn redirect_policy() -> reqwest::redirect::Policy {
+    use reqwest::StatusCode;
+    reqwest::redirect::Policy::custom(|attempt| match attempt.status() {
+        StatusCode::TEMPORARY_REDIRECT | StatusCode::PERMANENT_REDIRECT => {
+            // previous(): the first URL and every one redirected from since.
+            if attempt.previous().len() > MAX_REDIRECTS {
+                attempt.error(format!("more than {MAX_REDIRECTS} redirects"))
+            } else {
+                tracing::info!(status = attempt.status().as_u16(),
+                               to = %crate::redact::url(attempt.url().as_str()),
+                               "webhook redirects the POST; following it");
+                attempt.follow()
+            }
+        }
+        // 301/302/303 would make the POST a GET without its body: hand the answer
+        // back, where it is reported as a permanent error.
+        _ => attempt.stop(),
+    })
+}
+
 pub struct Webhook {
     client: reqwest::Client,
     url: String,
@@ -53,6 +86,7 @@ impl Webhook {
         let client = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout)
+            .redirect(redirect_policy())
             .build()
             .map_err(|e| SinkError::new(SINK, e))?;
         Ok(Webhook {
@@ -99,14 +133,37 @@ impl Webhook {
         if let Some(secret) = &self.secret {
             request = request.header("X-Envelopes-Signature", signature(secret, &body));
         }
-        let response = request
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| SinkError::new(SINK, redacted(e)))?;
+        let response = request.body(body).send().await.map_err(|e| {
+            if e.is_redirect() {
+                SinkError::permanent(SINK, redacted(e))
+            } else {
+                SinkError::new(SINK, redacted(e))
+            }
+        })?;
         let status = response.status();
         if status.is_success() {
             return Ok(());
+        }
+        if status.is_redirection() {
+            let location = response
+                .headers()
+                .get(reqwest::header::LOCATION)
+                .and_then(|v| v.to_str().ok())
+                .map(|l| {
+                    response
+                        .url()
+                        .join(l)
+                        .map(|u| crate::redact::url(u.as_str()))
+                        .unwrap_or_else(|_| l.to_owned())
+                })
+                .unwrap_or_else(|| "(none)".into());
+            return Err(SinkError::permanent(
+                SINK,
+                format!(
+                    "HTTP {status} redirect to {location}: not followed, since it would turn the \
+                     POST into a GET without the batch; give the bridge that URL"
+                ),
+            ));
         }
         let retry_after = response
             .headers()
@@ -117,7 +174,9 @@ impl Webhook {
         let text = response.text().await.unwrap_or_default();
         let shown: String = text.chars().take(BODY_SHOWN).collect();
         let message = format!("HTTP {status}: {shown}");
-        if status.as_u16() == 429 || status.is_server_error() {
+        if status == reqwest::StatusCode::PAYLOAD_TOO_LARGE {
+            Err(SinkError::too_large(SINK, "HTTP_413", message))
+        } else if status.as_u16() == 429 || status.is_server_error() {
             Err(SinkError::unavailable_for(SINK, message, retry_after))
         } else {
             Err(SinkError::permanent(SINK, message))
@@ -132,9 +191,10 @@ pub fn signature(secret: &[u8], body: &[u8]) -> String {
     format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
 }
 
-/// A request error without the URL's credentials, if it had any.
+/// A request error with its causes (why the connection failed), without the
+/// URL's credentials, if it had any.
 fn redacted(e: reqwest::Error) -> String {
-    e.without_url().to_string()
+    crate::db::chain(&e.without_url())
 }
 
 #[cfg(test)]
