@@ -624,6 +624,10 @@ async fn retry_dead_letters(
     let dead = if batch.is_empty() {
         Vec::new()
     } else {
+        // A fresh connection learns the bus's limits anew (a server restarted with
+        // a larger max_payload, a broker reconfigured): what the sink found out
+        // when it refused these rows may be out of date.
+        state.sink = None;
         deliver(config, db, state, &batch, &prior, metrics, shutdown).await?
     };
     let resolved: Vec<i64> = ids

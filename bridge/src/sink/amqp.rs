@@ -21,7 +21,7 @@
 //! A broker whose `frame_max` is below 8192 (the protocol allows 4096) cannot
 //! be connected to with lapin's own negotiation, which rounds the broker's value
 //! up to 8192; when a connection attempt fails and the URL sets no `frame_max`,
-//! the next attempt asks for 4096, which every broker takes.
+//! it is tried again at once asking for 4096, which every broker takes.
 
 use super::{subject, SinkError, SinkOptions};
 use crate::message::Message;
@@ -37,12 +37,31 @@ pub struct Amqp {
     session: Option<Session>,
     /// The broker's `max_message_size`, once a refusal named it.
     max_message_size: Option<usize>,
-    /// Ask for the protocol's smallest frame size (see the module documentation).
-    small_frames: bool,
 }
+
+/// Whether this process asks brokers for the protocol's smallest frame size (see
+/// the module documentation): set once that was what made a connection work, and
+/// kept for the connections after it.
+static SMALL_FRAMES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// The smallest `frame_max` the protocol allows a broker to announce.
 const PROTOCOL_MIN_FRAME: u32 = 4096;
+
+/// Why an attempt at a batch ended early.
+enum Failed {
+    Sink(SinkError),
+    /// The broker named its `max_message_size` when it closed the channel; the
+    /// first `confirmed` messages were confirmed, the rest not.
+    Learned {
+        confirmed: usize,
+    },
+}
+
+impl From<SinkError> for Failed {
+    fn from(e: SinkError) -> Failed {
+        Failed::Sink(e)
+    }
+}
 
 /// RabbitMQ's limit from its refusal: "... message size N is larger than
 /// configured max size M".
@@ -75,7 +94,6 @@ impl Amqp {
             prefix: options.subject_prefix.clone(),
             session: None,
             max_message_size: None,
-            small_frames: false,
         };
         amqp.session().await?;
         Ok(amqp)
@@ -90,22 +108,29 @@ impl Amqp {
                 .parse()
                 .map_err(|e: String| SinkError::permanent(SINK, format!("AMQP URL: {e}")))?;
             let own_frame_max = uri.query.frame_max.is_some();
-            if self.small_frames && !own_frame_max {
+            let small_frames = SMALL_FRAMES.load(std::sync::atomic::Ordering::Relaxed);
+            if small_frames && !own_frame_max {
                 uri.query.frame_max = Some(PROTOCOL_MIN_FRAME);
             }
-            let connection = match Connection::connect_uri(uri, ConnectionProperties::default())
-                .await
-            {
-                Ok(c) => c,
-                Err(e) => {
-                    if !own_frame_max && !self.small_frames {
-                        tracing::info!(error = %e, "AMQP connection failed; the next attempt asks \
-                                       for the protocol's smallest frame size ({PROTOCOL_MIN_FRAME})");
-                        self.small_frames = true;
+            let connection =
+                match Connection::connect_uri(uri.clone(), ConnectionProperties::default()).await {
+                    Ok(c) => c,
+                    Err(e) if !own_frame_max && !small_frames => {
+                        // Perhaps a broker whose frame_max lapin rounds up: ask for
+                        // the smallest at once, and keep doing so if that works.
+                        uri.query.frame_max = Some(PROTOCOL_MIN_FRAME);
+                        let c = Connection::connect_uri(uri, ConnectionProperties::default())
+                            .await
+                            .map_err(|_| error(e))?;
+                        tracing::info!(
+                            "the broker took the protocol's smallest frame size \
+                             ({PROTOCOL_MIN_FRAME}) where lapin's own negotiation failed"
+                        );
+                        SMALL_FRAMES.store(true, std::sync::atomic::Ordering::Relaxed);
+                        c
                     }
-                    return Err(error(e));
-                }
-            };
+                    Err(e) => return Err(error(e)),
+                };
             let channel = connection.create_channel().await.map_err(error)?;
             channel
                 .confirm_select(ConfirmSelectOptions::default())
@@ -132,16 +157,50 @@ impl Amqp {
     }
 
     pub async fn publish(&mut self, batch: &[Message]) -> Result<(), SinkError> {
-        let result = self.try_publish(batch).await;
-        if result.is_err() {
-            if let Some(session) = self.session.take() {
-                let _ = session.connection.close(0, "batch failed".into()).await;
+        // After a 406 that named the broker's limit but failed an earlier message
+        // than the oversized one (its confirm was still pending when the channel
+        // closed), the rest is published again at once on a new channel, now
+        // checked against the limit, so that the refusal names the right message.
+        let mut from = 0;
+        let result = loop {
+            match self.try_publish(&batch[from..]).await {
+                Ok(()) => break Ok(()),
+                Err(Failed::Learned { confirmed }) if from + confirmed < batch.len() => {
+                    self.close().await;
+                    from += confirmed;
+                }
+                Err(Failed::Learned { .. }) => {
+                    break Err(SinkError::new(SINK, "the broker closed the channel (406)"))
+                }
+                Err(Failed::Sink(SinkError::Refused {
+                    sink,
+                    index,
+                    code,
+                    reason,
+                })) => {
+                    break Err(SinkError::Refused {
+                        sink,
+                        index: from + index,
+                        code,
+                        reason,
+                    })
+                }
+                Err(Failed::Sink(e)) => break Err(e),
             }
+        };
+        if result.is_err() {
+            self.close().await;
         }
         result
     }
 
-    async fn try_publish(&mut self, batch: &[Message]) -> Result<(), SinkError> {
+    async fn close(&mut self) {
+        if let Some(session) = self.session.take() {
+            let _ = session.connection.close(0, "batch failed".into()).await;
+        }
+    }
+
+    async fn try_publish(&mut self, batch: &[Message]) -> Result<(), Failed> {
         let exchange = self.exchange.clone();
         let prefix = self.prefix.clone();
         let max_message_size = self.max_message_size;
@@ -214,13 +273,18 @@ impl Amqp {
                 properties,
             )
         });
-        let confirms = futures_util::future::try_join_all(publishes)
-            .await
-            .map_err(error)?;
+        // A publish fails at once when the channel is already closed (after the
+        // broker refused an earlier message of the batch): each result is looked
+        // at in batch order, so the first failure is the one that names the cause.
+        let confirms = futures_util::future::join_all(publishes).await;
         for (index, ((message, _, _, payload), confirm)) in
             prepared.iter().zip(confirms).enumerate()
         {
-            let confirmation = match confirm.await {
+            let confirmed = match confirm {
+                Ok(confirm) => confirm.await,
+                Err(e) => Err(e),
+            };
+            let confirmation = match confirmed {
                 Ok(c) => c,
                 Err(e) => {
                     // 406 closes the channel: the first message it fails is the
@@ -233,22 +297,25 @@ impl Amqp {
                                 self.max_message_size = Some(max);
                             }
                             if max.is_none_or(|max| payload.len() > max) {
-                                return Err(SinkError::refused(
+                                return Err(Failed::Sink(SinkError::refused(
                                     SINK,
                                     index,
                                     "AMQP_406",
                                     format!("{}: {text}", message.dedup_id()),
-                                ));
+                                )));
+                            }
+                            if max.is_some() {
+                                return Err(Failed::Learned { confirmed: index });
                             }
                         }
                     }
-                    return Err(error(e));
+                    return Err(Failed::Sink(error(e)));
                 }
             };
             match confirmation {
                 Confirmation::Ack(None) => {}
                 Confirmation::Ack(Some(returned)) => {
-                    return Err(SinkError::new(
+                    return Err(Failed::Sink(SinkError::new(
                         SINK,
                         format!(
                             "message {} returned by the broker ({} {}): no queue is bound for its routing key",
@@ -256,23 +323,23 @@ impl Amqp {
                             returned.reply_code,
                             returned.reply_text
                         ),
-                    ));
+                    )));
                 }
                 Confirmation::Nack(_) => {
-                    return Err(SinkError::new(
+                    return Err(Failed::Sink(SinkError::new(
                         SINK,
                         format!("the broker nacked message {}", message.dedup_id()),
-                    ));
+                    )));
                 }
                 Confirmation::NotRequested => {
-                    return Err(SinkError::new(
+                    return Err(Failed::Sink(SinkError::new(
                         SINK,
                         "publisher confirms are not on for this channel",
-                    ));
+                    )));
                 }
             }
         }
-        local.map_or(Ok(()), Err)
+        local.map_or(Ok(()), |e| Err(Failed::Sink(e)))
     }
 }
 

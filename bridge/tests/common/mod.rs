@@ -6,6 +6,8 @@
 
 #![allow(dead_code)]
 
+pub mod buses;
+
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -203,6 +205,25 @@ pub fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
     while !done() {
         if start.elapsed() > limit {
             panic!("timed out after {limit:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Like [`wait_until`], and shows the bridge's log when time runs out.
+pub fn wait_for_bridge(
+    bridge: &Bridge,
+    what: &str,
+    limit: Duration,
+    mut done: impl FnMut() -> bool,
+) {
+    let start = Instant::now();
+    while !done() {
+        if start.elapsed() > limit {
+            panic!(
+                "timed out after {limit:?} waiting for {what}; the bridge's log:\n{}",
+                bridge.log_text()
+            );
         }
         std::thread::sleep(Duration::from_millis(100));
     }
