@@ -271,7 +271,8 @@ async fn store(
     envelopes: &[Envelope],
     position: i64,
 ) -> Result<i64, DbFailure> {
-    let mut parts = vec![0..envelopes.len()];
+    let mut parts: Vec<std::ops::Range<usize>> = Vec::new();
+    parts.push(0..envelopes.len());
     'attempt: loop {
         let tx = db.client.transaction().await?;
         let mut stored = 0;

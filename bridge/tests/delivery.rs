@@ -643,3 +643,251 @@ fn memory_stays_within_the_batch_budget() {
     // 160 MiB went through; a batch is 8 MiB (two envelopes).
     assert!(peak_kb < 120 * 1024, "peak RSS {peak_kb} kB");
 }
+
+/// Two bridges under one consumer name, as a rolling deploy or two replicas run
+/// them: one works, the other stands by and delivers nothing; when the active one
+/// is killed with SIGKILL the standby takes over within seconds and delivers the
+/// rest. Every committed row arrives, and only the batch in flight at the kill
+/// comes twice.
+#[test]
+fn a_second_bridge_under_one_name_stands_by_and_takes_over() {
+    let db = TestDb::new("standby");
+    db.client()
+        .execute("SELECT envelopes.consumer_register('pair')", &[])
+        .unwrap();
+    let dir = std::env::temp_dir().join(unique("pair"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (path_a, path_b) = (dir.join("a.jsonl"), dir.join("b.jsonl"));
+    let (metrics_a, metrics_b) = (free_port(), free_port());
+    let start = |path: &std::path::Path, metrics: u16| {
+        let addr = format!("127.0.0.1:{metrics}");
+        Bridge::egress(
+            &db,
+            "pair",
+            &format!("jsonl:{}", path.display()),
+            &["--batch-size", "20", "--metrics-addr", &addr],
+            &[],
+        )
+    };
+    let mut a = start(&path_a, metrics_a);
+    wait_until(
+        "the first bridge to be active",
+        Duration::from_secs(20),
+        || metric(&try_scrape(metrics_a), "envelopes_bridge_active") == 1.0,
+    );
+    let mut b = start(&path_b, metrics_b);
+    wait_until(
+        "the second bridge to stand by",
+        Duration::from_secs(20),
+        || b.log_text().contains("standing by"),
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (conninfo, stop) = (db.conninfo(), stop.clone());
+        thread::spawn(move || {
+            let mut c = postgres::Client::connect(&conninfo, postgres::NoTls).unwrap();
+            let mut seq = 0;
+            while !stop.load(Ordering::Relaxed) {
+                seq += 1;
+                insert(&mut c, 7, seq);
+                if seq % 10 == 0 {
+                    thread::sleep(Duration::from_millis(5));
+                }
+            }
+            seq
+        })
+    };
+    thread::sleep(Duration::from_secs(3));
+    assert_eq!(metric(&scrape(metrics_b), "envelopes_bridge_active"), 0.0);
+    assert!(jsonl_ids(&path_b).is_empty(), "the standby delivered rows");
+    let delivered_by_a = jsonl_ids(&path_a).len();
+    assert!(delivered_by_a > 0);
+    a.kill9();
+    let killed = Instant::now();
+    wait_until("the standby to take over", Duration::from_secs(10), || {
+        !jsonl_ids(&path_b).is_empty()
+    });
+    let takeover = killed.elapsed();
+    thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    wait_until("the backlog to drain", Duration::from_secs(60), || {
+        lag(&db, "pair") == 0
+    });
+    b.terminate();
+    let all: Vec<String> = jsonl_ids(&path_a)
+        .into_iter()
+        .chain(jsonl_ids(&path_b))
+        .collect();
+    let set: BTreeSet<String> = all.iter().cloned().collect();
+    let committed = committed_ids(&db);
+    let lost = missing(&committed, &set);
+    assert!(
+        lost.is_empty(),
+        "lost {} rows: {:?}",
+        lost.len(),
+        &lost[..lost.len().min(20)]
+    );
+    let duplicates = all.len() - set.len();
+    assert!(duplicates <= 20, "{duplicates} rows delivered twice");
+    assert!(
+        takeover < Duration::from_secs(5),
+        "the standby took {takeover:?} to take over"
+    );
+    assert!(b.log_text().contains("takes over"), "{}", b.log_text());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A hundred rows of one originator that the bus refuses (over a private NATS
+/// server's max_payload) are set aside one by one while an unrelated
+/// originator's rows, written throughout at a steady pace, keep flowing: none of
+/// them waits more than a few seconds for the refused ones.
+#[test]
+fn a_hundred_refused_rows_do_not_hold_up_an_unrelated_originator() {
+    use futures_util::StreamExt;
+    let db = TestDb::new("poison100");
+    let dir = std::env::temp_dir().join(unique("poison100"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("small.conf");
+    std::fs::write(&conf, "max_payload: 8192\n").unwrap();
+    let port = free_port();
+    let mut nats = start_nats(port, &dir.join("store"), &["-c", conf.to_str().unwrap()]);
+    let url = format!("nats://127.0.0.1:{port}");
+    let prefix = unique("p100");
+    // Arrival times of originator 2's rows, from a plain subscription.
+    let arrivals: Arc<Mutex<BTreeMap<String, Instant>>> = Arc::default();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut subscription = rt.block_on(async {
+        let client = async_nats::connect(&url).await.unwrap();
+        let sub = client
+            .subscribe(format!("{prefix}.envelope.2"))
+            .await
+            .unwrap();
+        client.flush().await.unwrap();
+        (client, sub)
+    });
+    let collector = {
+        let arrivals = arrivals.clone();
+        rt.spawn(async move {
+            while let Some(m) = subscription.1.next().await {
+                if let Some(id) = m.headers.as_ref().and_then(|h| h.get("Nats-Msg-Id")) {
+                    arrivals
+                        .lock()
+                        .unwrap()
+                        .entry(id.to_string())
+                        .or_insert_with(Instant::now);
+                }
+            }
+        })
+    };
+    db.client()
+        .execute("SELECT envelopes.consumer_register('p100')", &[])
+        .unwrap();
+    let mut c = db.client();
+    for seq in 1..=100i64 {
+        c.execute(
+            "SELECT envelopes.insert_gateway_envelope(1, $1, '\\x01',
+                    pg_catalog.decode(pg_catalog.repeat('ab', 16384), 'hex'))",
+            &[&seq],
+        )
+        .unwrap();
+    }
+    let stream = unique("P100").to_uppercase();
+    let mut bridge = Bridge::egress(
+        &db,
+        "p100",
+        &url,
+        &[
+            "--nats-stream",
+            &stream,
+            "--subject-prefix",
+            &prefix,
+            "--batch-size",
+            "50",
+        ],
+        &[],
+    );
+    // Originator 2 writes 20 rows a second for 12 s, noting each commit.
+    let mut committed_at = BTreeMap::new();
+    let began = Instant::now();
+    let mut seq = 0i64;
+    while began.elapsed() < Duration::from_secs(12) {
+        seq += 1;
+        insert(&mut c, 2, seq);
+        committed_at.insert(format!("2:{seq}"), Instant::now());
+        thread::sleep(Duration::from_millis(50));
+    }
+    wait_for_bridge(
+        &bridge,
+        "every row of originator 2",
+        Duration::from_secs(60),
+        || arrivals.lock().unwrap().len() >= committed_at.len(),
+    );
+    wait_for_bridge(
+        &bridge,
+        "the hundred refused rows set aside",
+        Duration::from_secs(60),
+        || db.int8("SELECT count(*) FROM envelopes.dead_letters WHERE consumer = 'p100'") == 100,
+    );
+    bridge.terminate();
+    collector.abort();
+    let arrivals = arrivals.lock().unwrap();
+    let mut delays: Vec<Duration> = committed_at
+        .iter()
+        .map(|(id, at)| {
+            arrivals
+                .get(id)
+                .map(|arrived| arrived.saturating_duration_since(*at))
+                .unwrap_or(Duration::MAX)
+        })
+        .collect();
+    delays.sort();
+    let p99 = delays[(delays.len() * 99 / 100).min(delays.len() - 1)];
+    assert!(
+        p99 <= Duration::from_secs(5),
+        "originator 2's rows waited for the refused ones: p99 {p99:?}, max {:?}",
+        delays.last()
+    );
+    let _ = nats.kill();
+    let _ = nats.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `envelopes-bridge status` run as the bridge's own role (made with
+/// grant_consumer) shows its consumer and that consumer's dead letters; it needs
+/// no privilege on the dead-letter table itself.
+#[test]
+fn status_works_for_the_consumer_role() {
+    let db = TestDb::new("status_role");
+    let role = format!("{}_bridge", db.name);
+    db.client()
+        .batch_execute(&format!(
+            "CREATE ROLE \"{role}\" LOGIN; SELECT envelopes.grant_consumer('{role}');"
+        ))
+        .unwrap();
+    let conninfo = format!("{} user={role}", db.conninfo());
+    let mut c = postgres::Client::connect(&conninfo, postgres::NoTls).unwrap();
+    c.batch_execute(
+        "SELECT envelopes.consumer_register('mine');
+         SELECT envelopes.consumer_dead_letter('mine', 'envelope', 3, 9, NULL,
+                'too large for the bus', 'MAX_PAYLOAD', 1);",
+    )
+    .unwrap();
+    let url = db.url().replacen("postgres@", &format!("{role}@"), 1);
+    let out = bridge_command(&["status", "--database-url", &url])
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "status failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        shown.contains("mine") && shown.contains("3:9") && shown.contains("MAX_PAYLOAD"),
+        "{shown}"
+    );
+    let _ = db.client().batch_execute(&format!(
+        "SELECT envelopes.revoke_consumer('{role}'); DROP OWNED BY \"{role}\"; DROP ROLE \"{role}\";"
+    ));
+}

@@ -402,3 +402,201 @@ fn messages_that_cannot_be_stored_are_set_aside() {
         "the ingress retried in a loop: {log}"
     );
 }
+
+fn position_on(db: &TestDb, name: &str, stream: &str) -> i64 {
+    db.int8(&format!(
+        "SELECT envelopes.ingress_position('{name}', '{stream}')"
+    ))
+}
+
+/// One ingress name used first for stream A, then for stream B: each stream keeps
+/// its own position, so an ingress of B that dies part way resumes where B's
+/// position stands, not at A's (which was larger and skipped B's messages).
+#[test]
+fn a_name_reused_for_another_stream_keeps_each_position() {
+    let a = Setup::new();
+    let b = Setup::new();
+    let db = TestDb::new("ingress_streams");
+    let mut last_a = 0;
+    for seq in 1..=300i64 {
+        last_a = a.publish(1, cbor(1, seq), &format!("1:{seq}"));
+    }
+    let mut bridge = a.start(&db, "reused", &[]);
+    wait_until("stream A stored", Duration::from_secs(60), || {
+        position_on(&db, "reused", &a.stream) >= last_a as i64
+    });
+    bridge.terminate();
+    let mut last_b = 0;
+    for seq in 1..=200i64 {
+        last_b = b.publish(2, cbor(2, seq), &format!("2:{seq}"));
+    }
+    // Dies after its third stored batch of B, then starts again.
+    let mut bridge = b.start(
+        &db,
+        "reused",
+        &[("ENVELOPES_BRIDGE_CRASH", "after_commit:3")],
+    );
+    let _ = bridge.child.wait();
+    let stored_b = position_on(&db, "reused", &b.stream);
+    assert!(
+        stored_b > 0 && stored_b < last_b as i64,
+        "B stopped part way: {stored_b}"
+    );
+    assert_eq!(position_on(&db, "reused", &a.stream), last_a as i64);
+    let mut bridge = b.start(&db, "reused", &[]);
+    wait_until("stream B stored", Duration::from_secs(60), || {
+        position_on(&db, "reused", &b.stream) >= last_b as i64
+    });
+    bridge.terminate();
+    let rows = stored(&db);
+    let missing: Vec<i64> = (1..=200).filter(|s| !rows.contains(&(2, *s))).collect();
+    assert!(missing.is_empty(), "B's messages never stored: {missing:?}");
+    assert_eq!(rows.iter().filter(|(n, _)| *n == 1).count(), 300);
+}
+
+/// Two ingress instances under one name on one stream, as a rolling deploy or two
+/// replicas run them, while messages flow: one is killed every few hundred
+/// milliseconds and started again, the other every few seconds. Only the one
+/// holding the lease works (the other stands by), so at every moment sampled
+/// the stored position covers only stored messages, and in the end every message
+/// is stored once.
+#[test]
+fn two_instances_under_one_name_lose_nothing_while_they_keep_dying() {
+    let setup = Arc::new(Setup::new());
+    let db = TestDb::new("ingress_twins");
+    let published: Published = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer = {
+        let (setup, published, stop) = (setup.clone(), published.clone(), stop.clone());
+        thread::spawn(move || {
+            let mut seq = 0i64;
+            while !stop.load(Ordering::Relaxed) || seq < 3000 {
+                seq += 1;
+                let node = 1 + (seq % 4) as i32;
+                let s = setup.publish(node, cbor(node, seq), &format!("{node}:{seq}"));
+                published.lock().unwrap().insert(s, Some((node, seq)));
+                if seq % 50 == 0 {
+                    thread::sleep(Duration::from_millis(20));
+                }
+            }
+        })
+    };
+    let violations: Arc<Mutex<Vec<String>>> = Arc::default();
+    let sampler = {
+        let (published, stop, violations) = (published.clone(), stop.clone(), violations.clone());
+        let (conninfo, stream) = (db.conninfo(), setup.stream.clone());
+        thread::spawn(move || {
+            let mut c = postgres::Client::connect(&conninfo, postgres::NoTls).unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                let p: i64 = c
+                    .query_one("SELECT envelopes.ingress_position('twin', $1)", &[&stream])
+                    .unwrap()
+                    .get(0);
+                let rows: BTreeSet<(i32, i64)> = c
+                    .query("SELECT originator_node_id, originator_sequence_id FROM envelopes.gateway_envelopes_meta", &[])
+                    .unwrap()
+                    .into_iter()
+                    .map(|r| (r.get(0), r.get(1)))
+                    .collect();
+                let published = published.lock().unwrap();
+                let uncovered = published
+                    .range(..=p as u64)
+                    .filter_map(|(_, key)| *key)
+                    .filter(|key| !rows.contains(key))
+                    .count();
+                if uncovered > 0 {
+                    violations
+                        .lock()
+                        .unwrap()
+                        .push(format!("position {p} covers {uncovered} unstored messages"));
+                }
+                drop(published);
+                thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    let started = std::time::Instant::now();
+    let mut fast = setup.start(&db, "twin", &[]);
+    let mut slow = setup.start(&db, "twin", &[]);
+    let mut slow_until = std::time::Instant::now() + Duration::from_secs(3 + fastrand::u64(0..3));
+    while started.elapsed() < Duration::from_secs(25) {
+        thread::sleep(Duration::from_millis(200 + fastrand::u64(0..600)));
+        fast.kill9();
+        fast = setup.start(&db, "twin", &[]);
+        if std::time::Instant::now() >= slow_until {
+            slow.kill9();
+            slow = setup.start(&db, "twin", &[]);
+            slow_until = std::time::Instant::now() + Duration::from_secs(3 + fastrand::u64(0..3));
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    producer.join().unwrap();
+    let last = *published.lock().unwrap().keys().last().unwrap() as i64;
+    wait_until(
+        "the twins to reach the end of the stream",
+        Duration::from_secs(60),
+        || position_on(&db, "twin", &setup.stream) >= last,
+    );
+    sampler.join().unwrap();
+    let log = format!("{}{}", fast.log_text(), slow.log_text());
+    fast.terminate();
+    slow.terminate();
+    let expected: BTreeSet<(i32, i64)> = published
+        .lock()
+        .unwrap()
+        .values()
+        .flatten()
+        .copied()
+        .collect();
+    let rows = stored(&db);
+    let lost: Vec<&(i32, i64)> = expected.difference(&rows).collect();
+    assert!(
+        lost.is_empty(),
+        "{} of {} never stored: {:?}",
+        lost.len(),
+        expected.len(),
+        &lost[..lost.len().min(20)]
+    );
+    let v = violations.lock().unwrap().clone();
+    assert!(
+        v.is_empty(),
+        "{} samples: {:?}",
+        v.len(),
+        &v[..v.len().min(10)]
+    );
+    assert!(log.contains("standing by"), "one of them stood by: {log}");
+}
+
+/// A batch whose rows each need a new band, more than one call may create
+/// (`envelopes.max_new_partitions_per_call` = 4 here): each row is fine alone,
+/// so ingress inserts the batch in smaller calls instead of failing it (54000)
+/// forever. Everything is stored, nothing is set aside.
+#[test]
+fn a_batch_needing_more_new_bands_than_one_call_may_create_is_split() {
+    let setup = Setup::new();
+    let db = TestDb::new("ingress_bands");
+    db.client()
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{0}\" SET envelopes.max_new_partitions_per_call = 4;
+             ALTER DATABASE \"{0}\" SET envelopes.band_width = 10",
+            db.name
+        ))
+        .unwrap();
+    let mut last = 0;
+    for i in 1..=111i64 {
+        let seq = i * 10;
+        last = setup.publish(9, cbor(9, seq), &format!("9:{seq}"));
+    }
+    let mut bridge = setup.start(&db, "bands", &[]);
+    wait_until("every band's row stored", Duration::from_secs(60), || {
+        position_on(&db, "bands", &setup.stream) >= last as i64
+    });
+    bridge.terminate();
+    assert_eq!(stored(&db).len(), 111);
+    assert_eq!(setup.dead_lettered(), 0, "nothing is set aside");
+    assert!(
+        bridge.log_text().contains("smaller calls"),
+        "{}",
+        bridge.log_text()
+    );
+}

@@ -116,8 +116,16 @@ pub struct Bridge {
     pub log: PathBuf,
 }
 
+/// The bridge binary under test: this build's, or `ENVELOPES_TEST_BRIDGE_BIN`
+/// (to run the tests against another build, e.g. to check that a test fails on
+/// the code before a fix).
+pub fn bridge_binary() -> String {
+    std::env::var("ENVELOPES_TEST_BRIDGE_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_envelopes-bridge").to_owned())
+}
+
 pub fn bridge_command(args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_envelopes-bridge"));
+    let mut cmd = Command::new(bridge_binary());
     cmd.args(args).env_remove("RUST_BACKTRACE");
     cmd
 }
@@ -159,7 +167,7 @@ impl Bridge {
         .map(str::to_owned)
         .collect::<Vec<_>>();
         args.extend(extra.iter().map(|s| s.to_string()));
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_envelopes-bridge"));
+        let mut cmd = Command::new(bridge_binary());
         cmd.args(&args)
             .env_remove("RUST_BACKTRACE")
             .stdin(Stdio::null())
@@ -304,6 +312,14 @@ pub fn scrape(port: u16) -> String {
     let mut text = String::new();
     let _ = s.read_to_string(&mut text);
     text
+}
+
+/// The bridge's metrics text, or empty while its endpoint is not up (yet).
+pub fn try_scrape(port: u16) -> String {
+    if std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        return String::new();
+    }
+    scrape(port)
 }
 
 /// The value of one sample line (`name{labels} value`) in metrics text, 0 if absent.
