@@ -24,6 +24,18 @@ ABSOLUTE = [
     ("sinks_drain", "webhook", 20000, "higher", "bridge to a local webhook in 1,000-row POSTs, draining a backlog (envelopes/s)"),
     ("sinks_p99_ms", "rabbitmq", 100, "lower", "commit -> RabbitMQ consumer p99 at 1,000 commits/s (ms)"),
     ("sinks_p99_ms", "webhook", 100, "lower", "commit -> webhook receiver p99 at 1,000 commits/s (ms)"),
+    ("refusals_p99_ms", "jetstream_poison", 5000, "lower", "an unrelated originator's commit -> JetStream p99 while 5 refused rows a second are set aside beside it (ms)"),
+    ("refusals_p99_ms", "redis_poison", 5000, "lower", "the same, Redis (ms)"),
+    ("refusals_p99_ms", "mqtt_poison", 5000, "lower", "the same, MQTT (ms)"),
+    ("refusals_p99_ms", "rabbitmq_poison", 5000, "lower", "the same, RabbitMQ (ms)"),
+    ("refusals_p99_ms", "webhook_poison", 5000, "lower", "the same, webhook (ms)"),
+    ("refusals_set_aside", "jetstream", None, "higher", "refused rows set aside per minute, JetStream (max_payload)"),
+    ("refusals_set_aside", "redis", None, "higher", "refused rows set aside per minute, Redis (proto-max-bulk-len)"),
+    ("refusals_set_aside", "mqtt", None, "higher", "refused rows set aside per minute, MQTT (PUBACK 0x95)"),
+    ("refusals_set_aside", "rabbitmq", None, "higher", "refused rows set aside per minute, RabbitMQ (406 max_message_size)"),
+    ("refusals_set_aside", "webhook", None, "higher", "refused rows set aside per minute, webhook (413)"),
+    ("takeover_ms", "egress", None, "lower", "a standby egress bridge's first acknowledgement after the active one is killed (ms)"),
+    ("takeover_ms", "ingress", None, "lower", "a standby ingress's first stored position after the active one is killed (ms)"),
     ("idle", "poll_current_10000", 2.0, "lower", "idle consumer poll at 10,000 originators (ms)"),
     ("idle", "cpu_bridge_10000", None, "lower", "idle bridge CPU at 10,000 originators (% of a core)"),
     ("idle", "cpu_backend_10000", None, "lower", "idle bridge's backend CPU at 10,000 originators (% of a core)"),
@@ -53,6 +65,11 @@ ABSOLUTE = [
 
 # (comparison, numerator variant, denominator variant, goal, "higher"/"lower", what)
 RATIOS = [
+    # What refused rows cost the rest: an unrelated originator's p99 with refused
+    # rows written beside it / without, per sink (bench/run.sh refusals).
+    *[("refusals_p99_ms", f"{sink}_poison", f"{sink}_clean", None, "lower",
+       f"unrelated originator's commit -> consumer p99, 5 refused rows a second beside it / none, {sink}")
+      for sink in ("jetstream", "redis", "mqtt", "rabbitmq", "webhook")],
     # Per shard: the shards on CPU 1, the proxy and the clients on CPU 0.
     ("routerpin_insert", "proxy", "direct", 0.8, "higher",
      "single-row insert through pg_envelopes_router (PL/Proxy) / straight into the owning shard, per shard (shard and proxy on CPUs of their own), 4 binary-parameter clients"),

@@ -26,7 +26,11 @@
 # latency), sinks (every sink side by side: drain rate in 1,000-row batches and
 # commit -> consumer latency at 1,000 commits/s), router (pg_envelopes_router
 # over PL/Proxy and 4 shards: inserts through the proxy vs straight into the
-# shard, reads through the router vs one node), and for the change feed: feedcost (in-order single-row and 100-row
+# shard, reads through the router vs one node), refusals (per sink, a private bus
+# that refuses rows over a size limit: refused rows set aside per minute, and an
+# unrelated originator's commit -> consumer p99 with refused rows written beside
+# it vs without), takeover (the time a standby bridge, egress and ingress, takes
+# to acknowledge after the active one is killed), and for the change feed: feedcost (in-order single-row and 100-row
 # inserts, this version vs a baseline build of an earlier commit running in a
 # second cluster), latebridge (drain rate with 10% late arrivals vs in order),
 # idle (an idle consumer poll and the idle bridge's CPU at 10, 1,000 and 10,000
@@ -175,6 +179,61 @@ cleanup() {
     cluster_stop logical
     scripts/shards.sh down 2>/dev/null || true
     rm -rf "${ENVELOPES_TMP:?}/bench" "${ENVELOPES_TMP:?}/basebench" "${ENVELOPES_TMP:?}/logical"
+}
+
+# refusing_bus SINK: starts a private instance of that bus configured to refuse
+# rows over a size limit, and sets $sink, $sink_args, $probe_args, $probe_prefix
+# and $poison_size (bytes of an envelope it refuses) for it;
+# stop_refusing_bus stops it.
+refusing_bus() {
+    local kind=$1 port dir
+    port=$(free_port) dir="$ENVELOPES_TMP/refusing-$kind"
+    rm -rf "$dir"; install -d "$dir"
+    probe_prefix="bench$$refuse$kind" sink_args=(--subject-prefix "$probe_prefix") probe_args=()
+    refusing_stop=""
+    case "$kind" in
+        jetstream)
+            echo "max_payload: 8192" >"$dir/nats.conf"
+            /usr/sbin/nats-server -a 127.0.0.1 -p "$port" -js -sd "$dir/store" -c "$dir/nats.conf" 2>"$dir/log" &
+            refusing_pid=$! sink="nats://127.0.0.1:$port" poison_size=16384
+            sink_args+=(--nats-stream "${probe_prefix^^}") ;;
+        redis)
+            redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+                --proto-max-bulk-len 1mb >"$dir/log" 2>&1 &
+            refusing_pid=$! sink="redis://127.0.0.1:$port" poison_size=$((1100 * 1024))
+            sink_args+=(--redis-stream "$probe_prefix"); probe_args=(--redis-stream "$probe_prefix") ;;
+        mqtt)
+            printf 'listener %s 127.0.0.1\nallow_anonymous true\nuser root\nmessage_size_limit 1000\n' "$port" >"$dir/m.conf"
+            mosquitto -c "$dir/m.conf" >"$dir/log" 2>&1 &
+            refusing_pid=$! sink="mqtt://127.0.0.1:$port" poison_size=2000 ;;
+        rabbitmq)
+            local dist node
+            dist=$(free_port) node="refusing$$@localhost"
+            printf 'listeners.tcp.default = 127.0.0.1:%s\nloopback_users.guest = true\nmax_message_size = 1048576\n' \
+                "$port" >"$dir/rabbitmq.conf"
+            echo "[]." >"$dir/plugins"; : >"$dir/rabbitmq-env.conf"
+            refusing_env=(HOME="$dir" RABBITMQ_CONF_ENV_FILE="$dir/rabbitmq-env.conf" RABBITMQ_NODENAME="$node")
+            env "${refusing_env[@]}" RABBITMQ_NODE_PORT="$port" RABBITMQ_DIST_PORT="$dist" \
+                RABBITMQ_MNESIA_BASE="$dir/mnesia" RABBITMQ_LOG_BASE="$dir/logs" \
+                RABBITMQ_ENABLED_PLUGINS_FILE="$dir/plugins" RABBITMQ_CONFIG_FILE="$dir/rabbitmq.conf" \
+                /usr/lib/rabbitmq/bin/rabbitmq-server >"$dir/log" 2>&1 &
+            refusing_pid=$! sink="amqp://guest:guest@127.0.0.1:$port/%2f" poison_size=$((1100 * 1024))
+            refusing_stop="env ${refusing_env[*]} /usr/lib/rabbitmq/bin/rabbitmqctl -n $node stop"
+            sink_args+=(--amqp-exchange "$probe_prefix"); probe_args=(--amqp-exchange "$probe_prefix") ;;
+        webhook)
+            # The probe is the receiver (bodies are JSON, bytes in hex: twice
+            # their size): a refused row is over the limit alone.
+            refusing_pid="" sink="http://127.0.0.1:$port/hook" poison_size=65536
+            probe_args=(--max-body 65536) ;;
+    esac
+    if [ -n "$refusing_pid" ]; then
+        for _ in $(seq 600); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.2; done
+    fi
+}
+stop_refusing_bus() {
+    [ -z "$refusing_stop" ] || $refusing_stop >/dev/null 2>&1 || true
+    [ -z "$refusing_pid" ] || { kill "$refusing_pid" 2>/dev/null; wait "$refusing_pid" 2>/dev/null || true; }
+    refusing_pid="" refusing_stop=""
 }
 
 # The baseline cluster (an earlier commit's extension, see bench/baseline.sh),
@@ -476,6 +535,137 @@ for durability in off on; do
                 bridge=""
                 [ -n "$leftover" ] && "$PROBE" "$sink" --delete "$leftover"
                 rm -f "$OUT/$name.jsonl"
+                sql postgres -q -c "DROP DATABASE $db WITH (FORCE)"
+            done
+        done
+    fi
+
+    if selected refusals && [ "$durability" = off ]; then
+        # What rows a bus refuses cost the rest, per sink, each bus a private
+        # instance configured to refuse (refusing_bus below): (1) how many refused
+        # rows a minute the bridge sets aside, a preloaded backlog of them drained
+        # with the default --dead-letter-after; (2) commit -> consumer latency of an
+        # unrelated originator's rows at 200 commits/s while 5 refused rows a
+        # second are written beside them ("poison"), against the same without them
+        # ("clean"), interleaved.
+        for run in $(seq "$RUNS"); do
+            for sink_name in jetstream redis mqtt rabbitmq webhook; do
+                refusing_bus "$sink_name"
+                db="refuse_${sink_name}_$run"
+                sql postgres -q -c "CREATE DATABASE $db"
+                sql "$db" -q -c "CREATE EXTENSION pg_envelopes" -c "CREATE SEQUENCE bench_seq" \
+                    -c "CREATE SEQUENCE poison_seq"
+                backlog=200
+                sql "$db" -q -c "SET envelopes.notify = off" -c "SELECT envelopes.insert_gateway_envelope(1, s, '\\x01',
+                        pg_catalog.decode(pg_catalog.repeat('ab', $poison_size), 'hex'))
+                      FROM generate_series(1, $backlog) s" >/dev/null
+                sql "$db" -q -c "SELECT setval('poison_seq', $backlog)" -c "SELECT envelopes.consumer_register('bench')"
+                receiver=""
+                if [ "$sink_name" = webhook ]; then
+                    "$PROBE" "$sink" "$probe_prefix" 1000000000 "${probe_args[@]}" >"$OUT/receiver.out" &
+                    receiver=$!
+                    until grep -q ready "$OUT/receiver.out" 2>/dev/null; do sleep 0.1; done
+                fi
+                started=$(date +%s.%N)
+                "$BRIDGE" egress --database-url "postgres://postgres@127.0.0.1:$PORT/$db" --name bench \
+                    --sink "$sink" --batch-size 1000 "${sink_args[@]}" 2>"$OUT/bridge.log" &
+                bridge=$!
+                until [ "$(sql "$db" -At -c "SELECT count(*) FROM envelopes.dead_letters")" -ge "$backlog" ]; do
+                    sleep 0.05
+                done
+                per_minute=$(python3 -c "print(f'{$backlog * 60 / ($(date +%s.%N) - $started):.0f}')")
+                [ -z "$receiver" ] || { kill "$receiver"; wait "$receiver" 2>/dev/null || true; }
+                record refusals_set_aside "$sink_name" "$durability" "$run" "$per_minute" rows/min
+                log "refusals [$durability] $sink_name run $run: $backlog refused rows set aside at $per_minute/min"
+                for variant in poison clean; do
+                    n=$((SECONDS_PER_RUN * 200))
+                    "$PROBE" "$sink" "$probe_prefix" "$n" "${probe_args[@]}" >"$OUT/probe.out" &
+                    probe=$!
+                    until grep -q ready "$OUT/probe.out" 2>/dev/null; do sleep 0.1; done
+                    writers=()
+                    if [ "$variant" = poison ]; then
+                        "$PG_BIN/pgbench" -n -M prepared -h 127.0.0.1 -p "$PORT" -U postgres -c 1 -j 1 -R 5 \
+                            -T "$SECONDS_PER_RUN" -D size="$poison_size" -f bench/sql/poison_rate.sql "$db" \
+                            >/dev/null 2>"$OUT/pgbench-poison.err" &
+                        writers+=($!)
+                    fi
+                    "$PG_BIN/pgbench" -n -M prepared -h 127.0.0.1 -p "$PORT" -U postgres -c 2 -j 2 -R 200 \
+                        -t $((n / 2)) -f bench/sql/insert_rate.sql "$db" >/dev/null 2>"$OUT/pgbench.err"
+                    wait "$probe"
+                    for w in "${writers[@]}"; do wait "$w" || true; done
+                    read -r p50 p99 max count < <(tail -n 1 "$OUT/probe.out")
+                    record refusals_p99_ms "${sink_name}_$variant" "$durability" "$run" "$p99" ms
+                    log "refusals [$durability] $sink_name $variant run $run: unrelated rows commit->consumer p50 ${p50}ms p99 ${p99}ms max ${max}ms ($count messages)"
+                done
+                kill -TERM "$bridge"; wait "$bridge" || true
+                bridge=""
+                stop_refusing_bus
+                sql postgres -q -c "DROP DATABASE $db WITH (FORCE)"
+            done
+        done
+    fi
+
+    if selected takeover && [ "$durability" = off ]; then
+        # How long a standby takes over: two bridges under one name, the active
+        # one killed with SIGKILL while rows flow (500 commits/s); the time from
+        # the kill to the standby's first acknowledgement (egress: the consumer's
+        # acked_at; ingress, fed by an egress bridge into a stream of its own: the
+        # ingress position's updated_at).
+        for run in $(seq "$RUNS"); do
+            for side in egress ingress; do
+                db="takeover_${side}_$run" name="bench$$t${run}$side"
+                sql postgres -q -c "CREATE DATABASE $db"
+                sql "$db" -q -c "CREATE EXTENSION pg_envelopes" -c "CREATE SEQUENCE bench_seq" \
+                    -c "SELECT envelopes.consumer_register('bench')"
+                "$PG_BIN/pgbench" -n -M prepared -h 127.0.0.1 -p "$PORT" -U postgres -c 2 -j 2 -R 500 \
+                    -T $((SECONDS_PER_RUN + 10)) -f bench/sql/insert_rate.sql "$db" >/dev/null 2>"$OUT/pgbench.err" &
+                writer=$!
+                pids=()
+                if [ "$side" = egress ]; then
+                    for instance in a b; do
+                        "$BRIDGE" egress --database-url "postgres://postgres@127.0.0.1:$PORT/$db" --name bench \
+                            --sink "jsonl:$OUT/$name.$instance.jsonl" 2>"$OUT/bridge-$instance.log" &
+                        pids+=($!)
+                        sleep 1
+                    done
+                    probe_sql="SELECT COALESCE(extract(epoch FROM acked_at), 0) FROM envelopes.consumers WHERE name = 'bench'"
+                    target=$db
+                else
+                    stream=${name^^}
+                    sql postgres -q -c "CREATE DATABASE ${db}_in"
+                    sql "${db}_in" -q -c "CREATE EXTENSION pg_envelopes"
+                    "$BRIDGE" egress --database-url "postgres://postgres@127.0.0.1:$PORT/$db" --name bench \
+                        --sink "$NATS_URL" --nats-stream "$stream" --subject-prefix "$name" 2>"$OUT/bridge-feed.log" &
+                    feeder=$!
+                    sleep 1
+                    for instance in a b; do
+                        "$BRIDGE" ingress --database-url "postgres://postgres@127.0.0.1:$PORT/${db}_in" --name in \
+                            --source "$NATS_URL" --nats-stream "$stream" --subject "$name.envelope.>" \
+                            2>"$OUT/bridge-$instance.log" &
+                        pids+=($!)
+                        sleep 1
+                    done
+                    probe_sql="SELECT COALESCE(max(extract(epoch FROM updated_at)), 0) FROM envelopes.ingress_positions WHERE consumer = 'in'"
+                    target=${db}_in
+                fi
+                sleep "$SECONDS_PER_RUN"
+                killed=$(date +%s.%N)
+                kill -KILL "${pids[0]}"
+                until python3 -c "import sys; sys.exit(0 if $(sql "$target" -At -c "$probe_sql") > $killed else 1)"; do
+                    sleep 0.01
+                done
+                ms=$(python3 -c "print(f'{($(sql "$target" -At -c "$probe_sql") - $killed) * 1000:.0f}')")
+                record takeover_ms "$side" "$durability" "$run" "$ms" ms
+                log "takeover [$durability] $side run $run: the standby acknowledged ${ms} ms after the active one was killed"
+                kill -TERM "${pids[1]}"; wait "${pids[1]}" || true
+                kill "$writer" 2>/dev/null || true; wait "$writer" 2>/dev/null || true
+                if [ "$side" = ingress ]; then
+                    kill -TERM "$feeder"; wait "$feeder" || true
+                    "$PROBE" "$NATS_URL" --delete "$stream"
+                    stream=""
+                    sql postgres -q -c "DROP DATABASE ${db}_in WITH (FORCE)"
+                fi
+                rm -f "$OUT/$name".*.jsonl
                 sql postgres -q -c "DROP DATABASE $db WITH (FORCE)"
             done
         done

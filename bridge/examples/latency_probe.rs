@@ -14,7 +14,8 @@
 //! - `mqtt://HOST:PORT`: a QoS 1 subscription to `PREFIX/#`;
 //! - `amqp://...`: a private queue bound to `--amqp-exchange` for `PREFIX.#`;
 //! - `http://HOST:PORT/...`: the webhook receiver itself, answering 200 to each
-//!   POST (keep-alive, as a real receiver would);
+//!   POST (keep-alive, as a real receiver would), or 413 to a body over
+//!   `--max-body` bytes;
 //! - `jsonl:PATH`: follows the file from its end, as `tail -f` does.
 //!
 //! usage: latency_probe SINK PREFIX COUNT [--with-outbox] [--redis-stream KEY]
@@ -50,6 +51,9 @@ struct Args {
     redis_stream: String,
     #[arg(long, default_value = "envelopes")]
     amqp_exchange: String,
+    /// As the webhook receiver: answer 413 to a body over this many bytes.
+    #[arg(long)]
+    max_body: Option<usize>,
 }
 
 /// The commit-side timestamp of a message, in the CBOR the buses carry or the
@@ -121,7 +125,7 @@ async fn main() -> Result<(), Error> {
     } else if sink.starts_with("amqp://") {
         amqp(&sink, &args.amqp_exchange, &prefix, tx).await?;
     } else if sink.starts_with("http://") {
-        webhook(&sink, tx).await?;
+        webhook(&sink, args.max_body, tx).await?;
     } else if let Some(path) = sink.strip_prefix("jsonl:") {
         jsonl(path, tx).await?;
     } else {
@@ -353,8 +357,13 @@ async fn amqp(
 }
 
 /// A minimal HTTP/1.1 receiver: reads each request's headers and
-/// `Content-Length` body, answers `200` with an empty body, keeps the connection.
-async fn webhook(url: &str, tx: mpsc::UnboundedSender<Arrival>) -> Result<(), Error> {
+/// `Content-Length` body, answers `200` with an empty body (`413` to a body over
+/// `max_body`), keeps the connection.
+async fn webhook(
+    url: &str,
+    max_body: Option<usize>,
+    tx: mpsc::UnboundedSender<Arrival>,
+) -> Result<(), Error> {
     let rest = url.trim_start_matches("http://");
     let hostport = rest.split('/').next().unwrap_or(rest);
     let listener = tokio::net::TcpListener::bind(hostport).await?;
@@ -362,7 +371,7 @@ async fn webhook(url: &str, tx: mpsc::UnboundedSender<Arrival>) -> Result<(), Er
         while let Ok((socket, _)) = listener.accept().await {
             let tx = tx.clone();
             tokio::spawn(async move {
-                let _ = serve(socket, tx).await;
+                let _ = serve(socket, max_body, tx).await;
             });
         }
     });
@@ -371,6 +380,7 @@ async fn webhook(url: &str, tx: mpsc::UnboundedSender<Arrival>) -> Result<(), Er
 
 async fn serve(
     socket: tokio::net::TcpStream,
+    max_body: Option<usize>,
     tx: mpsc::UnboundedSender<Arrival>,
 ) -> Result<(), Error> {
     let (read, mut write) = socket.into_split();
@@ -395,6 +405,12 @@ async fn serve(
         }
         let mut body = vec![0u8; length];
         reader.read_exact(&mut body).await?;
+        if max_body.is_some_and(|max| body.len() > max) {
+            write
+                .write_all(b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 0\r\n\r\n")
+                .await?;
+            continue;
+        }
         if let Ok(values) = serde_json::from_slice::<Vec<serde_json::Value>>(&body) {
             for v in values {
                 if let Ok(a) = serde_json::from_value::<Probe>(v) {
