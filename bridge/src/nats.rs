@@ -25,11 +25,65 @@ impl std::fmt::Debug for NatsAuth {
     }
 }
 
+/// Subjects the server refused a publish to (`-ERR 'Permissions Violation for
+/// Publish to "SUBJECT"'`), as the client's event callback reports them. The
+/// server says so only in that asynchronous error: the publish itself gets no
+/// acknowledgement and would wait for its timeout.
+#[derive(Default)]
+pub struct Violations {
+    subjects: std::sync::Mutex<std::collections::HashSet<String>>,
+    reported: tokio::sync::Notify,
+}
+
+impl Violations {
+    /// Whether a publish to `subject` was refused for permissions.
+    pub fn contains(&self, subject: &str) -> bool {
+        self.subjects
+            .lock()
+            .map(|s| s.contains(subject))
+            .unwrap_or(false)
+    }
+
+    /// Waits until a publish to `subject` is reported refused.
+    pub async fn refused(&self, subject: &str) {
+        loop {
+            let reported = self.reported.notified();
+            tokio::pin!(reported);
+            reported.as_mut().enable();
+            if self.contains(subject) {
+                return;
+            }
+            reported.await;
+        }
+    }
+
+    fn record(&self, error: &str) {
+        // Permissions Violation for Publish to "SUBJECT"
+        let Some(rest) = error.split("Permissions Violation for Publish to").nth(1) else {
+            return;
+        };
+        let subject = rest.trim().trim_matches(|c| c == '"' || c == '\'').trim();
+        if let Ok(mut subjects) = self.subjects.lock() {
+            subjects.insert(subject.to_owned());
+        }
+        self.reported.notify_waiters();
+    }
+}
+
 /// Connects with the given authentication, shared by egress and ingress. `url`
 /// may list several servers of one cluster, comma-separated: the client starts
 /// with any that answers and fails over among them (and the ones the cluster
 /// announces).
 pub async fn connect(url: &str, auth: &NatsAuth) -> Result<async_nats::Client, String> {
+    connect_watching(url, auth, None).await
+}
+
+/// The same, recording the subjects the server refuses publishes to.
+pub async fn connect_watching(
+    url: &str,
+    auth: &NatsAuth,
+    violations: Option<std::sync::Arc<Violations>>,
+) -> Result<async_nats::Client, String> {
     let servers = url
         .split(',')
         .map(|u| u.trim().parse::<async_nats::ServerAddr>())
@@ -37,7 +91,21 @@ pub async fn connect(url: &str, auth: &NatsAuth) -> Result<async_nats::Client, S
         .map_err(|e| format!("server address {}: {e}", crate::redact::url(url)))?;
     let mut options = async_nats::ConnectOptions::new()
         .connection_timeout(Duration::from_secs(5))
-        .request_timeout(Some(Duration::from_secs(10)));
+        .request_timeout(Some(Duration::from_secs(10)))
+        .event_callback(move |event| {
+            let violations = violations.clone();
+            async move {
+                match event {
+                    async_nats::Event::ServerError(async_nats::ServerError::Other(error)) => {
+                        tracing::debug!(%error, "NATS server error");
+                        if let Some(v) = violations {
+                            v.record(&error);
+                        }
+                    }
+                    other => tracing::debug!(event = %other, "NATS connection event"),
+                }
+            }
+        });
     options = match auth {
         NatsAuth::None => options,
         NatsAuth::UserPassword(user, password) => {
@@ -53,4 +121,18 @@ pub async fn connect(url: &str, auth: &NatsAuth) -> Result<async_nats::Client, S
         .connect(servers.as_slice())
         .await
         .map_err(|e| format!("connect {}: {e}", crate::redact::url(url)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permission_violations_name_the_subject() {
+        let v = Violations::default();
+        v.record("Permissions Violation for Publish to \"env.outbox.denied\"");
+        v.record("Authorization Violation");
+        assert!(v.contains("env.outbox.denied"));
+        assert!(!v.contains("env.outbox.other"));
+    }
 }

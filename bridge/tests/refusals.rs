@@ -532,3 +532,118 @@ fn a_webhook_redirect_that_keeps_the_post_delivers() {
         assert_eq!(at_final, committed_ids(&db), "{code}");
     }
 }
+
+/// A private NATS server with users: the bridge's may not publish to one outbox
+/// subject (the server answers with a permissions violation, not an ack); the
+/// server restarted without the ban takes it.
+#[test]
+fn jetstream_acl_refusals() {
+    let prefix = unique("acl");
+    let dir = std::env::temp_dir().join(unique("refuse_acl"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("acl.conf");
+    let write_conf = |deny: bool| {
+        let deny = if deny {
+            format!(", deny: [\"{prefix}.outbox.denied\"]")
+        } else {
+            String::new()
+        };
+        std::fs::write(
+            &conf,
+            format!(
+                "accounts {{ A {{ jetstream: enabled, users: [
+                   {{ user: bridge, password: bridgepw, permissions: {{ publish: {{ allow: [\">\"]{deny} }} }} }},
+                   {{ user: reader, password: readerpw }} ] }} }}\n"
+            ),
+        )
+        .unwrap();
+    };
+    write_conf(true);
+    let port = free_port();
+    let server = std::sync::Mutex::new(start_nats(
+        port,
+        &dir.join("store"),
+        &["-c", conf.to_str().unwrap()],
+    ));
+    let url = format!("nats://127.0.0.1:{port}");
+    let stream = unique("ACL").to_uppercase();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    refused_rows_are_set_aside_and_the_rest_flows(Case {
+        label: "jetstream_acl",
+        sink: url.clone(),
+        args: vec![
+            "--nats-stream".into(),
+            stream.clone(),
+            "--subject-prefix".into(),
+            prefix.clone(),
+            "--nats-user".into(),
+            "bridge".into(),
+            "--nats-password".into(),
+            "bridgepw".into(),
+        ],
+        poison: &|c| {
+            vec![Poison {
+                id: publish(c, "denied", 10),
+                code: "PERMISSIONS_VIOLATION",
+                forever: false,
+            }]
+        },
+        delivered: &|| rt.block_on(read_stream_as(&url, "reader", "readerpw", &stream)),
+        relax: &mut || {
+            // Restarted on the same store (a reload of accounts with JetStream
+            // does not take on this server version).
+            write_conf(false);
+            let mut old = server.lock().unwrap();
+            let _ = old.kill();
+            let _ = old.wait();
+            *old = start_nats(port, &dir.join("store"), &["-c", conf.to_str().unwrap()]);
+        },
+    });
+    let mut server = server.into_inner().unwrap();
+    let _ = server.kill();
+    let _ = server.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The Nats-Msg-Id of every message of a stream, read as the given user.
+async fn read_stream_as(url: &str, user: &str, password: &str, stream: &str) -> Vec<String> {
+    use futures_util::StreamExt;
+    let client = async_nats::ConnectOptions::with_user_and_password(user.into(), password.into())
+        .connect(url)
+        .await
+        .expect("connect to NATS");
+    let js = async_nats::jetstream::new(client);
+    let Ok(mut s) = js.get_stream(stream).await else {
+        return Vec::new();
+    };
+    let total = s.info().await.expect("stream info").state.messages;
+    let consumer = s
+        .create_consumer(async_nats::jetstream::consumer::pull::Config {
+            deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::All,
+            ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
+            ..Default::default()
+        })
+        .await
+        .expect("consumer");
+    let mut ids = Vec::new();
+    while (ids.len() as u64) < total {
+        let mut batch = consumer
+            .fetch()
+            .max_messages(1000)
+            .expires(Duration::from_secs(2))
+            .messages()
+            .await
+            .expect("fetch");
+        let mut got = 0;
+        while let Some(Ok(m)) = batch.next().await {
+            got += 1;
+            if let Some(id) = m.headers.as_ref().and_then(|h| h.get("Nats-Msg-Id")) {
+                ids.push(id.to_string());
+            }
+        }
+        if got == 0 {
+            break;
+        }
+    }
+    ids
+}

@@ -5,16 +5,20 @@
 //!
 //! Refused for good: a message larger than the server's `max_payload` (learned
 //! from the server when connecting), one the stream refuses as too large
-//! (JetStream error 10054), a subject NATS does not take.
+//! (JetStream error 10054), a subject NATS does not take, a subject the bridge's
+//! user may not publish to (the server reports the permissions violation only
+//! as an asynchronous error, which the sink waits for beside the ack).
 
 use super::{nats_subject_problem, subject, SinkError, SinkOptions};
 use crate::message::Message;
 use async_nats::jetstream::{self, message::PublishMessage};
+use std::sync::Arc;
 
 pub struct Nats {
     client: async_nats::Client,
     jetstream: jetstream::Context,
     prefix: String,
+    violations: Arc<crate::nats::Violations>,
 }
 
 /// JetStream's error code for a message over the stream's maximum size.
@@ -22,9 +26,11 @@ const STREAM_MESSAGE_EXCEEDS_MAXIMUM: u64 = 10054;
 
 impl Nats {
     pub async fn connect(url: &str, options: &SinkOptions) -> Result<Nats, SinkError> {
-        let client = crate::nats::connect(url, &options.nats_auth)
-            .await
-            .map_err(|e| SinkError::new("nats", e))?;
+        let violations = Arc::new(crate::nats::Violations::default());
+        let client =
+            crate::nats::connect_watching(url, &options.nats_auth, Some(violations.clone()))
+                .await
+                .map_err(|e| SinkError::new("nats", e))?;
         let jetstream = jetstream::new(client.clone());
         jetstream
             .get_or_create_stream(jetstream::stream::Config {
@@ -39,6 +45,7 @@ impl Nats {
             client,
             jetstream,
             prefix: options.subject_prefix.clone(),
+            violations,
         })
     }
 
@@ -46,6 +53,12 @@ impl Nats {
     fn refusal(&self, subject: &str, payload: &[u8], id: &str) -> Option<(String, String)> {
         if let Some(problem) = nats_subject_problem(subject) {
             return Some(("SUBJECT".into(), format!("subject {subject:?}: {problem}")));
+        }
+        if self.violations.contains(subject) {
+            return Some((
+                "PERMISSIONS_VIOLATION".into(),
+                format!("the server refuses publishes to {subject:?} for this user"),
+            ));
         }
         // What the server counts against max_payload: payload and headers.
         let size = payload.len() + id.len() + 64;
@@ -79,7 +92,7 @@ impl Nats {
             let ack = self
                 .jetstream
                 .send_publish(
-                    subject,
+                    subject.clone(),
                     PublishMessage::build()
                         .payload(payload.into())
                         .message_id(id.as_str()),
@@ -91,10 +104,21 @@ impl Nats {
                     }
                     _ => SinkError::new("nats", format!("{id}: {e}")),
                 })?;
-            pending.push((index, id, ack));
+            pending.push((index, id, subject, ack));
         }
-        for (index, id, ack) in pending {
-            ack.await.map_err(|e| {
+        for (index, id, subject, ack) in pending {
+            let acked = tokio::select! {
+                acked = ack => acked,
+                _ = self.violations.refused(&subject) => {
+                    return Err(SinkError::refused(
+                        "nats",
+                        index,
+                        "PERMISSIONS_VIOLATION",
+                        format!("{id}: the server refuses publishes to {subject:?} for this user"),
+                    ));
+                }
+            };
+            acked.map_err(|e| {
                 let code = std::error::Error::source(&e)
                     .and_then(|s| s.downcast_ref::<jetstream::Error>())
                     .map(|je| je.error_code().0);
