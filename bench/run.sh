@@ -562,7 +562,8 @@ for durability in off on; do
                 sql "$db" -q -c "SELECT setval('poison_seq', $backlog)" -c "SELECT envelopes.consumer_register('bench')"
                 receiver=""
                 if [ "$sink_name" = webhook ]; then
-                    "$PROBE" "$sink" "$probe_prefix" 1000000000 "${probe_args[@]}" >"$OUT/receiver.out" &
+                    "$PROBE" "$sink" "$probe_prefix" 1000000000 --idle-secs 3600 "${probe_args[@]}" \
+                        >"$OUT/receiver.out" &
                     receiver=$!
                     until grep -q ready "$OUT/receiver.out" 2>/dev/null; do sleep 0.1; done
                 fi
@@ -570,7 +571,9 @@ for durability in off on; do
                 "$BRIDGE" egress --database-url "postgres://postgres@127.0.0.1:$PORT/$db" --name bench \
                     --sink "$sink" --batch-size 1000 "${sink_args[@]}" 2>"$OUT/bridge.log" &
                 bridge=$!
+                deadline=$((SECONDS + 600))
                 until [ "$(sql "$db" -At -c "SELECT count(*) FROM envelopes.dead_letters")" -ge "$backlog" ]; do
+                    [ "$SECONDS" -le "$deadline" ] || { log "refusals: $sink_name did not set the rows aside"; exit 1; }
                     sleep 0.05
                 done
                 per_minute=$(python3 -c "print(f'{$backlog * 60 / ($(date +%s.%N) - $started):.0f}')")

@@ -117,7 +117,7 @@ CREATE FUNCTION consumer_dead_letter_retries(consumer text, batch_size integer D
 RETURNS TABLE (dead_letter_id bigint, kind text, originator_node_id integer, originator_sequence_id bigint,
                gateway_time timestamptz, topic bytea, payer_id integer, expiry bigint,
                originator_envelope bytea, outbox_id bigint, subject text, payload bytea, headers jsonb,
-               created_at timestamptz, attempts integer)
+               created_at timestamptz, attempts integer, retry_requested boolean)
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -147,7 +147,8 @@ BEGIN
     RETURN QUERY
     SELECT d.id, d.kind, d.originator_node_id, d.originator_sequence_id,
            v.gateway_time, v.topic, v.payer_id, v.expiry, v.originator_envelope,
-           d.outbox_id, o.subject, o.payload, o.headers, o.created_at, d.attempts
+           d.outbox_id, o.subject, o.payload, o.headers, o.created_at, d.attempts,
+           d.retry_requested_at IS NOT NULL
       FROM @extschema@.dead_letters d
       LEFT JOIN @extschema@.gateway_envelopes_view v
              ON d.kind = 'envelope' AND v.originator_node_id = d.originator_node_id

@@ -54,6 +54,9 @@ struct Args {
     /// As the webhook receiver: answer 413 to a body over this many bytes.
     #[arg(long)]
     max_body: Option<usize>,
+    /// Give up after this many seconds without a message.
+    #[arg(long, default_value_t = 10)]
+    idle_secs: u64,
 }
 
 /// The commit-side timestamp of a message, in the CBOR the buses carry or the
@@ -134,8 +137,8 @@ async fn main() -> Result<(), Error> {
     println!("ready");
     let (mut envelopes, mut outbox) = (Vec::with_capacity(count), Vec::new());
     while envelopes.len() + outbox.len() < count {
-        // Give up after 10 idle seconds and report what arrived.
-        let next = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await;
+        // Give up after --idle-secs without a message and report what arrived.
+        let next = tokio::time::timeout(Duration::from_secs(args.idle_secs), rx.recv()).await;
         let Ok(Some((is_outbox, at))) = next else {
             break;
         };

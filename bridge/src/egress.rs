@@ -572,7 +572,7 @@ async fn retry_dead_letters(
         .query(
             "SELECT dead_letter_id, kind, originator_node_id, originator_sequence_id, gateway_time,
                     topic, payer_id, expiry, originator_envelope, outbox_id, subject, payload,
-                    headers::text, created_at, attempts
+                    headers::text, created_at, attempts, retry_requested
                FROM envelopes.consumer_dead_letter_retries($1, 100)",
             &[&config.name],
         )
@@ -585,7 +585,9 @@ async fn retry_dead_letters(
     let mut gone = Vec::new();
     let mut batch = Vec::new();
     let mut prior = Vec::new();
+    let mut requested = false;
     for row in rows {
+        requested |= row.get::<_, bool>(15);
         let id: i64 = row.get(0);
         let attempts = u32::try_from(row.get::<_, i32>(14)).unwrap_or(0);
         let kind: String = row.get(1);
@@ -624,10 +626,14 @@ async fn retry_dead_letters(
     let dead = if batch.is_empty() {
         Vec::new()
     } else {
-        // A fresh connection learns the bus's limits anew (a server restarted with
-        // a larger max_payload, a broker reconfigured): what the sink found out
-        // when it refused these rows may be out of date.
-        state.sink = None;
+        // Asked for by an operator (who may have changed the bus: a server
+        // restarted with a larger max_payload, a broker reconfigured): a fresh
+        // connection learns the bus's limits anew, since what the sink found out
+        // when it refused these rows may be out of date. The bridge's own quick
+        // retries go through the sink as it is.
+        if requested {
+            state.sink = None;
+        }
         deliver(config, db, state, &batch, &prior, metrics, shutdown).await?
     };
     let resolved: Vec<i64> = ids

@@ -188,7 +188,13 @@ impl Amqp {
                 Err(Failed::Sink(e)) => break Err(e),
             }
         };
-        if result.is_err() {
+        // A refusal found before sending leaves a healthy channel, kept for the
+        // next batch; any other failure starts again on a new connection.
+        let healthy = self
+            .session
+            .as_ref()
+            .is_some_and(|s| s.channel.status().connected());
+        if result.is_err() && !(healthy && matches!(result, Err(SinkError::Refused { .. }))) {
             self.close().await;
         }
         result

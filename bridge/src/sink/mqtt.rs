@@ -12,7 +12,8 @@
 //! - 0x95 (packet too large), which mosquitto sends for a message over its
 //!   `message_size_limit` although the protocol has no such PUBACK code: the
 //!   client cannot parse that PUBACK and drops the connection, so the refused
-//!   message is found as the first one the broker had not acknowledged;
+//!   message is found as the first one the broker had not acknowledged; after
+//!   one, messages at least that large are refused before sending;
 //! - a topic with a wildcard, and a message larger than the maximum packet size
 //!   the broker announced in its CONNACK (if it did), found before sending.
 
@@ -45,6 +46,10 @@ pub struct Mqtt {
     client_id: String,
     prefix: String,
     session: Option<Session>,
+    /// The smallest payload the broker refused as too large (0x95): larger ones
+    /// are refused before sending (each 0x95 costs the connection). Learned anew
+    /// with a new sink.
+    refused_size: Option<usize>,
 }
 
 /// What the event loop task tells the publisher, by the message's sequence
@@ -197,6 +202,7 @@ impl Mqtt {
             client_id: options.mqtt_client_id.clone(),
             prefix: options.subject_prefix.clone(),
             session: None,
+            refused_size: None,
         };
         mqtt.session = Some(mqtt.open().await?);
         Ok(mqtt)
@@ -250,20 +256,26 @@ impl Mqtt {
         if self.session.is_none() {
             self.session = Some(self.open().await?);
         }
-        let result = self.publish_on_session(batch).await;
-        if result.is_err() {
-            self.session = None; // start clean on the next attempt
+        let (result, broken) = self.publish_on_session(batch).await;
+        // A refusal the broker answered (0x87 ...) or found before sending keeps
+        // the connection; anything that broke it starts clean on the next attempt,
+        // so that late PUBACKs of an abandoned attempt cannot count for it.
+        if broken || matches!(result, Err(SinkError::Unavailable { .. })) {
+            self.session = None;
         }
         result
     }
 
-    async fn publish_on_session(&mut self, batch: &[Message]) -> Result<(), SinkError> {
+    /// Publishes on the open session; the second value says whether the
+    /// connection broke meanwhile.
+    async fn publish_on_session(&mut self, batch: &[Message]) -> (Result<(), SinkError>, bool) {
         let prefix = self.prefix.clone();
-        let session = self
-            .session
-            .as_mut()
-            .ok_or_else(|| SinkError::new(SINK, "not connected"))?;
+        let refused_size = self.refused_size;
+        let Some(session) = self.session.as_mut() else {
+            return (Err(SinkError::new(SINK, "not connected")), true);
+        };
         let max_packet = *session.max_packet.borrow();
+        let mut sizes = Vec::with_capacity(batch.len());
         let base = session.next_seq;
         let mut local = None;
         let mut sent = 0usize;
@@ -293,6 +305,19 @@ impl Mqtt {
                 ));
                 break;
             }
+            if refused_size.is_some_and(|refused| payload.len() >= refused) {
+                local = Some(SinkError::refused(
+                    SINK,
+                    index,
+                    "MQTT_0x95",
+                    format!(
+                        "{id}: {} bytes, no smaller than a message the broker refused as too large",
+                        payload.len()
+                    ),
+                ));
+                break;
+            }
+            sizes.push(payload.len());
             let properties = PublishProperties {
                 user_properties: vec![("id".into(), id.clone())],
                 ..Default::default()
@@ -300,11 +325,13 @@ impl Mqtt {
             if let Ok(mut order) = session.order.lock() {
                 order.push_back(base + index as u64);
             }
-            session
+            if let Err(e) = session
                 .client
                 .publish_with_properties(topic, QoS::AtLeastOnce, false, payload, properties)
                 .await
-                .map_err(|e| SinkError::new(SINK, format!("{id}: {e}")))?;
+            {
+                return (Err(SinkError::new(SINK, format!("{id}: {e}"))), true);
+            }
             sent += 1;
         }
         session.next_seq = base + sent as u64;
@@ -351,21 +378,21 @@ impl Mqtt {
         };
         if let Some((index, code, reason)) = first_refused {
             if accepted_before(index) {
+                if code == 0x95 {
+                    let size = sizes[index];
+                    self.refused_size = Some(self.refused_size.map_or(size, |r| r.min(size)));
+                }
                 let id = batch[index].dedup_id();
                 let text = match reason {
                     Some(r) => format!("{id}: PUBACK 0x{code:02x} ({}): {r}", code_name(code)),
                     None => format!("{id}: PUBACK 0x{code:02x} ({})", code_name(code)),
                 };
-                return Err(SinkError::refused(
-                    SINK,
-                    index,
-                    format!("MQTT_0x{code:02X}"),
-                    text,
-                ));
+                let refused = SinkError::refused(SINK, index, format!("MQTT_0x{code:02X}"), text);
+                return (Err(refused), broken.is_some());
             }
         }
         if let Some((error, _)) = broken {
-            return Err(SinkError::new(SINK, error));
+            return (Err(SinkError::new(SINK, error)), true);
         }
         if answers.len() < sent {
             let why = session
@@ -373,9 +400,9 @@ impl Mqtt {
                 .borrow()
                 .clone()
                 .unwrap_or_else(|| "no PUBACK in time".into());
-            return Err(SinkError::new(SINK, why));
+            return (Err(SinkError::new(SINK, why)), true);
         }
-        local.map_or(Ok(()), Err)
+        (local.map_or(Ok(()), Err), false)
     }
 }
 

@@ -78,11 +78,19 @@ impl Redis {
     }
 
     pub async fn publish(&mut self, batch: &[Message]) -> Result<(), SinkError> {
-        let bodies: Vec<Vec<u8>> = batch.iter().map(Message::to_cbor).collect();
         // Send only up to the first message the server would drop the connection
-        // for; report it after the ones before it are stored.
-        let oversized = bodies.iter().position(|b| b.len() > self.max_bulk);
-        let sent = oversized.unwrap_or(batch.len());
+        // for (encoding no further); report it after the ones before it are stored.
+        let mut bodies: Vec<Vec<u8>> = Vec::with_capacity(batch.len());
+        let mut oversized = None;
+        for message in batch {
+            let body = message.to_cbor();
+            if body.len() > self.max_bulk {
+                oversized = Some((bodies.len(), body.len()));
+                break;
+            }
+            bodies.push(body);
+        }
+        let sent = bodies.len();
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         for (message, body) in batch[..sent].iter().zip(&bodies) {
@@ -121,14 +129,13 @@ impl Redis {
         }
         match oversized {
             None => Ok(()),
-            Some(index) => Err(SinkError::refused(
+            Some((index, size)) => Err(SinkError::refused(
                 SINK,
                 index,
                 "PROTO_MAX_BULK_LEN",
                 format!(
-                    "{}: {} bytes, over the server's proto-max-bulk-len of {}",
+                    "{}: {size} bytes, over the server's proto-max-bulk-len of {}",
                     batch[index].dedup_id(),
-                    bodies[index].len(),
                     self.max_bulk
                 ),
             )),

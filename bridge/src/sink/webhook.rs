@@ -16,7 +16,8 @@
 //!
 //! A 413 (the body is over the receiver's limit) refuses the request as too
 //! large: the batch is sent again in halves, and a single row still refused is
-//! set aside as a dead letter. A 429, a 5xx, a timeout or a failed connection is
+//! set aside as a dead letter. After one, bodies at least that large are refused
+//! so without sending them. A 429, a 5xx, a timeout or a failed connection is
 //! the receiver being unavailable: the batch is sent again with backoff, no
 //! sooner than a `Retry-After` the answer gave. Any other status is a permanent
 //! error (the request itself is wrong for this receiver): logged with the status
@@ -74,6 +75,10 @@ pub struct Webhook {
     url: String,
     format: WebhookFormat,
     secret: Option<Vec<u8>>,
+    /// The smallest body the receiver answered 413: bodies at least that large
+    /// are refused as too large without sending them (learned anew with a new
+    /// sink).
+    refused_body: Option<usize>,
 }
 
 impl Webhook {
@@ -94,6 +99,7 @@ impl Webhook {
             url: url.to_owned(),
             format,
             secret: secret.map(|s| s.as_bytes().to_vec()),
+            refused_body: None,
         })
     }
 
@@ -118,6 +124,17 @@ impl Webhook {
             return Ok(());
         };
         let body = self.body(batch);
+        if let Some(refused) = self.refused_body.filter(|r| body.len() >= *r) {
+            return Err(SinkError::too_large(
+                SINK,
+                "HTTP_413",
+                format!(
+                    "a body of {} bytes, no smaller than one of {refused} the receiver answered 413",
+                    body.len()
+                ),
+            ));
+        }
+        let size = body.len();
         let content_type = match self.format {
             WebhookFormat::Json => "application/json",
             WebhookFormat::Cbor => "application/cbor",
@@ -175,6 +192,7 @@ impl Webhook {
         let shown: String = text.chars().take(BODY_SHOWN).collect();
         let message = format!("HTTP {status}: {shown}");
         if status == reqwest::StatusCode::PAYLOAD_TOO_LARGE {
+            self.refused_body = Some(self.refused_body.map_or(size, |r| r.min(size)));
             Err(SinkError::too_large(SINK, "HTTP_413", message))
         } else if status.as_u16() == 429 || status.is_server_error() {
             Err(SinkError::unavailable_for(SINK, message, retry_after))
