@@ -126,7 +126,7 @@ pgbench_tps_on() {
 drain_backlog() {
     local db=$1 stream=$2 prefix=$3 backlog=$4 started
     started=$(date +%s.%N)
-    "$BRIDGE" egress --database-url "postgres://postgres@127.0.0.1:$PORT/$db" --name bench \
+    "$BRIDGE" egress --database-url "postgres://postgres@127.0.0.1:$PORT/$db" --name bench --register \
         --sink "$NATS_URL" --batch-size 2000 --nats-stream "$stream" --subject-prefix "$prefix" \
         2>"$OUT/bridge.log" &
     bridge=$!
@@ -504,7 +504,7 @@ for durability in off on; do
                 probe=$!
                 until grep -q ready "$OUT/probe.out" 2>/dev/null; do sleep 0.1; done
                 started=$(date +%s.%N)
-                "$BRIDGE" egress --database-url "postgres://postgres@127.0.0.1:$PORT/$db" --name bench \
+                "$BRIDGE" egress --database-url "postgres://postgres@127.0.0.1:$PORT/$db" --name bench --register \
                     --sink "$sink" --batch-size 1000 "${sink_args[@]}" 2>"$OUT/bridge.log" &
                 bridge=$!
                 # Done when the consumer has every message and the bridge has
@@ -568,7 +568,7 @@ for durability in off on; do
                     until grep -q ready "$OUT/receiver.out" 2>/dev/null; do sleep 0.1; done
                 fi
                 started=$(date +%s.%N)
-                "$BRIDGE" egress --database-url "postgres://postgres@127.0.0.1:$PORT/$db" --name bench \
+                "$BRIDGE" egress --database-url "postgres://postgres@127.0.0.1:$PORT/$db" --name bench --register \
                     --sink "$sink" --batch-size 1000 "${sink_args[@]}" 2>"$OUT/bridge.log" &
                 bridge=$!
                 deadline=$((SECONDS + 600))
@@ -626,7 +626,7 @@ for durability in off on; do
                 pids=()
                 if [ "$side" = egress ]; then
                     for instance in a b; do
-                        "$BRIDGE" egress --database-url "postgres://postgres@127.0.0.1:$PORT/$db" --name bench \
+                        "$BRIDGE" egress --database-url "postgres://postgres@127.0.0.1:$PORT/$db" --name bench --register \
                             --sink "jsonl:$OUT/$name.$instance.jsonl" 2>"$OUT/bridge-$instance.log" &
                         pids+=($!)
                         sleep 1
@@ -637,7 +637,7 @@ for durability in off on; do
                     stream=${name^^}
                     sql postgres -q -c "CREATE DATABASE ${db}_in"
                     sql "${db}_in" -q -c "CREATE EXTENSION pg_envelopes"
-                    "$BRIDGE" egress --database-url "postgres://postgres@127.0.0.1:$PORT/$db" --name bench \
+                    "$BRIDGE" egress --database-url "postgres://postgres@127.0.0.1:$PORT/$db" --name bench --register \
                         --sink "$NATS_URL" --nats-stream "$stream" --subject-prefix "$name" 2>"$OUT/bridge-feed.log" &
                     feeder=$!
                     sleep 1
@@ -1027,7 +1027,7 @@ print(f'{100 * d0 / e:.0f} {100 * d1 / e:.0f} {1e6 * d0 / ($tps * e):.0f} {1e6 *
                 done
                 # The idle bridge of this version: its CPU and its backend's, per core.
                 url="postgres://postgres@127.0.0.1:$PORT/idle_$n"
-                "$BRIDGE" egress --database-url "$url" --name idle --sink jsonl:/dev/null 2>"$OUT/bridge.log" &
+                "$BRIDGE" egress --database-url "$url" --name idle --register --sink jsonl:/dev/null 2>"$OUT/bridge.log" &
                 bridge=$!
                 sleep 3
                 backend=$(sql "idle_$n" -At -c "SELECT pid FROM pg_stat_activity WHERE application_name = 'envelopes-bridge egress' LIMIT 1")
@@ -1060,7 +1060,7 @@ print(f'{100 * d0 / e:.0f} {100 * d1 / e:.0f} {1e6 * d0 / ($tps * e):.0f} {1e6 *
             -c "SELECT envelopes.consumer_register('h')"
         stream="BENCHH$$" prefix="benchh$$"
         url="postgres://postgres@127.0.0.1:$PORT/horizon"
-        "$BRIDGE" egress --database-url "$url" --name h --sink "$NATS_URL" \
+        "$BRIDGE" egress --database-url "$url" --name h --register --sink "$NATS_URL" \
             --nats-stream "$stream" --subject-prefix "$prefix" 2>"$OUT/bridge.log" &
         bridge=$!
         for run in $(seq "$RUNS"); do

@@ -92,7 +92,7 @@ url="postgres://postgres@127.0.0.1:$port/postgres"
 # forward OUT: runs the bridge to stdout (into OUT) until the consumer has nothing
 # left to acknowledge, then stops it.
 forward() {
-    "$bridge" egress --database-url "$url" --name demo --sink stdout >"$1" 2>>"$ENVELOPES_TMP/demo/bridge.log" &
+    "$bridge" egress --database-url "$url" --name demo --register --sink stdout >"$1" 2>>"$ENVELOPES_TMP/demo/bridge.log" &
     local bridge_pid=$! pending
     for _ in $(seq 100); do
         pending=$(sql -At -c "SELECT COALESCE(outbox_pending + envelopes_pending, -1) FROM envelopes.consumer_status WHERE consumer = 'demo'" 2>/dev/null || echo -1)

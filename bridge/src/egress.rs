@@ -38,7 +38,7 @@ use crate::db::{self, Db};
 use crate::lease::{self, Lease};
 use crate::message::{Envelope, Message, OutboxMessage};
 use crate::metrics::Metrics;
-use crate::retry::{self, Backoff, Class, DbFailure};
+use crate::retry::{self, Backoff, Class, DbFailure, Fatal};
 use crate::sink::{Sink, SinkError, SinkOptions, SinkSpec};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -60,29 +60,52 @@ pub struct EgressConfig {
     pub dead_letter_after: u32,
     /// Goes into outbox rows' dedup ids (`outbox:SCOPE:ID`), see `--outbox-scope`.
     pub outbox_scope: Option<String>,
+    /// Create the consumer if it does not exist (otherwise an unknown name ends
+    /// the bridge, exit 78).
+    pub register: bool,
+    /// Read the lag from the database every round (else every 5 seconds).
+    pub lag_every_round: bool,
 }
 
-/// Runs until `shutdown` turns true.
-pub async fn run(config: EgressConfig, metrics: Arc<Metrics>, mut shutdown: watch::Receiver<bool>) {
+/// How often the lag is read when not every round.
+const LAG_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Runs until `shutdown` turns true. Ends early, with the cause, when the
+/// configuration is refused before any round worked (see [`Class::Config`]).
+pub async fn run(
+    config: EgressConfig,
+    metrics: Arc<Metrics>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), Fatal> {
     let mut backoff = Backoff::new();
     let mut state = State::default();
     let mut progress = Progress::new();
-    'connect: while !*shutdown.borrow() {
+    'connect: while !crate::shutdown::is_requested(&shutdown) {
         let mut db = match connect(&config, &metrics, &mut shutdown).await {
             Ok(Some(db)) => db,
             Ok(None) => break, // shutdown while standing by
             Err(e) => {
                 metrics.active.set(0);
-                if failed(&metrics, &mut backoff, &mut shutdown, &e, "connecting").await {
-                    break;
+                match failed(
+                    &metrics,
+                    &mut backoff,
+                    &mut shutdown,
+                    &e,
+                    "connecting",
+                    &state,
+                )
+                .await
+                {
+                    Next::Retry => continue,
+                    Next::Stop => break,
+                    Next::Fatal(f) => return Err(f.for_consumer(&config, &e).await),
                 }
-                continue;
             }
         };
         tracing::info!(consumer = %config.name, sink = %config.sink, "egress connected");
-        let mut status_due = Instant::now();
+        let mut lag_due = Instant::now();
         loop {
-            if *shutdown.borrow() {
+            if crate::shutdown::is_requested(&shutdown) {
                 break 'connect;
             }
             // Drain: read and publish until both feeds come back empty.
@@ -90,24 +113,28 @@ pub async fn run(config: EgressConfig, metrics: Arc<Metrics>, mut shutdown: watc
                 Ok(rows) => {
                     // A whole round worked: the next failure starts backing off anew.
                     backoff.reset();
+                    state.worked = true;
+                    metrics.worked();
+                    if config.lag_every_round || lag_due <= Instant::now() {
+                        update_lag(&db, &config.name, &metrics).await;
+                        lag_due = Instant::now() + LAG_INTERVAL;
+                    }
                     if rows > 0 {
-                        progress.add(rows, rows as i32 >= config.batch_size);
+                        progress.add(rows, rows as i32 >= config.batch_size, &metrics);
                         continue;
                     }
                     progress.idle();
                 }
                 Err(Failure::Database(e, during)) => {
                     metrics.active.set(0);
-                    if failed(&metrics, &mut backoff, &mut shutdown, &e, &during).await {
-                        break 'connect;
+                    match failed(&metrics, &mut backoff, &mut shutdown, &e, &during, &state).await {
+                        Next::Retry => continue 'connect,
+                        Next::Stop => break 'connect,
+                        Next::Fatal(f) => return Err(f),
                     }
-                    continue 'connect;
                 }
+                Err(Failure::Fatal(f)) => return Err(f),
                 Err(Failure::Shutdown) => break 'connect,
-            }
-            if status_due <= Instant::now() {
-                update_lag(&db, &config.name, &metrics).await;
-                status_due = Instant::now() + Duration::from_secs(5);
             }
             // Sleep until the doorbell rings, the poll interval passes, or shutdown.
             tokio::select! {
@@ -120,37 +147,89 @@ pub async fn run(config: EgressConfig, metrics: Arc<Metrics>, mut shutdown: watc
                     while db.notifications.try_recv().is_ok() {}
                 }
                 _ = tokio::time::sleep(config.poll_interval) => {}
-                _ = shutdown.changed() => {}
+                _ = crate::shutdown::requested(&mut shutdown) => {}
             }
         }
     }
     tracing::info!("egress stopped");
+    Ok(())
+}
+
+/// What to do after a failure.
+enum Next {
+    Retry,
+    Stop,
+    Fatal(Fatal),
+}
+
+impl Fatal {
+    /// For an unknown consumer, names the ones that exist.
+    async fn for_consumer(mut self, config: &EgressConfig, error: &DbFailure) -> Fatal {
+        if error.sqlstate.as_deref() == Some("42704") && !config.register {
+            let known = match db::connect(&config.database_url, "envelopes-bridge egress").await {
+                Ok(db) => db
+                    .client
+                    .query(
+                        "SELECT consumer FROM envelopes.consumer_status ORDER BY 1",
+                        &[],
+                    )
+                    .await
+                    .map(|rows| {
+                        rows.iter()
+                            .map(|r| r.get::<_, String>(0))
+                            .collect::<Vec<_>>()
+                    })
+                    .unwrap_or_default(),
+                Err(_) => Vec::new(),
+            };
+            self.hint = format!(
+                "no consumer {:?}; existing consumers: {}. Check --name, or create it with \
+                 --register (from the beginning of every feed) or `envelopes-bridge register \
+                 NAME [--from-end]`",
+                config.name,
+                if known.is_empty() {
+                    "none".to_owned()
+                } else {
+                    known.join(", ")
+                }
+            );
+        }
+        self
+    }
 }
 
 /// Logs and counts a database failure and waits before the next attempt: with
-/// backoff when it is transient, at the longest backoff when it is permanent.
-/// Returns true if shutdown was requested meanwhile.
+/// backoff when it is transient, at the longest backoff when it is permanent. A
+/// configuration error before any round worked ends the bridge.
 async fn failed(
     metrics: &Metrics,
     backoff: &mut Backoff,
     shutdown: &mut watch::Receiver<bool>,
     error: &DbFailure,
     during: &str,
-) -> bool {
+    state: &State,
+) -> Next {
     metrics.error(error.class);
-    match error.class {
+    metrics.failed(format!("{during}: {error}"));
+    let stop = match error.class {
+        Class::Config if !state.worked => return Next::Fatal(Fatal::database(error)),
         Class::Transient => {
             tracing::warn!(sqlstate = error.code(), error = %error.message, during,
                            retry_in_ms = backoff.peek().as_millis() as u64,
                            "database error, reconnecting and retrying");
             backoff.wait(shutdown).await
         }
-        Class::Permanent => {
+        Class::Permanent | Class::Config => {
             tracing::error!(sqlstate = error.code(), error = %error.message, during,
                             "database refuses the bridge's statement; retrying at the longest \
                              backoff until it is fixed (nothing is skipped)");
             backoff.wait_longest(shutdown).await
         }
+    };
+    if stop {
+        Next::Stop
+    } else {
+        Next::Retry
     }
 }
 
@@ -162,9 +241,11 @@ async fn connect(
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<Option<Db>, DbFailure> {
     let db = db::connect(&config.database_url, "envelopes-bridge egress").await?;
-    db.client
-        .execute("SELECT envelopes.consumer_register($1)", &[&config.name])
-        .await?;
+    if config.register {
+        db.client
+            .execute("SELECT envelopes.consumer_register($1)", &[&config.name])
+            .await?;
+    }
     let lease = Lease::Egress {
         consumer: &config.name,
     };
@@ -185,13 +266,17 @@ fn quote_ident(name: &str) -> String {
 enum Failure {
     /// The failure, and what the bridge was doing (with the rows' ids when known).
     Database(DbFailure, String),
+    /// The bus refuses the bridge's configuration before any round worked.
+    Fatal(Fatal),
     Shutdown,
 }
 
-/// What the bridge keeps between batches: the sink connection.
+/// What the bridge keeps between batches: the sink connection, and whether a
+/// round ever worked (configuration errors end the bridge only before that).
 #[derive(Default)]
 struct State {
     sink: Option<Sink>,
+    worked: bool,
 }
 
 /// A row as read, with the position to acknowledge once it is delivered.
@@ -397,10 +482,25 @@ async fn deliver(
         if state.sink.is_none() {
             match Sink::connect(&config.sink, &config.sink_options).await {
                 Ok(s) => state.sink = Some(s),
+                Err(e @ SinkError::Config { .. }) if !state.worked => {
+                    return Err(Failure::Fatal(Fatal {
+                        message: e.to_string(),
+                        hint: "check the sink's URL, credentials and virtual host".into(),
+                    }));
+                }
                 Err(e) => {
                     metrics.retried.inc();
-                    tracing::warn!(error = %e, sink = %config.sink, "bus unavailable, retrying");
-                    if backoff.wait(shutdown).await {
+                    metrics.failed(format!("connecting to the bus: {e}"));
+                    let stop = if matches!(e, SinkError::Config { .. }) {
+                        tracing::error!(error = %e, sink = %config.sink,
+                                        "the bus refuses the bridge's configuration; retrying at \
+                                         the longest backoff until it is fixed");
+                        backoff.wait_longest(shutdown).await
+                    } else {
+                        tracing::warn!(error = %e, sink = %config.sink, "bus unavailable, retrying");
+                        backoff.wait(shutdown).await
+                    };
+                    if stop {
                         return Err(Failure::Shutdown);
                     }
                     continue;
@@ -431,6 +531,7 @@ async fn deliver(
                 },
             ) => {
                 metrics.retried.inc();
+                metrics.failed(format!("publishing: {e}"));
                 let (first_id, last_id) = (part[0].dedup_id(), part[part.len() - 1].dedup_id());
                 state.sink = None;
                 let stop = if permanent {
@@ -458,6 +559,17 @@ async fn deliver(
                                first_id = %part[0].dedup_id(),
                                "the bus refuses the request as too large; publishing it in halves");
             }
+            Err(e @ SinkError::Config { .. }) => {
+                // A sink that could connect but is then refused (it cannot be
+                // told from an outage this late): retried at the longest backoff.
+                metrics.retried.inc();
+                metrics.failed(format!("publishing: {e}"));
+                tracing::error!(error = %e, "the bus refuses the bridge; retrying at the longest backoff");
+                state.sink = None;
+                if backoff.wait_longest(shutdown).await {
+                    return Err(Failure::Shutdown);
+                }
+            }
             Err(refusal @ (SinkError::Refused { .. } | SinkError::TooLarge { .. })) => {
                 let (index, code, reason) = match refusal {
                     SinkError::Refused {
@@ -467,7 +579,9 @@ async fn deliver(
                         ..
                     } => (start + index.min(part.len() - 1), code, reason),
                     SinkError::TooLarge { code, reason, .. } => (start, code, reason),
-                    SinkError::Unavailable { .. } => unreachable!("matched above"),
+                    SinkError::Unavailable { .. } | SinkError::Config { .. } => {
+                        unreachable!("matched above")
+                    }
                 };
                 metrics.published(&batch[start..index]);
                 // The bus took what came before the refused message: progress.
@@ -477,8 +591,12 @@ async fn deliver(
                 if index < prior.len() {
                     refused_again.push(index);
                 }
+                // The window stays as it is: after a refusal found by halving
+                // (413), the rows after it go in windows of that size again,
+                // doubling while the bus takes them, instead of starting over
+                // from the whole batch (which re-sent, or re-encoded, all of it
+                // once per refused row).
                 start = index + 1;
-                window = batch.len().max(1);
             }
         }
     }
@@ -693,7 +811,7 @@ impl Progress {
         }
     }
 
-    fn add(&mut self, rows: usize, full_batch: bool) {
+    fn add(&mut self, rows: usize, full_batch: bool, metrics: &Metrics) {
         self.rows += rows;
         if full_batch && !self.catching_up {
             self.catching_up = true;
@@ -703,9 +821,17 @@ impl Progress {
         }
         if self.catching_up && self.since.elapsed() >= Duration::from_secs(5) {
             let rate = self.rows as f64 / self.since.elapsed().as_secs_f64();
+            let remaining = metrics.lag_rows.get().max(0);
+            let eta_seconds = if rate > 0.0 {
+                (remaining as f64 / rate).round() as u64
+            } else {
+                0
+            };
             tracing::info!(
                 rows = self.rows,
                 rows_per_second = rate as u64,
+                remaining,
+                eta_seconds,
                 "catching up"
             );
             self.since = Instant::now();

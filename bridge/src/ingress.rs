@@ -35,7 +35,7 @@ use crate::lease::{self, Lease};
 use crate::message::Envelope;
 use crate::metrics::Metrics;
 use crate::nats::NatsAuth;
-use crate::retry::{Backoff, Class, DbFailure};
+use crate::retry::{Backoff, Class, DbFailure, Fatal};
 use async_nats::jetstream::{self, consumer::pull, consumer::AckPolicy, consumer::DeliverPolicy};
 use futures_util::StreamExt;
 use std::sync::Arc;
@@ -60,17 +60,46 @@ enum Failure {
     /// A permanent database error outside the envelopes themselves (e.g. the
     /// position function after a revoke): retry at the longest backoff.
     Permanent(DbFailure),
+    /// A configuration the database refuses (see [`Class::Config`]).
+    Config(DbFailure),
+    /// The bus refuses the bridge's credentials.
+    BusConfig(String),
 }
 
+/// Runs until `shutdown` turns true. Ends early, with the cause, when the
+/// configuration is refused before any batch went through.
 pub async fn run(
     config: IngressConfig,
     metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
-) {
+) -> Result<(), Fatal> {
     let mut backoff = Backoff::new();
-    while !*shutdown.borrow() {
-        match session(&config, &metrics, &mut shutdown, &mut backoff).await {
+    let mut worked = false;
+    while !crate::shutdown::is_requested(&shutdown) {
+        let result = session(&config, &metrics, &mut shutdown, &mut backoff, &mut worked).await;
+        if let Err(Failure::Retry(why) | Failure::Permanent(DbFailure { message: why, .. })) =
+            &result
+        {
+            metrics.failed(why);
+        }
+        match result {
             Ok(()) => break,
+            Err(Failure::Config(e)) if !worked => return Err(Fatal::database(&e)),
+            Err(Failure::BusConfig(why)) if !worked => {
+                return Err(Fatal {
+                    message: why,
+                    hint: "check the NATS credentials (--nats-user/--nats-password, --nats-token, \
+                           --nats-creds)"
+                        .into(),
+                })
+            }
+            Err(Failure::BusConfig(why)) => {
+                metrics.error(Class::Permanent);
+                tracing::error!(error = %why, "NATS refuses the ingress; retrying at the longest backoff");
+                if backoff.wait_longest(&mut shutdown).await {
+                    break;
+                }
+            }
             Err(Failure::Retry(why)) => {
                 metrics.error(Class::Transient);
                 tracing::warn!(error = %why, retry_in_ms = backoff.peek().as_millis() as u64,
@@ -79,7 +108,7 @@ pub async fn run(
                     break;
                 }
             }
-            Err(Failure::Permanent(e)) => {
+            Err(Failure::Permanent(e) | Failure::Config(e)) => {
                 metrics.error(Class::Permanent);
                 tracing::error!(sqlstate = e.code(), error = %e.message,
                                 "database refuses the ingress; retrying at the longest backoff");
@@ -90,6 +119,7 @@ pub async fn run(
         }
     }
     tracing::info!("ingress stopped");
+    Ok(())
 }
 
 /// One connected session: runs until shutdown (Ok) or a failure to retry.
@@ -98,6 +128,7 @@ async fn session(
     metrics: &Metrics,
     shutdown: &mut watch::Receiver<bool>,
     backoff: &mut Backoff,
+    worked: &mut bool,
 ) -> Result<(), Failure> {
     let retry = |e: &dyn std::fmt::Display| Failure::Retry(e.to_string());
     let mut db = db::connect(&config.database_url, "envelopes-bridge ingress")
@@ -116,7 +147,13 @@ async fn session(
     }
     let client = crate::nats::connect(&config.source, &config.nats_auth)
         .await
-        .map_err(|e| retry(&e))?;
+        .map_err(|e| {
+            if e.refused {
+                Failure::BusConfig(e.message)
+            } else {
+                retry(&e)
+            }
+        })?;
     let js = jetstream::new(client.clone());
     let stream = js.get_stream(&config.stream).await.map_err(|e| retry(&e))?;
 
@@ -148,7 +185,7 @@ async fn session(
     tracing::info!(consumer = %config.name, stream = %config.stream, position, "ingress connected");
 
     loop {
-        if *shutdown.borrow() {
+        if crate::shutdown::is_requested(shutdown) {
             return Ok(());
         }
         let mut batch = consumer
@@ -164,6 +201,8 @@ async fn session(
         }
         if messages.is_empty() {
             backoff.reset(); // a whole round worked
+            *worked = true;
+            metrics.worked();
             continue;
         }
         let mut good = Vec::with_capacity(messages.len());
@@ -229,6 +268,8 @@ async fn session(
             Err(e) => return Err(database(e)),
         };
         metrics.ingested.inc_by(stored as u64);
+        *worked = true;
+        metrics.worked();
         crash::reached("after_commit");
         // The position is committed: now the bus may forget the batch's messages
         // (each its own ack: a consumer another instance may have shared before
@@ -244,6 +285,7 @@ fn database(e: DbFailure) -> Failure {
     match e.class {
         Class::Transient => Failure::Retry(e.to_string()),
         Class::Permanent => Failure::Permanent(e),
+        Class::Config => Failure::Config(e),
     }
 }
 

@@ -83,11 +83,7 @@ pub async fn acquire(
             tracing::info!(lease = %lease.describe(), holder_backend_pid = holder.unwrap_or(0),
                            "another instance is active under this name: standing by until it stops");
         }
-        tokio::select! {
-            _ = tokio::time::sleep(STANDBY_POLL) => {}
-            _ = shutdown.changed() => {}
-        }
-        if *shutdown.borrow() {
+        if crate::shutdown::sleep(STANDBY_POLL, shutdown).await {
             return Ok(false);
         }
     }

@@ -59,6 +59,8 @@ pub enum DecodeError {
     SequenceBelowFirst(i64),
     #[error("expected an envelope, got an outbox message")]
     NotAnEnvelope,
+    #[error("not a JSON envelope as egress writes it (--format json): {0}")]
+    Json(String),
 }
 
 impl Message {
@@ -134,7 +136,14 @@ impl Envelope {
     /// reject anyway, so a bad message is dead-lettered with a reason instead of
     /// failing a whole batch.
     pub fn from_bus(bytes: &[u8]) -> Result<Envelope, DecodeError> {
-        match Message::from_cbor(bytes)? {
+        // A CBOR map never starts with '{' (0x7b is a text string's head of 27
+        // bytes), a JSON object always does.
+        let message = if bytes.first() == Some(&b'{') {
+            Envelope::from_json(bytes).map(Message::Envelope)?
+        } else {
+            Message::from_cbor(bytes)?
+        };
+        match message {
             Message::Envelope(e) if e.originator_node_id < 0 => {
                 Err(DecodeError::NegativeNode(e.originator_node_id))
             }
@@ -145,6 +154,49 @@ impl Envelope {
             Message::Outbox(_) => Err(DecodeError::NotAnEnvelope),
         }
     }
+}
+
+/// An envelope as the JSON sinks and `--format json` write it (bytes in hex).
+#[derive(Deserialize)]
+struct JsonEnvelope {
+    kind: String,
+    originator_node_id: i32,
+    originator_sequence_id: i64,
+    gateway_time_us: i64,
+    topic: String,
+    payer_id: Option<i32>,
+    expiry: Option<i64>,
+    originator_envelope: String,
+}
+
+impl Envelope {
+    fn from_json(bytes: &[u8]) -> Result<Envelope, DecodeError> {
+        let j: JsonEnvelope =
+            serde_json::from_slice(bytes).map_err(|e| DecodeError::Json(e.to_string()))?;
+        if j.kind != "envelope" {
+            return Err(DecodeError::NotAnEnvelope);
+        }
+        let hex = |field: &str, text: &str| {
+            hex::decode(text).map_err(|e| DecodeError::Json(format!("{field}: {e}")))
+        };
+        Ok(Envelope {
+            originator_node_id: j.originator_node_id,
+            originator_sequence_id: j.originator_sequence_id,
+            gateway_time_us: j.gateway_time_us,
+            topic: hex("topic", &j.topic)?,
+            payer_id: j.payer_id,
+            expiry: j.expiry,
+            originator_envelope: hex("originator_envelope", &j.originator_envelope)?,
+        })
+    }
+}
+
+/// A message with its dedup id beside its fields: the webhook's CBOR elements.
+#[derive(Serialize)]
+pub struct WithId<'a> {
+    pub id: String,
+    #[serde(flatten)]
+    pub message: &'a Message,
 }
 
 #[cfg(test)]
@@ -183,6 +235,56 @@ mod tests {
         );
         let scoped = outbox(Some("shard1"));
         assert_eq!(Message::from_cbor(&scoped.to_cbor()), Ok(scoped));
+    }
+
+    #[test]
+    fn json_envelopes_decode_as_cbor_ones_do() {
+        let m = envelope();
+        let Message::Envelope(e) = &m else {
+            unreachable!()
+        };
+        assert_eq!(
+            Envelope::from_bus(m.to_json_line().as_bytes()).as_ref(),
+            Ok(e)
+        );
+        assert!(matches!(
+            Envelope::from_bus(b"{\"kind\": \"envelope\"}"),
+            Err(DecodeError::Json(_))
+        ));
+    }
+
+    #[test]
+    fn webhook_cbor_elements_carry_the_id() {
+        let m = envelope();
+        let mut out = Vec::new();
+        ciborium::into_writer(
+            &WithId {
+                id: m.dedup_id(),
+                message: &m,
+            },
+            &mut out,
+        )
+        .unwrap();
+        let value: ciborium::Value = ciborium::from_reader(&out[..]).unwrap();
+        let map = value.as_map().unwrap();
+        let get = |k: &str| {
+            map.iter()
+                .find(|(key, _)| key.as_text() == Some(k))
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(
+            get("id")
+                .and_then(|v| v.as_text().map(str::to_owned))
+                .as_deref(),
+            Some("7:42")
+        );
+        assert_eq!(
+            get("kind")
+                .and_then(|v| v.as_text().map(str::to_owned))
+                .as_deref(),
+            Some("envelope")
+        );
+        assert!(get("originator_envelope").is_some());
     }
 
     #[test]

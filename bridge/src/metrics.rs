@@ -1,4 +1,8 @@
-//! Prometheus metrics, served as text on `--metrics-addr` (any path).
+//! Prometheus metrics on `--metrics-addr` (`/metrics`, and any other path but
+//! these two), with a liveness probe (`/healthz`: 200 while the process runs)
+//! and a readiness probe (`/readyz`: 200 while this instance is the active one
+//! and its last round that worked is at most `--ready-after` seconds old, 503
+//! with a JSON reason otherwise).
 
 use crate::message::Message;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -8,8 +12,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -30,10 +35,22 @@ pub struct Metrics {
     dead_lettered: Family<KindLabel, Counter>,
     refused: Family<KindLabel, Counter>,
     errors: Family<KindLabel, Counter>,
+    /// When a round last worked (ms since the epoch; 0: never).
+    last_worked_ms: AtomicU64,
+    /// What went wrong last, for /readyz.
+    last_failure: Mutex<String>,
+    ready_after: Duration,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 impl Metrics {
-    pub fn new() -> Metrics {
+    pub fn new(ready_after_secs: u64) -> Metrics {
         let mut registry = Registry::with_prefix("envelopes_bridge");
         let published = Family::<KindLabel, Counter>::default();
         let retried = Counter::default();
@@ -108,7 +125,51 @@ impl Metrics {
             dead_lettered,
             refused,
             errors,
+            last_worked_ms: AtomicU64::new(0),
+            last_failure: Mutex::new(String::new()),
+            ready_after: Duration::from_secs(ready_after_secs),
         }
+    }
+
+    /// A round worked (a read, publish and acknowledgement, or an idle read).
+    pub fn worked(&self) {
+        self.last_worked_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    /// Something failed; /readyz says so until a round works again.
+    pub fn failed(&self, what: impl ToString) {
+        if let Ok(mut last) = self.last_failure.lock() {
+            *last = what.to_string();
+        }
+    }
+
+    /// Whether this instance is ready, and why not.
+    pub fn readiness(&self) -> Result<(), String> {
+        if self.active.get() == 0 {
+            return Err(
+                "not active: connecting, or standing by while another instance \
+                        holds this name's lease"
+                    .into(),
+            );
+        }
+        let last = self.last_worked_ms.load(Ordering::Relaxed);
+        let failure = self
+            .last_failure
+            .lock()
+            .map(|f| f.clone())
+            .unwrap_or_default();
+        if last == 0 {
+            return Err(format!("no round has worked yet; last failure: {failure}"));
+        }
+        let age = Duration::from_millis(now_ms().saturating_sub(last));
+        if age > self.ready_after {
+            return Err(format!(
+                "the last round that worked was {} s ago (more than {} s); last failure: {failure}",
+                age.as_secs(),
+                self.ready_after.as_secs()
+            ));
+        }
+        Ok(())
     }
 
     /// Counts a row (`"envelope"` or `"outbox"`) set aside.
@@ -158,10 +219,37 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<(
             let metrics = metrics.clone();
             tokio::spawn(async move {
                 let mut request = [0u8; 1024];
-                let _ = stream.read(&mut request).await;
-                let body = metrics.render();
+                let n = stream.read(&mut request).await.unwrap_or(0);
+                let path = String::from_utf8_lossy(&request[..n])
+                    .split_whitespace()
+                    .nth(1)
+                    .unwrap_or("/")
+                    .to_owned();
+                let (status, content_type, body) = match path.as_str() {
+                    "/healthz" => ("200 OK", "text/plain", "ok\n".to_owned()),
+                    "/readyz" => match metrics.readiness() {
+                        Ok(()) => (
+                            "200 OK",
+                            "application/json",
+                            "{\"ready\":true}\n".to_owned(),
+                        ),
+                        Err(reason) => (
+                            "503 Service Unavailable",
+                            "application/json",
+                            format!(
+                                "{}\n",
+                                serde_json::json!({"ready": false, "reason": reason})
+                            ),
+                        ),
+                    },
+                    _ => (
+                        "200 OK",
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        metrics.render(),
+                    ),
+                };
                 let response = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                     body.len()
                 );
                 let _ = stream.write_all(response.as_bytes()).await;

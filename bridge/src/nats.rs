@@ -74,8 +74,27 @@ impl Violations {
 /// may list several servers of one cluster, comma-separated: the client starts
 /// with any that answers and fails over among them (and the ones the cluster
 /// announces).
-pub async fn connect(url: &str, auth: &NatsAuth) -> Result<async_nats::Client, String> {
+pub async fn connect(url: &str, auth: &NatsAuth) -> Result<async_nats::Client, ConnectFailure> {
     connect_watching(url, auth, None).await
+}
+
+/// Why a connection to NATS failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct ConnectFailure {
+    /// The server refused the bridge's credentials (authorization violation,
+    /// authentication failed): waiting does not help.
+    pub refused: bool,
+    pub message: String,
+}
+
+impl ConnectFailure {
+    fn other(message: String) -> ConnectFailure {
+        ConnectFailure {
+            refused: false,
+            message,
+        }
+    }
 }
 
 /// The same, recording the subjects the server refuses publishes to.
@@ -83,12 +102,14 @@ pub async fn connect_watching(
     url: &str,
     auth: &NatsAuth,
     violations: Option<std::sync::Arc<Violations>>,
-) -> Result<async_nats::Client, String> {
+) -> Result<async_nats::Client, ConnectFailure> {
     let servers = url
         .split(',')
         .map(|u| u.trim().parse::<async_nats::ServerAddr>())
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("server address {}: {e}", crate::redact::url(url)))?;
+        .map_err(|e| {
+            ConnectFailure::other(format!("server address {}: {e}", crate::redact::url(url)))
+        })?;
     let mut options = async_nats::ConnectOptions::new()
         .connection_timeout(Duration::from_secs(5))
         .request_timeout(Some(Duration::from_secs(10)))
@@ -112,15 +133,27 @@ pub async fn connect_watching(
             options.user_and_password(user.clone(), password.clone())
         }
         NatsAuth::Token(token) => options.token(token.clone()),
-        NatsAuth::CredsFile(path) => options
-            .credentials_file(path)
-            .await
-            .map_err(|e| format!("credentials: {e}"))?,
+        NatsAuth::CredsFile(path) => {
+            options
+                .credentials_file(path)
+                .await
+                .map_err(|e| ConnectFailure {
+                    refused: true,
+                    message: format!("credentials file: {e}"),
+                })?
+        }
     };
     options
         .connect(servers.as_slice())
         .await
-        .map_err(|e| format!("connect {}: {e}", crate::redact::url(url)))
+        .map_err(|e| ConnectFailure {
+            refused: matches!(
+                e.kind(),
+                async_nats::ConnectErrorKind::AuthorizationViolation
+                    | async_nats::ConnectErrorKind::Authentication
+            ),
+            message: format!("connect {}: {e}", crate::redact::url(url)),
+        })
 }
 
 #[cfg(test)]

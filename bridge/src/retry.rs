@@ -66,7 +66,7 @@ impl Backoff {
     pub async fn wait(&mut self, shutdown: &mut watch::Receiver<bool>) -> bool {
         let delay = self.peek();
         self.next = (delay * 2).min(LONGEST_DELAY);
-        sleep_or_shutdown(jittered(delay), shutdown).await
+        crate::shutdown::sleep(jittered(delay), shutdown).await
     }
 
     /// Sleeps for the next delay, or for `floor` if that is longer (a bus's own
@@ -78,22 +78,14 @@ impl Backoff {
     ) -> bool {
         let delay = jittered(self.peek()).max(floor);
         self.next = (self.peek() * 2).min(LONGEST_DELAY);
-        sleep_or_shutdown(delay, shutdown).await
+        crate::shutdown::sleep(delay, shutdown).await
     }
 
     /// Sleeps the longest delay (and stays there); for permanent errors.
     pub async fn wait_longest(&mut self, shutdown: &mut watch::Receiver<bool>) -> bool {
         self.next = LONGEST_DELAY;
-        sleep_or_shutdown(jittered(LONGEST_DELAY), shutdown).await
+        crate::shutdown::sleep(jittered(LONGEST_DELAY), shutdown).await
     }
-}
-
-async fn sleep_or_shutdown(delay: Duration, shutdown: &mut watch::Receiver<bool>) -> bool {
-    tokio::select! {
-        _ = tokio::time::sleep(delay) => {}
-        _ = shutdown.changed() => {}
-    }
-    *shutdown.borrow()
 }
 
 /// Whether an error is worth retrying as it is.
@@ -101,11 +93,21 @@ async fn sleep_or_shutdown(delay: Duration, shutdown: &mut watch::Receiver<bool>
 pub enum Class {
     Transient,
     Permanent,
+    /// The configuration is refused: a wrong password or role, a missing
+    /// database, extension or consumer. Before the bridge ever worked this ends
+    /// it (exit 78); afterwards it is retried like a permanent error (the
+    /// database may be restarting, or being restored).
+    Config,
 }
 
 impl Class {
     /// The class of a SQLSTATE (five characters; `None` when there is none).
     pub fn of_sqlstate(code: Option<&str>) -> Class {
+        match code {
+            Some("3D000" | "3F000" | "42883" | "42704") => return Class::Config,
+            Some(c) if c.starts_with("28") => return Class::Config,
+            _ => {}
+        }
         match code.map(|c| c.get(..2).unwrap_or(c)) {
             Some("22") | Some("23") | Some("42") => Class::Permanent,
             _ => Class::Transient,
@@ -115,7 +117,37 @@ impl Class {
     pub fn label(self) -> &'static str {
         match self {
             Class::Transient => "transient",
-            Class::Permanent => "permanent",
+            Class::Permanent | Class::Config => "permanent",
+        }
+    }
+}
+
+/// A configuration the servers refuse, found before the bridge ever worked:
+/// the process ends (exit 78) with the cause and what to do about it.
+#[derive(Debug)]
+pub struct Fatal {
+    pub message: String,
+    pub hint: String,
+}
+
+impl Fatal {
+    /// For a database failure of class [`Class::Config`].
+    pub fn database(error: &DbFailure) -> Fatal {
+        let hint = match error.sqlstate.as_deref() {
+            Some("28P01") => "check the password in --database-url",
+            Some(c) if c.starts_with("28") => {
+                "check the role in --database-url: it must exist and be allowed to log in                  (pg_hba.conf)"
+            }
+            Some("3D000") => "check the database name in --database-url",
+            Some("3F000" | "42883") => {
+                "install the extension in that database (CREATE EXTENSION pg_envelopes) or                  update it (ALTER EXTENSION pg_envelopes UPDATE), and grant the bridge's role                  its functions (envelopes.grant_consumer / grant_writer)"
+            }
+            Some("42704") => "check --name, or create the consumer (see --register)",
+            _ => "fix the configuration",
+        };
+        Fatal {
+            message: error.to_string(),
+            hint: hint.to_owned(),
         }
     }
 }
@@ -199,8 +231,11 @@ mod tests {
         ] {
             assert_eq!(Class::of_sqlstate(Some(code)), Class::Transient, "{code}");
         }
-        for code in ["22001", "22003", "23505", "42501", "42P01", "42704"] {
+        for code in ["22001", "22003", "23505", "42501", "42P01"] {
             assert_eq!(Class::of_sqlstate(Some(code)), Class::Permanent, "{code}");
+        }
+        for code in ["28P01", "28000", "3D000", "3F000", "42883", "42704"] {
+            assert_eq!(Class::of_sqlstate(Some(code)), Class::Config, "{code}");
         }
         assert_eq!(Class::of_sqlstate(None), Class::Transient);
     }

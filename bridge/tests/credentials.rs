@@ -103,13 +103,13 @@ fn postgres_with_a_password_over_tls() {
     bridge.terminate();
     assert_no_secret(&bridge, &secret);
 
-    // Without TLS the server refuses the role; the bridge retries, still quietly.
+    // Without TLS the server refuses the role: a configuration error before the
+    // bridge ever worked, so it ends (78) saying why, still quietly.
     let url = format!("postgres://envelopes_tls:{secret}@{rest}?sslmode=disable");
     let mut bridge = Bridge::egress_with_url(&url, "tls", "stdout", &[], &[]);
-    std::thread::sleep(Duration::from_millis(1500));
-    bridge.terminate();
+    assert_eq!(bridge.exit_code_within(Duration::from_secs(10)), Some(78));
     assert!(
-        bridge.log_text().contains("retrying"),
+        bridge.log_text().contains("SQLSTATE 28"),
         "{}",
         bridge.log_text()
     );
@@ -164,15 +164,15 @@ fn nats_with_user_and_password() {
     bridge.terminate();
     assert_no_secret(&bridge, &secret);
 
-    // A wrong password: refused, retried, and neither password is logged.
+    // A wrong password: refused before the bridge ever worked, so it ends (78)
+    // saying why; nothing counts as delivered and neither password is logged.
     seed_more(&db, 4);
     let wrong = format!("{secret}x");
     let mut bridge = egress(&wrong);
-    std::thread::sleep(Duration::from_millis(1500));
-    bridge.terminate();
+    assert_eq!(bridge.exit_code_within(Duration::from_secs(10)), Some(78));
     assert!(lag(&db, "natsauth") > 0);
     assert!(
-        bridge.log_text().contains("retrying"),
+        bridge.log_text().contains("authorization violation"),
         "{}",
         bridge.log_text()
     );

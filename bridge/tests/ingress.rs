@@ -122,6 +122,8 @@ impl Setup {
             &self.stream,
             "--dead-letter-subject",
             &self.dead_letters,
+            "--subject-prefix",
+            &self.prefix,
             "--batch-size",
             "25",
         ]);

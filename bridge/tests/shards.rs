@@ -11,7 +11,6 @@ mod common;
 
 use common::*;
 use std::collections::BTreeMap;
-use std::process::Child;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -154,7 +153,7 @@ impl Drop for Store {
 struct NatsCluster {
     ports: Vec<u16>,
     routes: Vec<u16>,
-    nodes: Vec<Option<Child>>,
+    nodes: Vec<Option<Killed>>,
     dir: std::path::PathBuf,
 }
 

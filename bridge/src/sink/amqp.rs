@@ -34,6 +34,7 @@ pub struct Amqp {
     url: String,
     exchange: ShortString,
     prefix: String,
+    format: super::PayloadFormat,
     session: Option<Session>,
     /// The broker's `max_message_size`, once a refusal named it.
     max_message_size: Option<usize>,
@@ -46,6 +47,26 @@ static SMALL_FRAMES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBo
 
 /// The smallest `frame_max` the protocol allows a broker to announce.
 const PROTOCOL_MIN_FRAME: u32 = 4096;
+
+/// A failed connection: the broker refusing the login (403 ACCESS_REFUSED) or
+/// the virtual host (530 NOT_ALLOWED, e.g. `amqp://host:5672/` with its
+/// trailing slash names the empty vhost) is the bridge's configuration; anything
+/// else an outage.
+fn connect_error(e: lapin::Error) -> SinkError {
+    if let lapin::ErrorKind::ProtocolError(amqp) = e.kind() {
+        if matches!(amqp.get_id(), 403 | 530) {
+            return SinkError::Config {
+                sink: SINK,
+                message: format!(
+                    "{} (check the user, password and virtual host in the URL: \
+                     amqp://user:pass@host:port/%2f is the default vhost \"/\")",
+                    amqp.get_message().as_str()
+                ),
+            };
+        }
+    }
+    SinkError::new(SINK, e)
+}
 
 /// Why an attempt at a batch ended early.
 enum Failed {
@@ -92,6 +113,7 @@ impl Amqp {
             url: url.to_owned(),
             exchange,
             prefix: options.subject_prefix.clone(),
+            format: options.format,
             session: None,
             max_message_size: None,
         };
@@ -121,7 +143,7 @@ impl Amqp {
                         uri.query.frame_max = Some(PROTOCOL_MIN_FRAME);
                         let c = Connection::connect_uri(uri, ConnectionProperties::default())
                             .await
-                            .map_err(|_| error(e))?;
+                            .map_err(|_| connect_error(e))?;
                         tracing::info!(
                             "the broker took the protocol's smallest frame size \
                              ({PROTOCOL_MIN_FRAME}) where lapin's own negotiation failed"
@@ -129,7 +151,7 @@ impl Amqp {
                         SMALL_FRAMES.store(true, std::sync::atomic::Ordering::Relaxed);
                         c
                     }
-                    Err(e) => return Err(error(e)),
+                    Err(e) => return Err(connect_error(e)),
                 };
             let channel = connection.create_channel().await.map_err(error)?;
             channel
@@ -217,7 +239,7 @@ impl Amqp {
         for (index, message) in batch.iter().enumerate() {
             let id = message.dedup_id();
             let key = subject(&prefix, '.', message);
-            let payload = message.to_cbor();
+            let payload = self.format.encode(message);
             let refusal = if key.len() > 255 {
                 Some((
                     "ROUTING_KEY_TOO_LONG",
@@ -255,6 +277,7 @@ impl Amqp {
             };
             prepared.push((message, key, id, payload));
         }
+        let content_type = self.format.content_type();
         let session = self.session().await?;
         let error = |e: lapin::Error| SinkError::new(SINK, e);
         // Every message of the batch is handed to the connection before any is
@@ -266,7 +289,7 @@ impl Amqp {
             let properties = BasicProperties::default()
                 .with_delivery_mode(2)
                 .with_message_id(id.clone())
-                .with_content_type("application/cbor".into())
+                .with_content_type(content_type.into())
                 .with_type(message.kind().into());
             session.channel.basic_publish(
                 exchange.clone(),

@@ -140,6 +140,33 @@ impl FromStr for SinkSpec {
     }
 }
 
+/// How messages are encoded on the byte-oriented buses (NATS, Redis, MQTT,
+/// RabbitMQ).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PayloadFormat {
+    /// CBOR through serde (the default; what ingress reads).
+    Cbor,
+    /// The JSON object the JSONL sink writes (with `"id"`, bytes in hex), for
+    /// people and tools that read text.
+    Json,
+}
+
+impl PayloadFormat {
+    pub fn encode(self, message: &Message) -> Vec<u8> {
+        match self {
+            PayloadFormat::Cbor => message.to_cbor(),
+            PayloadFormat::Json => message.to_json_line().into_bytes(),
+        }
+    }
+
+    pub fn content_type(self) -> &'static str {
+        match self {
+            PayloadFormat::Cbor => "application/cbor",
+            PayloadFormat::Json => "application/json",
+        }
+    }
+}
+
 /// Settings shared by the bus sinks.
 #[derive(Clone, Debug)]
 pub struct SinkOptions {
@@ -157,6 +184,8 @@ pub struct SinkOptions {
     /// The HMAC-SHA256 key of the webhook's signature header, if any.
     pub webhook_secret: Option<String>,
     pub webhook_timeout: std::time::Duration,
+    /// Encoding of the messages on the byte-oriented buses.
+    pub format: PayloadFormat,
 }
 
 /// A failed publish.
@@ -183,6 +212,11 @@ pub enum SinkError {
         code: String,
         reason: String,
     },
+    /// The bus refuses the bridge itself: its credentials, its virtual host, its
+    /// URL. Before the bridge ever worked this ends it (exit 78); afterwards it
+    /// is retried at the longest backoff.
+    #[error("{sink}: {message}")]
+    Config { sink: &'static str, message: String },
     /// The bus refuses the batch as a whole as too large (an HTTP 413), without
     /// saying which message: nothing of it counts. The caller publishes it again
     /// in halves, down to single messages; a single message refused this way is
@@ -310,8 +344,6 @@ pub fn subject(prefix: &str, sep: char, message: &Message) -> String {
         Message::Outbox(o) => format!("{prefix}{sep}outbox{sep}{}", o.subject),
     }
 }
-
-pub use crate::nats::NatsAuth;
 
 /// Why a NATS server would refuse this subject in a publish: an empty token, a
 /// wildcard, whitespace (the extension refuses such outbox subjects since 0.3.0;

@@ -45,6 +45,7 @@ pub struct Mqtt {
     password: Option<String>,
     client_id: String,
     prefix: String,
+    format: super::PayloadFormat,
     session: Option<Session>,
     /// The smallest payload the broker refused as too large (0x95): larger ones
     /// are refused before sending (each 0x95 costs the connection). Learned anew
@@ -201,6 +202,7 @@ impl Mqtt {
             password,
             client_id: options.mqtt_client_id.clone(),
             prefix: options.subject_prefix.clone(),
+            format: options.format,
             session: None,
             refused_size: None,
         };
@@ -281,7 +283,7 @@ impl Mqtt {
         let mut sent = 0usize;
         for (index, message) in batch.iter().enumerate() {
             let topic = subject(&prefix, '/', message);
-            let payload = message.to_cbor();
+            let payload = self.format.encode(message);
             let id = message.dedup_id();
             if let Some(problem) = mqtt_topic_problem(&topic) {
                 local = Some(SinkError::refused(
@@ -320,6 +322,7 @@ impl Mqtt {
             sizes.push(payload.len());
             let properties = PublishProperties {
                 user_properties: vec![("id".into(), id.clone())],
+                content_type: Some(self.format.content_type().into()),
                 ..Default::default()
             };
             if let Ok(mut order) = session.order.lock() {

@@ -18,6 +18,7 @@ pub struct Nats {
     client: async_nats::Client,
     jetstream: jetstream::Context,
     prefix: String,
+    format: super::PayloadFormat,
     violations: Arc<crate::nats::Violations>,
 }
 
@@ -30,7 +31,16 @@ impl Nats {
         let client =
             crate::nats::connect_watching(url, &options.nats_auth, Some(violations.clone()))
                 .await
-                .map_err(|e| SinkError::new("nats", e))?;
+                .map_err(|e| {
+                    if e.refused {
+                        SinkError::Config {
+                            sink: "nats",
+                            message: e.message,
+                        }
+                    } else {
+                        SinkError::new("nats", e)
+                    }
+                })?;
         let jetstream = jetstream::new(client.clone());
         jetstream
             .get_or_create_stream(jetstream::stream::Config {
@@ -45,6 +55,7 @@ impl Nats {
             client,
             jetstream,
             prefix: options.subject_prefix.clone(),
+            format: options.format,
             violations,
         })
     }
@@ -78,7 +89,7 @@ impl Nats {
         let mut refused = None;
         for (index, message) in batch.iter().enumerate() {
             let subject = subject(&self.prefix, '.', message);
-            let payload = message.to_cbor();
+            let payload = self.format.encode(message);
             let id = message.dedup_id();
             if let Some((code, reason)) = self.refusal(&subject, &payload, &id) {
                 refused = Some(SinkError::refused(

@@ -26,6 +26,7 @@ const DEFAULT_MAX_BULK: usize = 512 * 1024 * 1024;
 pub struct Redis {
     connection: redis::aio::MultiplexedConnection,
     stream: String,
+    format: super::PayloadFormat,
     /// The largest bulk argument the server takes.
     max_bulk: usize,
 }
@@ -73,6 +74,7 @@ impl Redis {
         Ok(Redis {
             connection,
             stream: options.redis_stream.clone(),
+            format: options.format,
             max_bulk,
         })
     }
@@ -83,7 +85,7 @@ impl Redis {
         let mut bodies: Vec<Vec<u8>> = Vec::with_capacity(batch.len());
         let mut oversized = None;
         for message in batch {
-            let body = message.to_cbor();
+            let body = self.format.encode(message);
             if body.len() > self.max_bulk {
                 oversized = Some((bodies.len(), body.len()));
                 break;

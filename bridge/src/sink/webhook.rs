@@ -1,6 +1,7 @@
 //! HTTP webhooks: one POST per batch to the sink's URL, the body a JSON array of
 //! the messages (as the JSONL sink writes them) or, with `--webhook-format cbor`, a
-//! CBOR array of them (as the buses carry them). Headers:
+//! CBOR array of them (as the buses carry them, each with its dedup id as `id`
+//! beside the other fields). Headers:
 //!
 //! - `Idempotency-Key: FIRST..LAST`, the dedup ids of the batch's first and last
 //!   message (a receiver that stored that batch can answer 2xx again);
@@ -112,8 +113,16 @@ impl Webhook {
                 serde_json::to_vec(&values).expect("serializing JSON values into memory")
             }
             WebhookFormat::Cbor => {
+                let elements: Vec<crate::message::WithId> = batch
+                    .iter()
+                    .map(|message| crate::message::WithId {
+                        id: message.dedup_id(),
+                        message,
+                    })
+                    .collect();
                 let mut out = Vec::new();
-                ciborium::into_writer(batch, &mut out).expect("serializing messages into memory");
+                ciborium::into_writer(&elements, &mut out)
+                    .expect("serializing messages into memory");
                 out
             }
         }

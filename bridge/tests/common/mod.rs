@@ -132,7 +132,8 @@ pub fn bridge_command(args: &[&str]) -> Command {
 
 impl Bridge {
     /// Starts `envelopes-bridge egress` with the given sink and extra arguments and
-    /// environment; its stderr goes to a log file, its stdout to `stdout`.
+    /// environment (creating the consumer if it does not exist: `--register`); its
+    /// stderr goes to a log file, its stdout nowhere.
     pub fn egress(
         db: &TestDb,
         name: &str,
@@ -162,6 +163,7 @@ impl Bridge {
             sink,
             "--poll-interval-ms",
             "100",
+            "--register",
         ]
         .into_iter()
         .map(str::to_owned)
@@ -193,6 +195,19 @@ impl Bridge {
             .arg(self.child.id().to_string())
             .status();
         self.child.wait().expect("wait for the bridge")
+    }
+
+    /// The exit code, once the process ended by itself within `limit` (None if
+    /// it is still running then, or a signal ended it).
+    pub fn exit_code_within(&mut self, limit: Duration) -> Option<i32> {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
     }
 
     pub fn log_text(&self) -> String {
@@ -273,7 +288,31 @@ pub fn wait_for_port(port: u16) {
 /// A private nats-server with JetStream on `port`, storing under `store`, with
 /// extra arguments (e.g. a config file); it is killed when the returned child is.
 /// Its log goes to `store`/../nats-PORT.log and is shown if it does not come up.
-pub fn start_nats(port: u16, store: &std::path::Path, extra: &[&str]) -> Child {
+/// A child process killed when dropped (a test that fails part way leaves no
+/// private server running).
+pub struct Killed(pub Child);
+
+impl std::ops::Deref for Killed {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Killed {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn start_nats(port: u16, store: &std::path::Path, extra: &[&str]) -> Killed {
     let binary = std::env::var("ENVELOPES_TEST_NATS_SERVER")
         .unwrap_or_else(|_| "/usr/sbin/nats-server".into());
     let log_path = store
@@ -300,7 +339,7 @@ pub fn start_nats(port: u16, store: &std::path::Path, extra: &[&str]) -> Child {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    child
+    Killed(child)
 }
 
 /// The bridge's metrics text from its --metrics-addr.

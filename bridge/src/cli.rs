@@ -1,0 +1,360 @@
+//! The command line: subcommands and their options, grouped by what they are
+//! for (the database, each bus, the service). Every option also reads an
+//! environment variable, and a `--config FILE` (see [`crate::config`]) may give
+//! any of them: flags win over the environment, the environment over the file,
+//! the file over the defaults.
+
+use crate::nats::NatsAuth;
+use crate::sink::{PayloadFormat, SinkOptions, SinkSpec, WebhookFormat};
+use clap::builder::BoolishValueParser;
+use clap::{Args, Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Forward committed pg_envelopes rows to a message bus, at least once and in
+/// commit-safe order, with a durable cursor in the database.
+#[derive(Parser)]
+#[command(name = "envelopes-bridge", version, propagate_version = true)]
+pub struct Cli {
+    /// Log as JSON lines instead of text (true/false, 1/0, yes/no, on/off).
+    #[arg(long, global = true, env = "ENVELOPES_LOG_JSON", value_parser = BoolishValueParser::new(),
+          default_value_t = false, num_args = 0..=1, default_missing_value = "true")]
+    pub log_json: bool,
+    /// A TOML file giving any option of the subcommand by its long name (e.g.
+    /// `database-url = "..."`), at the top or under `[egress]` / `[ingress]`;
+    /// flags and environment variables win over it.
+    #[arg(long, global = true, env = "ENVELOPES_CONFIG")]
+    pub config: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Publish committed envelopes and outbox rows to a sink, then advance the
+    /// consumer's cursor. Runs until SIGTERM/SIGINT.
+    Egress(Box<EgressArgs>),
+    /// Store envelopes from a NATS JetStream stream, committing each batch together
+    /// with the stream position, and acknowledge the batch only after that commit.
+    Ingress(Box<IngressArgs>),
+    /// Run what the --config file's `command` key names (egress or ingress), with
+    /// the options it gives: one file per service instance.
+    Run,
+    /// Create a consumer (egress needs one that exists, unless --register).
+    Register(RegisterArgs),
+    /// Print each consumer's cursor, pending rows and their age.
+    Status(StatusArgs),
+}
+
+#[derive(Args)]
+#[command(next_help_heading = "Database")]
+pub struct DatabaseArgs {
+    /// Postgres connection URL (postgres://user:password@host:port/db?sslmode=...)
+    /// or key=value string. Never logged with its password.
+    #[arg(long, env = "ENVELOPES_DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+    /// PEM file of the CA the database server's certificate must chain to (also
+    /// checks the host name). Without it, sslmode=require encrypts but does not
+    /// verify the certificate, as libpq does.
+    #[arg(long, env = "ENVELOPES_DATABASE_CA")]
+    pub database_ca: Option<PathBuf>,
+}
+
+impl DatabaseArgs {
+    pub fn apply(&self) {
+        if let Some(ca) = &self.database_ca {
+            crate::tls::set_database_ca(ca.clone());
+        }
+    }
+}
+
+/// How the service is watched.
+#[derive(Args)]
+#[command(next_help_heading = "Service")]
+pub struct ServiceArgs {
+    /// Serve Prometheus metrics (/metrics), liveness (/healthz) and readiness
+    /// (/readyz) on this address (e.g. 127.0.0.1:9187).
+    #[arg(long, env = "ENVELOPES_METRICS_ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
+    /// /readyz answers 200 while the last round that worked is at most this many
+    /// seconds old, 503 otherwise (and while standing by).
+    #[arg(long, env = "ENVELOPES_READY_AFTER", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub ready_after: u64,
+}
+
+#[derive(Args)]
+pub struct EgressArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    /// Consumer name: the durable cursor is stored under it. It must exist (see
+    /// --register and `envelopes-bridge register`).
+    #[arg(long, env = "ENVELOPES_BRIDGE_NAME")]
+    pub name: String,
+    /// Create the consumer if it does not exist yet (at the beginning of every
+    /// feed). Without it an unknown name is refused, so that a typo does not
+    /// replay the whole store under a new name.
+    #[arg(long, env = "ENVELOPES_REGISTER", value_parser = BoolishValueParser::new(),
+          default_value_t = false, num_args = 0..=1, default_missing_value = "true")]
+    pub register: bool,
+    /// Where to publish: stdout (JSON lines), jsonl:PATH, nats://HOST:PORT
+    /// (JetStream), redis://HOST:PORT (Redis Streams, XADD), mqtt://HOST:PORT
+    /// (MQTT 5, QoS 1), amqp://USER:PASS@HOST:PORT/VHOST (RabbitMQ) or an
+    /// http(s):// URL (a webhook). Credentials may be embedded
+    /// (mqtt://user:pass@host:port, redis://:pass@host:port) and are never logged.
+    #[arg(
+        long,
+        env = "ENVELOPES_SINK",
+        default_value = "stdout",
+        hide_env_values = true
+    )]
+    pub sink: SinkSpec,
+    /// Encoding of the messages on NATS, Redis, MQTT and RabbitMQ: CBOR, or the
+    /// JSON objects the JSONL sink writes (readable with the buses' own tools).
+    #[arg(long, env = "ENVELOPES_FORMAT", value_enum, default_value = "cbor")]
+    pub format: PayloadFormat,
+    /// Rows per read and per publish.
+    #[arg(long, env = "ENVELOPES_BATCH_SIZE", default_value_t = 1000,
+          value_parser = clap::value_parser!(i32).range(1..=100_000))]
+    pub batch_size: i32,
+    /// Bytes (topics, envelopes, payloads) per read and per publish; a batch always
+    /// holds at least one row. Bounds the bridge's memory.
+    #[arg(long, env = "ENVELOPES_BATCH_BYTES", default_value_t = 16 * 1024 * 1024,
+          value_parser = clap::value_parser!(i64).range(1..))]
+    pub batch_bytes: i64,
+    /// Attempts in all a message the bus refuses (too large, a subject or key it
+    /// does not take, an ACL) gets: it is set aside in envelopes.dead_letters at
+    /// the first refusal while the rest flows, and tried again on a short
+    /// schedule until this many attempts; then it waits for retry_dead_letters().
+    #[arg(long, env = "ENVELOPES_DEAD_LETTER_AFTER", default_value_t = 5,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub dead_letter_after: u32,
+    /// Outbox ids are per database: bridges of several databases (the shards of
+    /// a router) publishing into one stream each set their own scope, which goes
+    /// into outbox dedup ids (`outbox:SCOPE:ID`) so those stay apart. Envelope
+    /// ids (`NODE:SEQ`) are the same on every shard and need none.
+    #[arg(long, env = "ENVELOPES_OUTBOX_SCOPE")]
+    pub outbox_scope: Option<String>,
+    /// Read even without a notification after this many milliseconds.
+    #[arg(long, env = "ENVELOPES_POLL_INTERVAL_MS", default_value_t = 200)]
+    pub poll_interval_ms: u64,
+    /// The NOTIFY channel to listen on (envelopes.notify_channel).
+    #[arg(long, env = "ENVELOPES_NOTIFY_CHANNEL", default_value = "envelopes")]
+    pub channel: String,
+    /// Read the consumer's lag from the database every round (the lag metrics,
+    /// the progress line); off, they are read every 5 seconds.
+    #[arg(long, env = "ENVELOPES_LAG_EVERY_ROUND", value_parser = BoolishValueParser::new(),
+          default_value_t = true, num_args = 0..=1, default_missing_value = "true")]
+    pub lag_every_round: bool,
+    /// Subject prefix: envelopes go to PREFIX.envelope.NODE, outbox rows to
+    /// PREFIX.outbox.SUBJECT (MQTT: PREFIX/envelope/NODE ...; AMQP routing keys
+    /// as the NATS subjects).
+    #[arg(long, env = "ENVELOPES_SUBJECT_PREFIX", default_value = "envelopes")]
+    pub subject_prefix: String,
+    #[command(flatten)]
+    pub service: ServiceArgs,
+    #[command(flatten)]
+    pub nats: NatsSinkArgs,
+    #[command(flatten)]
+    pub nats_auth: NatsAuthArgs,
+    #[command(flatten)]
+    pub redis: RedisArgs,
+    #[command(flatten)]
+    pub mqtt: MqttArgs,
+    #[command(flatten)]
+    pub amqp: AmqpArgs,
+    #[command(flatten)]
+    pub webhook: WebhookArgs,
+}
+
+#[derive(Args)]
+#[command(next_help_heading = "NATS JetStream sink")]
+pub struct NatsSinkArgs {
+    /// JetStream stream egress publishes into (created if missing).
+    #[arg(long, env = "ENVELOPES_NATS_STREAM", default_value = "ENVELOPES")]
+    pub nats_stream: String,
+    /// Replicas of the JetStream stream when egress creates it (3 on a
+    /// three-node cluster; an existing stream keeps its own).
+    #[arg(long, env = "ENVELOPES_NATS_REPLICAS", default_value_t = 1,
+          value_parser = clap::value_parser!(u8).range(1..=5))]
+    pub nats_replicas: u8,
+}
+
+#[derive(Args)]
+#[command(next_help_heading = "NATS authentication")]
+pub struct NatsAuthArgs {
+    /// NATS user (with --nats-password).
+    #[arg(long, env = "ENVELOPES_NATS_USER")]
+    pub nats_user: Option<String>,
+    /// NATS password.
+    #[arg(long, env = "ENVELOPES_NATS_PASSWORD", hide_env_values = true)]
+    pub nats_password: Option<String>,
+    /// NATS token.
+    #[arg(long, env = "ENVELOPES_NATS_TOKEN", hide_env_values = true)]
+    pub nats_token: Option<String>,
+    /// NATS credentials file (.creds).
+    #[arg(long, env = "ENVELOPES_NATS_CREDS")]
+    pub nats_creds: Option<PathBuf>,
+}
+
+impl NatsAuthArgs {
+    pub fn auth(&self) -> NatsAuth {
+        if let Some(path) = &self.nats_creds {
+            NatsAuth::CredsFile(path.clone())
+        } else if let Some(token) = &self.nats_token {
+            NatsAuth::Token(token.clone())
+        } else if let Some(user) = &self.nats_user {
+            NatsAuth::UserPassword(user.clone(), self.nats_password.clone().unwrap_or_default())
+        } else {
+            NatsAuth::None
+        }
+    }
+}
+
+#[derive(Args)]
+#[command(next_help_heading = "Redis sink")]
+pub struct RedisArgs {
+    /// Redis stream key.
+    #[arg(long, env = "ENVELOPES_REDIS_STREAM", default_value = "envelopes")]
+    pub redis_stream: String,
+}
+
+#[derive(Args)]
+#[command(next_help_heading = "MQTT sink")]
+pub struct MqttArgs {
+    /// MQTT client id (default: envelopes-bridge-NAME).
+    #[arg(long, env = "ENVELOPES_MQTT_CLIENT_ID")]
+    pub mqtt_client_id: Option<String>,
+}
+
+#[derive(Args)]
+#[command(next_help_heading = "RabbitMQ sink")]
+pub struct AmqpArgs {
+    /// AMQP topic exchange the messages are published to (declared durable if
+    /// missing); the routing keys are the NATS subjects.
+    #[arg(long, env = "ENVELOPES_AMQP_EXCHANGE", default_value = "envelopes")]
+    pub amqp_exchange: String,
+}
+
+#[derive(Args)]
+#[command(next_help_heading = "Webhook sink")]
+pub struct WebhookArgs {
+    /// Webhook body: a JSON array of the messages, or a CBOR array.
+    #[arg(
+        long,
+        env = "ENVELOPES_WEBHOOK_FORMAT",
+        value_enum,
+        default_value = "json"
+    )]
+    pub webhook_format: WebhookFormat,
+    /// Key of the webhook's X-Envelopes-Signature header (HMAC-SHA256 of the body).
+    #[arg(long, env = "ENVELOPES_WEBHOOK_SECRET", hide_env_values = true)]
+    pub webhook_secret: Option<String>,
+    /// Webhook request timeout, in milliseconds.
+    #[arg(long, env = "ENVELOPES_WEBHOOK_TIMEOUT_MS", default_value_t = 10_000)]
+    pub webhook_timeout_ms: u64,
+}
+
+impl EgressArgs {
+    pub fn sink_options(&self) -> SinkOptions {
+        SinkOptions {
+            nats_stream: self.nats.nats_stream.clone(),
+            nats_replicas: usize::from(self.nats.nats_replicas),
+            subject_prefix: self.subject_prefix.clone(),
+            redis_stream: self.redis.redis_stream.clone(),
+            nats_auth: self.nats_auth.auth(),
+            mqtt_client_id: self
+                .mqtt
+                .mqtt_client_id
+                .clone()
+                .unwrap_or_else(|| format!("envelopes-bridge-{}", self.name)),
+            amqp_exchange: self.amqp.amqp_exchange.clone(),
+            webhook_format: self.webhook.webhook_format,
+            webhook_secret: self.webhook.webhook_secret.clone(),
+            webhook_timeout: Duration::from_millis(self.webhook.webhook_timeout_ms),
+            format: self.format,
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct IngressArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    /// Consumer name: its stream position is stored in envelopes.ingress_positions
+    /// (per stream).
+    #[arg(long, env = "ENVELOPES_BRIDGE_NAME")]
+    pub name: String,
+    /// The bus to read from: nats://HOST:PORT (JetStream; several servers of a
+    /// cluster comma-separated).
+    #[arg(long, env = "ENVELOPES_SOURCE", hide_env_values = true,
+          value_parser = parse_source)]
+    pub source: String,
+    /// JetStream stream ingress reads.
+    #[arg(long, env = "ENVELOPES_NATS_STREAM", default_value = "ENVELOPES")]
+    pub nats_stream: String,
+    /// Only messages on this subject (wildcards allowed); default: the envelope
+    /// subjects egress writes, PREFIX.envelope.> (not its outbox rows).
+    #[arg(long, env = "ENVELOPES_SOURCE_SUBJECT")]
+    pub subject: Option<String>,
+    /// The subject prefix egress writes under (for the default --subject).
+    #[arg(long, env = "ENVELOPES_SUBJECT_PREFIX", default_value = "envelopes")]
+    pub subject_prefix: String,
+    /// Where malformed messages go, with the reason in the Envelopes-Error header.
+    /// Keep it outside the source stream's subjects.
+    #[arg(
+        long,
+        env = "ENVELOPES_DEAD_LETTER_SUBJECT",
+        default_value = "envelopes-dead-letter"
+    )]
+    pub dead_letter_subject: String,
+    /// Messages per pull and per transaction.
+    #[arg(long, env = "ENVELOPES_BATCH_SIZE", default_value_t = 500,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub batch_size: u32,
+    #[command(flatten)]
+    pub service: ServiceArgs,
+    #[command(flatten)]
+    pub nats_auth: NatsAuthArgs,
+}
+
+/// Ingress reads JetStream: `nats://` or `tls://` servers, comma-separated.
+fn parse_source(source: &str) -> Result<String, String> {
+    for server in source.split(',') {
+        let server = server.trim();
+        if !(server.starts_with("nats://") || server.starts_with("tls://")) {
+            return Err(format!(
+                "{}: ingress reads NATS JetStream only: nats://HOST:PORT (or tls://), \
+                 several comma-separated",
+                crate::redact::url(server)
+            ));
+        }
+    }
+    Ok(source.to_owned())
+}
+
+#[derive(Args)]
+pub struct RegisterArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    /// The consumer to create (nothing happens if it exists).
+    pub name: String,
+    /// Start at the current end of every feed instead of the beginning.
+    #[arg(long)]
+    pub from_end: bool,
+}
+
+#[derive(Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    /// Also show the error and dead-letter counters of running bridges, read from
+    /// their --metrics-addr (repeatable, e.g. 127.0.0.1:9187).
+    #[arg(
+        long = "bridge-metrics",
+        env = "ENVELOPES_BRIDGE_METRICS",
+        value_delimiter = ','
+    )]
+    pub bridge_metrics: Vec<SocketAddr>,
+}
