@@ -380,6 +380,39 @@ AS $$
      ORDER BY d.id
 $$;
 
+-- How far a consumer is behind, cheaply enough to ask every round of a bridge
+-- that is catching up: per originator, its ceiling minus the consumer's cursor,
+-- plus the late-feed and outbox ids drawn after the consumer's positions. It
+-- counts ids, not rows: a gap (a rolled-back insert) or a late arrival counted
+-- in both its originator's range and the late feed make it a little larger than
+-- consumer_status's exact counts; with dense ids the two agree.
+CREATE FUNCTION consumer_lag(consumer text) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c @extschema@.consumers;
+    behind bigint;
+BEGIN
+    IF consumer IS NULL THEN
+        RAISE EXCEPTION 'consumer must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    SELECT * INTO c FROM @extschema@.consumers k WHERE k.name = consumer_lag.consumer;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'consumer "%" does not exist', consumer USING ERRCODE = 'undefined_object',
+              HINT = 'Create it with envelopes.consumer_register(name).';
+    END IF;
+    PERFORM @extschema@._check_consumer_owner(c);
+    SELECT COALESCE(sum(GREATEST(g.max_sequence_id - COALESCE(k.sequence_id, 0), 0)), 0)::bigint
+      INTO behind
+      FROM @extschema@.originator_ceilings() g
+      LEFT JOIN @extschema@.consumer_envelope_cursors k
+             ON k.consumer = c.name AND k.originator_node_id = g.originator_node_id;
+    RETURN behind
+         + GREATEST(COALESCE(pg_catalog.pg_sequence_last_value('@extschema@.late_envelopes_id_seq'), 0) - c.late_id, 0)
+         + GREATEST(COALESCE(pg_catalog.pg_sequence_last_value('@extschema@.outbox_id_seq'), 0) - c.outbox_id, 0);
+END $$;
+
 -- How full the server's NOTIFY queue is (0..1); a listener that stops reading its
 -- notifications makes it grow.
 CREATE FUNCTION notification_queue_usage() RETURNS double precision

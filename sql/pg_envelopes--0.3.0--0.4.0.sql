@@ -187,6 +187,38 @@ AS $$
      WHERE ($1 IS NULL OR d.consumer = $1) AND @extschema@._acts_for(COALESCE(c.owner, 0))
      ORDER BY d.id
 $$;
+-- How far a consumer is behind, cheaply enough to ask every round of a bridge
+-- that is catching up: per originator, its ceiling minus the consumer's cursor,
+-- plus the late-feed and outbox ids drawn after the consumer's positions. It
+-- counts ids, not rows: a gap (a rolled-back insert) or a late arrival counted
+-- in both its originator's range and the late feed make it a little larger than
+-- consumer_status's exact counts; with dense ids the two agree.
+CREATE FUNCTION consumer_lag(consumer text) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c @extschema@.consumers;
+    behind bigint;
+BEGIN
+    IF consumer IS NULL THEN
+        RAISE EXCEPTION 'consumer must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    SELECT * INTO c FROM @extschema@.consumers k WHERE k.name = consumer_lag.consumer;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'consumer "%" does not exist', consumer USING ERRCODE = 'undefined_object',
+              HINT = 'Create it with envelopes.consumer_register(name).';
+    END IF;
+    PERFORM @extschema@._check_consumer_owner(c);
+    SELECT COALESCE(sum(GREATEST(g.max_sequence_id - COALESCE(k.sequence_id, 0), 0)), 0)::bigint
+      INTO behind
+      FROM @extschema@.originator_ceilings() g
+      LEFT JOIN @extschema@.consumer_envelope_cursors k
+             ON k.consumer = c.name AND k.originator_node_id = g.originator_node_id;
+    RETURN behind
+         + GREATEST(COALESCE(pg_catalog.pg_sequence_last_value('@extschema@.late_envelopes_id_seq'), 0) - c.late_id, 0)
+         + GREATEST(COALESCE(pg_catalog.pg_sequence_last_value('@extschema@.outbox_id_seq'), 0) - c.outbox_id, 0);
+END $$;
 -- Leases: one active bridge per consumer (src/lease.rs).
 -- pg_envelopes::lease::_lease_take
 CREATE  FUNCTION "_lease_take"(
@@ -530,6 +562,7 @@ BEGIN
         @extschema@.consumer_dead_letters(text),
         @extschema@.consumer_lease(text),
         @extschema@.consumer_lease_release(text),
+        @extschema@.consumer_lag(text),
         @extschema@.consumer_envelopes_pending(text),
         @extschema@.consumer_set_owner(text, regrole),
         @extschema@.notification_queue_usage()
@@ -553,6 +586,7 @@ BEGIN
         @extschema@.consumer_dead_letters(text),
         @extschema@.consumer_lease(text),
         @extschema@.consumer_lease_release(text),
+        @extschema@.consumer_lag(text),
         @extschema@.consumer_envelopes_pending(text),
         @extschema@.consumer_set_owner(text, regrole),
         @extschema@.notification_queue_usage()
@@ -568,7 +602,7 @@ REVOKE ALL ON FUNCTION @extschema@._caller(), @extschema@._acts_for(oid), @extsc
     @extschema@.consumer_dead_letter(text, text, integer, bigint, bigint, text, text, integer, timestamp with time zone, timestamp with time zone),
     @extschema@.consumer_dead_letter_retries(text, integer), @extschema@.consumer_dead_letters(text),
     @extschema@.consumer_lease(text), @extschema@.consumer_lease_release(text),
-    @extschema@.ingress_lease(text, text), @extschema@.ingress_lease_release(text, text),
+    @extschema@.consumer_lag(text), @extschema@.ingress_lease(text, text), @extschema@.ingress_lease_release(text, text),
     @extschema@._check_ingress_names(text, text),
     @extschema@._lease_take(text, text, text), @extschema@._lease_release(text, text, text),
     @extschema@._lease_check(text, text, text) FROM PUBLIC;
@@ -586,7 +620,8 @@ BEGIN
             @extschema@.consumer_dead_letter(text, text, integer, bigint, bigint, text, text, integer,
                                              timestamp with time zone, timestamp with time zone),
             @extschema@.consumer_dead_letter_retries(text, integer), @extschema@.consumer_dead_letters(text),
-            @extschema@.consumer_lease(text), @extschema@.consumer_lease_release(text) TO %s',
+            @extschema@.consumer_lease(text), @extschema@.consumer_lease_release(text),
+            @extschema@.consumer_lag(text) TO %s',
                                   grantee);
     END LOOP;
 END

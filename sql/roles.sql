@@ -114,6 +114,7 @@ BEGIN
         @extschema@.consumer_dead_letters(text),
         @extschema@.consumer_lease(text),
         @extschema@.consumer_lease_release(text),
+        @extschema@.consumer_lag(text),
         @extschema@.consumer_envelopes_pending(text),
         @extschema@.consumer_set_owner(text, regrole),
         @extschema@.notification_queue_usage()
@@ -138,6 +139,7 @@ BEGIN
         @extschema@.consumer_dead_letters(text),
         @extschema@.consumer_lease(text),
         @extschema@.consumer_lease_release(text),
+        @extschema@.consumer_lag(text),
         @extschema@.consumer_envelopes_pending(text),
         @extschema@.consumer_set_owner(text, regrole),
         @extschema@.notification_queue_usage()

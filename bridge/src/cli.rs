@@ -45,6 +45,9 @@ pub enum Command {
     Register(RegisterArgs),
     /// Print each consumer's cursor, pending rows and their age.
     Status(StatusArgs),
+    /// Follow what egress publishes on NATS or RabbitMQ, one JSON line per
+    /// message.
+    Watch(crate::watch::WatchArgs),
 }
 
 #[derive(Args)]

@@ -90,7 +90,8 @@ pub fn apply(mut args: Vec<OsString>) -> Result<Vec<OsString>, ConfigError> {
         .collect();
     for section in sections {
         for (key, value) in section {
-            if key == "command" || COMMANDS.contains(&key.as_str()) {
+            // The file's command, and the sections of the subcommands.
+            if key == "command" || (value.is_table() && COMMANDS.contains(&key.as_str())) {
                 continue;
             }
             let long = key.replace('_', "-");

@@ -115,14 +115,18 @@ pub async fn run(
                     backoff.reset();
                     state.worked = true;
                     metrics.worked();
-                    if config.lag_every_round || lag_due <= Instant::now() {
-                        update_lag(&db, &config.name, &metrics).await;
-                        lag_due = Instant::now() + LAG_INTERVAL;
-                    }
                     if rows > 0 {
+                        if config.lag_every_round || lag_due <= Instant::now() {
+                            update_lag(&db, &config.name, &metrics).await;
+                            lag_due = Instant::now() + LAG_INTERVAL;
+                        }
                         progress.add(rows, rows as i32 >= config.batch_size, &metrics);
                         continue;
                     }
+                    // A round that found nothing to read: nothing deliverable is
+                    // pending (rows of transactions still open are not yet).
+                    metrics.lag_rows.set(0);
+                    metrics.lag_seconds.set(0.0);
                     progress.idle();
                 }
                 Err(Failure::Database(e, during)) => {
@@ -477,8 +481,18 @@ async fn deliver(
     // request as too large, doubled again after each one it takes.
     let mut window = batch.len().max(1);
     let mut refused_again = Vec::new();
+    let mut lag_due = Instant::now() + LAG_INTERVAL;
+    metrics.lag_seconds.set(batch_age(batch));
     crash::reached("before_publish");
     while start < batch.len() {
+        if start > 0 || lag_due <= Instant::now() {
+            // Still at it (the bus away, or refusing): the lag keeps growing.
+            metrics.lag_seconds.set(batch_age(&batch[start..]));
+            if lag_due <= Instant::now() {
+                update_lag(db, &config.name, metrics).await;
+                lag_due = Instant::now() + LAG_INTERVAL;
+            }
+        }
         if state.sink.is_none() {
             match Sink::connect(&config.sink, &config.sink_options).await {
                 Ok(s) => state.sink = Some(s),
@@ -774,25 +788,36 @@ async fn retry_dead_letters(
     Ok(batch.len() - dead.len())
 }
 
+/// Reads how far the consumer is behind (`consumer_lag`: ids between its
+/// positions and the ceilings, cheap enough for every round of a catch-up).
 async fn update_lag(db: &Db, name: &str, metrics: &Metrics) {
-    let row = db
+    match db
         .client
-        .query_opt(
-            "SELECT COALESCE(outbox_pending, 0) + COALESCE(envelopes_pending, 0),
-                    COALESCE(extract(epoch FROM GREATEST(outbox_oldest_pending_age,
-                                                         envelopes_oldest_pending_age)), 0)::float8
-               FROM envelopes.consumer_status WHERE consumer = $1",
-            &[&name],
-        )
-        .await;
-    match row {
-        Ok(Some(row)) => {
+        .query_one("SELECT envelopes.consumer_lag($1)", &[&name])
+        .await
+    {
+        Ok(row) => {
             metrics.lag_rows.set(row.get::<_, i64>(0));
-            metrics.lag_seconds.set(row.get::<_, f64>(1));
         }
-        Ok(None) => {}
-        Err(e) => tracing::debug!(error = %DbFailure::new(&e), "could not read consumer status"),
+        Err(e) => tracing::debug!(error = %DbFailure::new(&e), "could not read the consumer's lag"),
     }
+}
+
+/// How old the oldest row of a batch is: while the batch waits for the bus,
+/// the consumer's lag in time.
+fn batch_age(batch: &[Message]) -> f64 {
+    let oldest = batch
+        .iter()
+        .map(|m| match m {
+            Message::Envelope(e) => e.gateway_time_us,
+            Message::Outbox(o) => o.created_at_us,
+        })
+        .min();
+    let now = SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0);
+    oldest.map_or(0.0, |t| (now.saturating_sub(t)).max(0) as f64 / 1e6)
 }
 
 /// A progress line while catching up a large backlog.

@@ -27,6 +27,7 @@ mod shutdown;
 mod sink;
 mod status;
 mod tls;
+mod watch;
 
 use clap::Parser;
 use cli::{Cli, Command};
@@ -128,6 +129,13 @@ async fn run(command: Command) -> i32 {
             Ok(()) => 0,
             Err(e) => {
                 logging::err(format!("envelopes-bridge register: {e}"));
+                EXIT_FAILURE
+            }
+        },
+        Command::Watch(args) => match watch::run(args).await {
+            Ok(()) => 0,
+            Err(e) => {
+                logging::err(format!("envelopes-bridge watch: {e}"));
                 EXIT_FAILURE
             }
         },

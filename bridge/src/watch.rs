@@ -1,0 +1,135 @@
+//! `envelopes-bridge watch`: follows what egress publishes on NATS or RabbitMQ
+//! and prints each message as a JSON line (the JSONL sink's form), for the two
+//! buses whose own command-line tools are not at hand everywhere (the `nats`
+//! CLI is not in Debian; `rabbitmqadmin` needs the management plugin). Redis and
+//! MQTT have theirs (`redis-cli XREAD`, `mosquitto_sub`), best with egress'
+//! `--format json`.
+//!
+//! NATS: a plain subscription to `PREFIX.>` (what is published from now on).
+//! RabbitMQ: a private queue bound to the exchange for `PREFIX.#`, deleted when
+//! the watch ends. `--count N` ends after N messages.
+
+use crate::message::Message;
+use futures_util::StreamExt;
+
+#[derive(clap::Args)]
+pub struct WatchArgs {
+    /// The bus: nats://HOST:PORT or amqp://USER:PASS@HOST:PORT/VHOST, as egress's
+    /// --sink.
+    pub url: String,
+    /// The subject prefix egress publishes under.
+    #[arg(long, env = "ENVELOPES_SUBJECT_PREFIX", default_value = "envelopes")]
+    pub subject_prefix: String,
+    /// The AMQP exchange egress publishes to.
+    #[arg(long, env = "ENVELOPES_AMQP_EXCHANGE", default_value = "envelopes")]
+    pub amqp_exchange: String,
+    /// Stop after this many messages.
+    #[arg(long)]
+    pub count: Option<u64>,
+    #[command(flatten)]
+    pub nats_auth: crate::cli::NatsAuthArgs,
+}
+
+/// A bus message as one JSON line: CBOR decoded (and shown with its id), JSON
+/// as it is.
+fn line(payload: &[u8]) -> String {
+    match Message::from_cbor(payload) {
+        Ok(message) => message.to_json_line(),
+        Err(_) => String::from_utf8_lossy(payload).trim_end().to_owned(),
+    }
+}
+
+pub async fn run(args: WatchArgs) -> Result<(), String> {
+    let mut seen = 0u64;
+    let mut print = |payload: &[u8]| -> bool {
+        seen += 1;
+        crate::logging::out(line(payload)) && args.count.is_none_or(|n| seen < n)
+    };
+    if args.url.starts_with("nats://") || args.url.starts_with("tls://") {
+        let client = crate::nats::connect(&args.url, &args.nats_auth.auth())
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut sub = client
+            .subscribe(format!("{}.>", args.subject_prefix))
+            .await
+            .map_err(|e| e.to_string())?;
+        client.flush().await.map_err(|e| e.to_string())?;
+        crate::logging::err(format!("watching {}.> ...", args.subject_prefix));
+        while let Some(message) = sub.next().await {
+            if !print(&message.payload) {
+                break;
+            }
+        }
+        Ok(())
+    } else if args.url.starts_with("amqp://") || args.url.starts_with("amqps://") {
+        amqp(&args, &mut print).await.map_err(|e| e.to_string())
+    } else {
+        Err(format!(
+            "{}: watch follows NATS (nats://) and RabbitMQ (amqp://); for Redis use \
+             `redis-cli XREAD BLOCK 0 STREAMS KEY $`, for MQTT `mosquitto_sub -V mqttv5 -t \
+             'PREFIX/#'`",
+            crate::redact::url(&args.url)
+        ))
+    }
+}
+
+async fn amqp(args: &WatchArgs, print: &mut dyn FnMut(&[u8]) -> bool) -> Result<(), lapin::Error> {
+    use lapin::options::*;
+    use lapin::types::FieldTable;
+    let connection =
+        lapin::Connection::connect(&args.url, lapin::ConnectionProperties::default()).await?;
+    let channel = connection.create_channel().await?;
+    channel
+        .exchange_declare(
+            args.amqp_exchange.as_str().into(),
+            lapin::ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    let queue = channel
+        .queue_declare(
+            "".into(),
+            QueueDeclareOptions {
+                exclusive: true,
+                auto_delete: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    channel
+        .queue_bind(
+            queue.name().as_str().into(),
+            args.amqp_exchange.as_str().into(),
+            format!("{}.#", args.subject_prefix).as_str().into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let mut consumer = channel
+        .basic_consume(
+            queue.name().as_str().into(),
+            "envelopes-bridge-watch".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    crate::logging::err(format!(
+        "watching exchange {} for {}.# ...",
+        args.amqp_exchange, args.subject_prefix
+    ));
+    while let Some(Ok(delivery)) = consumer.next().await {
+        if !print(&delivery.data) {
+            break;
+        }
+    }
+    let _ = connection.close(200, "watch ended".into()).await;
+    Ok(())
+}
