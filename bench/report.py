@@ -34,6 +34,8 @@ ABSOLUTE = [
     ("refusals_set_aside", "mqtt", None, "higher", "refused rows set aside per minute, MQTT (PUBACK 0x95)"),
     ("refusals_set_aside", "rabbitmq", None, "higher", "refused rows set aside per minute, RabbitMQ (406 max_message_size)"),
     ("refusals_set_aside", "webhook", None, "higher", "refused rows set aside per minute, webhook (413)"),
+    ("lagquery_cost_ms", "originators_10", None, "lower", "consumer_lag, 10 originators (ms a call)"),
+    ("lagquery_cost_ms", "originators_10000", None, "lower", "consumer_lag, 10,000 originators (ms a call; asked only after rounds that moved rows)"),
     ("takeover_ms", "egress", None, "lower", "a standby egress bridge's first acknowledgement after the active one is killed (ms)"),
     ("takeover_ms", "ingress", None, "lower", "a standby ingress's first stored position after the active one is killed (ms)"),
     ("idle", "poll_current_10000", 2.0, "lower", "idle consumer poll at 10,000 originators (ms)"),
@@ -65,6 +67,8 @@ ABSOLUTE = [
 
 # (comparison, numerator variant, denominator variant, goal, "higher"/"lower", what)
 RATIOS = [
+    ("lagquery_drain", "on", "off", 0.97, "higher",
+     "bridge drain rate with its lag query after every round / every 5 s (200,000 rows, 100 originators, jsonl:/dev/null)"),
     # What refused rows cost the rest: an unrelated originator's p99 with refused
     # rows written beside it / without, per sink (bench/run.sh refusals).
     *[("refusals_p99_ms", f"{sink}_poison", f"{sink}_clean", None, "lower",

@@ -30,7 +30,9 @@
 # that refuses rows over a size limit: refused rows set aside per minute, and an
 # unrelated originator's commit -> consumer p99 with refused rows written beside
 # it vs without), takeover (the time a standby bridge, egress and ingress, takes
-# to acknowledge after the active one is killed), and for the change feed: feedcost (in-order single-row and 100-row
+# to acknowledge after the active one is killed), lagquery (the bridge's drain
+# rate with its per-round lag query on vs off, and the query's cost at 10 and
+# 10,000 originators), and for the change feed: feedcost (in-order single-row and 100-row
 # inserts, this version vs a baseline build of an earlier commit running in a
 # second cluster), latebridge (drain rate with 10% late arrivals vs in order),
 # idle (an idle consumer poll and the idle bridge's CPU at 10, 1,000 and 10,000
@@ -1046,6 +1048,61 @@ print(f'{100 * d0 / e:.0f} {100 * d1 / e:.0f} {1e6 * d0 / ($tps * e):.0f} {1e6 *
             for port in "$PORT" "$BASE_PORT"; do
                 cluster_psql bench "$port" postgres -q -c "DROP DATABASE idle_$n WITH (FORCE)"
             done
+        done
+    fi
+
+    if selected lagquery && [ "$durability" = off ]; then
+        # The bridge's per-round lag query (consumer_lag after every round that
+        # moved rows): (1) drain rate of a 200,000-row backlog over 100
+        # originators into jsonl:/dev/null with it on (the default) and off
+        # (--lag-every-round false: every 5 s), interleaved, a fresh consumer per
+        # run; (2) the query's own cost at 10 and 10,000 originators.
+        if $quick; then per=200; else per=2000; fi
+        sql postgres -q -c "CREATE DATABASE lagq"
+        sql lagq -q -c "CREATE EXTENSION pg_envelopes"
+        sql lagq -q -c "SET envelopes.notify = off" -c "SELECT envelopes.insert_gateway_envelopes(
+                array_agg((1 + s % 100)::int), array_agg(1 + s / 100), array_agg('\x01'::bytea),
+                array_agg(pg_catalog.convert_to(repeat('e', 100), 'UTF8')))
+              FROM generate_series(0::bigint, 100 * $per - 1) s" >/dev/null
+        for run in $(seq "$RUNS"); do
+            for variant in on off; do
+                name="lq_${variant}_$run"
+                sql lagq -q -c "SELECT envelopes.consumer_register('$name')"
+                flag=true; [ "$variant" = off ] && flag=false
+                started=$(date +%s.%N)
+                "$BRIDGE" egress --database-url "postgres://postgres@127.0.0.1:$PORT/lagq" --name "$name" \
+                    --sink jsonl:/dev/null --batch-size 1000 --lag-every-round "$flag" 2>"$OUT/bridge.log" &
+                bridge=$!
+                until [ "$(sql lagq -At -c "SELECT envelopes_pending FROM envelopes.consumer_status WHERE consumer = '$name'")" = 0 ]; do
+                    sleep 0.05
+                done
+                rate=$(python3 -c "print(f'{100 * $per / ($(date +%s.%N) - $started):.0f}')")
+                kill -TERM "$bridge"; wait "$bridge" || true
+                bridge=""
+                record lagquery_drain "$variant" "$durability" "$run" "$rate" envelopes/s
+                log "lagquery [$durability] lag query $variant run $run: drained $((100 * per)) envelopes at $rate/s"
+            done
+        done
+        sql postgres -q -c "DROP DATABASE lagq WITH (FORCE)"
+        for n in 10 10000; do
+            db="lagcost_$n"
+            sql postgres -q -c "CREATE DATABASE $db"
+            sql "$db" -q -c "CREATE EXTENSION pg_envelopes"
+            for first in $(seq 1 500 "$n"); do
+                last=$((first + 499 < n ? first + 499 : n))
+                sql "$db" -q -c "SET envelopes.create_partitions_in = transaction" -c "SET envelopes.notify = off" \
+                    -c "SELECT envelopes.insert_gateway_envelopes(array_agg(g::int), array_agg(1::bigint),
+                          array_agg('\x01'::bytea), array_agg('\x02'::bytea)) FROM generate_series($first, $last) g" >/dev/null
+            done
+            sql "$db" -q -c "SELECT envelopes.consumer_register('lq')"
+            for run in $(seq "$RUNS"); do
+                tps=$(pgbench_tps "$db" 1 bench/sql/consumer_lag.sql)
+                [ -n "$tps" ] || { cat "$OUT/pgbench.err" >&2; exit 1; }
+                ms=$(python3 -c "print(f'{1000 / $tps:.4f}')")
+                record lagquery_cost_ms "originators_$n" "$durability" "$run" "$ms" ms
+                log "lagquery [$durability] consumer_lag at $n originators run $run: $ms ms"
+            done
+            sql postgres -q -c "DROP DATABASE $db WITH (FORCE)"
         done
     fi
 
