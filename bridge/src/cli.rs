@@ -47,7 +47,7 @@ pub enum Command {
     Status(StatusArgs),
     /// Follow what egress publishes on NATS or RabbitMQ, one JSON line per
     /// message.
-    Watch(crate::watch::WatchArgs),
+    Watch(WatchArgs),
 }
 
 #[derive(Args)]
@@ -360,4 +360,23 @@ pub struct StatusArgs {
         value_delimiter = ','
     )]
     pub bridge_metrics: Vec<SocketAddr>,
+}
+
+/// `envelopes-bridge watch` (see [`crate::watch`]).
+#[derive(clap::Args)]
+pub struct WatchArgs {
+    /// The bus: nats://HOST:PORT or amqp://USER:PASS@HOST:PORT/VHOST, as egress's
+    /// --sink.
+    pub url: String,
+    /// The subject prefix egress publishes under.
+    #[arg(long, env = "ENVELOPES_SUBJECT_PREFIX", default_value = "envelopes")]
+    pub subject_prefix: String,
+    /// The AMQP exchange egress publishes to.
+    #[arg(long, env = "ENVELOPES_AMQP_EXCHANGE", default_value = "envelopes")]
+    pub amqp_exchange: String,
+    /// Stop after this many messages.
+    #[arg(long)]
+    pub count: Option<u64>,
+    #[command(flatten)]
+    pub nats_auth: NatsAuthArgs,
 }

@@ -527,7 +527,8 @@ async fn deliver(
         let end = (start + window).min(batch.len());
         let part = &batch[start..end];
         let started = Instant::now();
-        match sink.publish(part).await {
+        // The refused message's index in the batch, with the bus's code and reason.
+        let refusal = match sink.publish(part).await {
             Ok(()) => {
                 metrics.published(part);
                 metrics
@@ -536,6 +537,7 @@ async fn deliver(
                 backoff.reset();
                 start = end;
                 window = (window * 2).min(batch.len());
+                None
             }
             Err(
                 e @ SinkError::Unavailable {
@@ -565,6 +567,7 @@ async fn deliver(
                 if stop {
                     return Err(Failure::Shutdown);
                 }
+                None
             }
             Err(SinkError::TooLarge { code, reason, .. }) if part.len() > 1 => {
                 // Nothing of the request counts: send it again in halves.
@@ -572,6 +575,7 @@ async fn deliver(
                 tracing::warn!(code = %code, reason = %reason, rows = part.len(), next_rows = window,
                                first_id = %part[0].dedup_id(),
                                "the bus refuses the request as too large; publishing it in halves");
+                None
             }
             Err(e @ SinkError::Config { .. }) => {
                 // A sink that could connect but is then refused (it cannot be
@@ -583,35 +587,32 @@ async fn deliver(
                 if backoff.wait_longest(shutdown).await {
                     return Err(Failure::Shutdown);
                 }
+                None
             }
-            Err(refusal @ (SinkError::Refused { .. } | SinkError::TooLarge { .. })) => {
-                let (index, code, reason) = match refusal {
-                    SinkError::Refused {
-                        index,
-                        code,
-                        reason,
-                        ..
-                    } => (start + index.min(part.len() - 1), code, reason),
-                    SinkError::TooLarge { code, reason, .. } => (start, code, reason),
-                    SinkError::Unavailable { .. } | SinkError::Config { .. } => {
-                        unreachable!("matched above")
-                    }
-                };
-                metrics.published(&batch[start..index]);
-                // The bus took what came before the refused message: progress.
-                backoff.reset();
-                let attempts = prior.get(index).copied().unwrap_or(0) + 1;
-                set_aside(config, db, &batch[index], &code, &reason, attempts, metrics).await?;
-                if index < prior.len() {
-                    refused_again.push(index);
-                }
-                // The window stays as it is: after a refusal found by halving
-                // (413), the rows after it go in windows of that size again,
-                // doubling while the bus takes them, instead of starting over
-                // from the whole batch (which re-sent, or re-encoded, all of it
-                // once per refused row).
-                start = index + 1;
+            Err(SinkError::Refused {
+                index,
+                code,
+                reason,
+                ..
+            }) => Some((start + index.min(part.len() - 1), code, reason)),
+            // A single message refused as too large.
+            Err(SinkError::TooLarge { code, reason, .. }) => Some((start, code, reason)),
+        };
+        if let Some((index, code, reason)) = refusal {
+            metrics.published(&batch[start..index]);
+            // The bus took what came before the refused message: progress.
+            backoff.reset();
+            let attempts = prior.get(index).copied().unwrap_or(0) + 1;
+            set_aside(config, db, &batch[index], &code, &reason, attempts, metrics).await?;
+            if index < prior.len() {
+                refused_again.push(index);
             }
+            // The window stays as it is: after a refusal found by halving
+            // (413), the rows after it go in windows of that size again,
+            // doubling while the bus takes them, instead of starting over
+            // from the whole batch (which re-sent, or re-encoded, all of it
+            // once per refused row).
+            start = index + 1;
         }
     }
     crash::reached("after_publish");

@@ -9,26 +9,10 @@
 //! RabbitMQ: a private queue bound to the exchange for `PREFIX.#`, deleted when
 //! the watch ends. `--count N` ends after N messages.
 
+use crate::cli::WatchArgs;
 use crate::message::Message;
 use futures_util::StreamExt;
 
-#[derive(clap::Args)]
-pub struct WatchArgs {
-    /// The bus: nats://HOST:PORT or amqp://USER:PASS@HOST:PORT/VHOST, as egress's
-    /// --sink.
-    pub url: String,
-    /// The subject prefix egress publishes under.
-    #[arg(long, env = "ENVELOPES_SUBJECT_PREFIX", default_value = "envelopes")]
-    pub subject_prefix: String,
-    /// The AMQP exchange egress publishes to.
-    #[arg(long, env = "ENVELOPES_AMQP_EXCHANGE", default_value = "envelopes")]
-    pub amqp_exchange: String,
-    /// Stop after this many messages.
-    #[arg(long)]
-    pub count: Option<u64>,
-    #[command(flatten)]
-    pub nats_auth: crate::cli::NatsAuthArgs,
-}
 
 /// A bus message as one JSON line: CBOR decoded (and shown with its id), JSON
 /// as it is.
