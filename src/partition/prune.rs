@@ -59,6 +59,8 @@ pub enum PruneError {
     WorkerLost { processed: u32, total: u32 },
     #[error("{0}")]
     Partition(#[from] PartitionError),
+    #[error("{0}")]
+    NotWritable(#[from] crate::xact::NotWritable),
     #[error("SPI error while pruning: {0}")]
     Spi(#[from] pgrx::spi::SpiError),
 }
@@ -72,6 +74,7 @@ impl SqlError for PruneError {
             PruneError::WorkerFailed { sqlstate, .. } => PgSqlErrorCode::from(*sqlstate),
             PruneError::WorkerLost { .. } => ERRCODE_CONNECTION_FAILURE,
             PruneError::Partition(e) => e.sqlstate(),
+            PruneError::NotWritable(e) => e.sqlstate(),
             PruneError::Spi(_) => ERRCODE_INTERNAL_ERROR,
         }
     }
@@ -87,6 +90,7 @@ impl SqlError for PruneError {
                  prune_expired again."
                     .into(),
             ),
+            PruneError::NotWritable(e) => e.hint(),
             _ => None,
         }
     }
@@ -161,6 +165,7 @@ fn prune(
     lock_timeout_ms: Option<i32>,
     in_transaction: bool,
 ) -> Result<Vec<Row>, PruneError> {
+    crate::xact::check_writable("prune_expired")?;
     let lock_timeout_ms = match lock_timeout_ms {
         Some(ms) if ms > 0 => ms,
         other => return Err(PruneError::BadLockTimeout(other.unwrap_or(0))),
@@ -338,14 +343,20 @@ fn edge_row(relid: Oid, node: i32, snapshot: pg_sys::Snapshot, backward: bool) -
         after: i64::MIN,
         upto: i64::MAX,
     };
-    let edge = Scan::open(relid, snapshot, range, backward).map(|mut scan| {
+    let edge = Scan::open(relid, snapshot, range, backward).and_then(|mut scan| {
+        if scan.is_executed() {
+            // Not a plain band (the owner partitioned it further, or its index
+            // is missing): a query on it could wait for locks on what is
+            // inside. Treated as busy: such a band is never dropped.
+            return None;
+        }
         if !scan.next() {
-            return Edge::Empty;
+            return Some(Edge::Empty);
         }
         let seq = scan
             .attno("originator_sequence_id")
             .and_then(|attno| scan.get::<i64>(attno));
-        Edge::Row(seq)
+        Some(Edge::Row(seq))
     });
     // SAFETY: releases the ACCESS SHARE lock granted above.
     unsafe { pg_sys::UnlockRelationOid(relid, share) };
@@ -411,12 +422,12 @@ fn delete_expired(entry: &mut Entry, cutoff: i64, late: Oid) -> Result<(), Prune
     };
     let sql = format!(
         "WITH doomed AS (
-             SELECT x.ctid FROM {meta} x
+             SELECT x.tableoid, x.ctid FROM {meta} x
               WHERE x.expiry IS NOT NULL AND x.expiry < $1
                 FOR UPDATE SKIP LOCKED
          ), gone AS (
              DELETE FROM {meta} m USING doomed d
-              WHERE m.ctid = d.ctid
+              WHERE m.ctid = d.ctid AND m.tableoid = d.tableoid
              RETURNING m.originator_node_id, m.originator_sequence_id
          ){gone_blob}, gone_late AS (
              DELETE FROM envelopes.late_envelopes l USING gone g
