@@ -390,8 +390,10 @@ impl Scan {
         unsafe {
             let mut index = pg_sys::index_open(index_oid, lock);
             if !usable(index) {
-                // The remembered topic index is being built or retired (CREATE or
-                // REINDEX CONCURRENTLY): look again among the table's indexes.
+                // The index is being built or retired (CREATE or REINDEX
+                // CONCURRENTLY, or marked invalid): a remembered topic index is
+                // looked for again among the table's indexes; without a usable
+                // one the executor path reads the table.
                 pg_sys::index_close(index, lock);
                 TOPIC_INDEXES.with(|c| c.borrow_mut().remove(&relid));
                 let again = match range {
@@ -1115,8 +1117,10 @@ pub unsafe fn index_serves(
     unsafe { usable(index) && index_is_on(heap, index, columns) }
 }
 
-/// The table's primary key if the index path can read it: a usable btree on
-/// exactly `columns`; `InvalidOid` otherwise.
+/// The table's primary key if the index path can read it: a btree on exactly
+/// `columns`; `InvalidOid` otherwise. Whether it is usable (valid, ready) is
+/// checked by [`Scan::open_band`] on the index it opens; what an index is on
+/// never changes, so it is looked at once per index and remembered.
 ///
 /// # Safety
 /// `heap` is an open relation.
@@ -1129,15 +1133,32 @@ pub unsafe fn primary_key_on(heap: pg_sys::Relation, columns: &[&str]) -> Oid {
         if oid == pg_sys::InvalidOid {
             return oid;
         }
-        let index = pg_sys::index_open(oid, lock);
-        let ok = index_serves(heap, index, columns);
-        pg_sys::index_close(index, lock);
-        if ok {
+        let key = (oid, columns.len());
+        let on = match KEYS_ON.with(|k| k.borrow().get(&key).copied()) {
+            Some(on) => on,
+            None => {
+                let index = pg_sys::index_open(oid, lock);
+                let on = (*(*index).rd_rel).relam == pg_sys::BTREE_AM_OID
+                    && index_is_on(heap, index, columns);
+                pg_sys::index_close(index, lock);
+                KEYS_ON.with(|k| k.borrow_mut().insert(key, on));
+                on
+            }
+        };
+        if on {
             oid
         } else {
             pg_sys::InvalidOid
         }
     }
+}
+
+thread_local! {
+    /// Whether a primary key (by oid, and the number of columns asked for) is a
+    /// btree on the columns the index path keys it by, as [`primary_key_on`]
+    /// found it.
+    static KEYS_ON: std::cell::RefCell<std::collections::HashMap<(Oid, usize), bool>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
 }
 
 /// The usable, non-partial btree index of `heap` on exactly `(topic,

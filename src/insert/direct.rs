@@ -192,8 +192,11 @@ impl Writer {
         let Some(first) = routes.first() else {
             return Ok(None);
         };
-        refuse_insert_rules(first[Table::Meta as usize].root)?;
-        refuse_insert_rules(first[Table::Blob as usize].root)?;
+        let doorbell = root_triggers_allow(first[Table::Meta as usize].root, true)?;
+        let blob = root_triggers_allow(first[Table::Blob as usize].root, false)?;
+        let (Some(doorbell), Some(_)) = (doorbell, blob) else {
+            return Ok(None);
+        };
         if routes
             .iter()
             .flatten()
@@ -204,12 +207,6 @@ impl Writer {
         // SAFETY: reads the snapshot stack's state.
         if !unsafe { pg_sys::ActiveSnapshotSet() } {
             return Ok(None); // not seen from SQL calls; the SQL path copes with it
-        }
-        let Some(doorbell) = root_triggers_allow(first[Table::Meta as usize].root, true) else {
-            return Ok(None);
-        };
-        if root_triggers_allow(first[Table::Blob as usize].root, false).is_none() {
-            return Ok(None);
         }
         // SAFETY: creating an executor state has no preconditions; it allocates
         // its own memory context under the current one.
@@ -967,49 +964,67 @@ unsafe fn heap_table(rel: pg_sys::Relation) -> bool {
 /// path runs no rewriter, and the SQL path's `INSERT ... ON CONFLICT` is refused
 /// by Postgres on such a table, so no insert function could honour it.
 fn refuse_insert_rules(relid: pg_sys::Oid) -> Result<(), DirectError> {
-    // SAFETY: the relation is locked by the caller (the roots by the route, the
-    // feed table above); RelationIdGetRelation takes a relcache reference that
-    // RelationClose drops. rd_rules belongs to the entry and holds numLocks rules.
+    // SAFETY: the relation is locked by the caller (the feed table, in
+    // open_late); RelationIdGetRelation takes a relcache reference that
+    // RelationClose drops.
     unsafe {
         let rel = pg_sys::RelationIdGetRelation(relid);
         if rel.is_null() {
             return Ok(());
         }
-        let rules = (*rel).rd_rules;
-        let mut fires = false;
-        if !rules.is_null() {
-            let count = usize::try_from((*rules).numLocks).unwrap_or(0);
-            for &rule in std::slice::from_raw_parts((*rules).rules, count) {
-                if (*rule).event == pg_sys::CmdType::CMD_INSERT
-                    && trigger_fires((*rule).enabled as u8)
-                {
-                    fires = true;
-                }
-            }
-        }
-        let name = CStr::from_ptr((*(*rel).rd_rel).relname.data.as_ptr())
-            .to_string_lossy()
-            .into_owned();
+        let refused = insert_rule(rel);
         pg_sys::RelationClose(rel);
-        if fires {
-            return Err(DirectError::Rule(name));
-        }
-        Ok(())
+        refused
     }
 }
 
-/// Checks the insert triggers of a root (none on blob; on meta only the doorbell)
-/// and that row security is not forced on its owner.
-/// `Some(fires)` says whether the doorbell trigger would fire in this session;
-/// `None` means the direct path would skip a trigger.
-fn root_triggers_allow(root: pg_sys::Oid, doorbell_allowed: bool) -> Option<bool> {
+/// [`DirectError::Rule`] when the open relation has an INSERT rule that fires in
+/// this session (as the rewriter decides with `session_replication_role`).
+///
+/// # Safety
+/// `rel` is an open relation (a reference held).
+unsafe fn insert_rule(rel: pg_sys::Relation) -> Result<(), DirectError> {
+    // SAFETY: the caller's promise; rd_rules belongs to the relcache entry and
+    // holds numLocks rules.
+    unsafe {
+        let rules = (*rel).rd_rules;
+        if rules.is_null() {
+            return Ok(());
+        }
+        let count = usize::try_from((*rules).numLocks).unwrap_or(0);
+        let fires = std::slice::from_raw_parts((*rules).rules, count)
+            .iter()
+            .any(|&rule| {
+                (*rule).event == pg_sys::CmdType::CMD_INSERT && trigger_fires((*rule).enabled as u8)
+            });
+        if !fires {
+            return Ok(());
+        }
+        let name = CStr::from_ptr((*(*rel).rd_rel).relname.data.as_ptr());
+        Err(DirectError::Rule(name.to_string_lossy().into_owned()))
+    }
+}
+
+/// Checks the insert rules (an error: [`insert_rule`]) and triggers of a root
+/// (none on blob; on meta only the doorbell), and that row security is not
+/// forced on its owner. `Some(fires)` says whether the doorbell trigger would
+/// fire in this session; `None` means the direct path would skip a trigger.
+fn root_triggers_allow(
+    root: pg_sys::Oid,
+    doorbell_allowed: bool,
+) -> Result<Option<bool>, DirectError> {
     // SAFETY: the root is locked (partition::route); RelationIdGetRelation takes a
-    // relcache reference that RelationClose drops. The trigger descriptor belongs
-    // to the relcache entry and is read while the reference is held.
+    // relcache reference that RelationClose drops. The rules and the trigger
+    // descriptor belong to the relcache entry and are read while the reference is
+    // held.
     unsafe {
         let rel = pg_sys::RelationIdGetRelation(root);
         if rel.is_null() {
-            return None;
+            return Ok(None);
+        }
+        if let Err(refused) = insert_rule(rel) {
+            pg_sys::RelationClose(rel);
+            return Err(refused);
         }
         let form = (*rel).rd_rel;
         let mut answer = if (*form).relrowsecurity && (*form).relforcerowsecurity {
@@ -1036,7 +1051,7 @@ fn root_triggers_allow(root: pg_sys::Oid, doorbell_allowed: bool) -> Option<bool
             }
         }
         pg_sys::RelationClose(rel);
-        answer
+        Ok(answer)
     }
 }
 
