@@ -33,7 +33,10 @@
 //! originator's newest band, and lies wholly below the highest sequence id that
 //! originator had when the run began. Bands created ahead of the data (with
 //! `ensure_gateway_parts`) therefore stay, and so does every band of an originator
-//! that has no rows left at all.
+//! that has no rows left at all, and every band that is not a plain table (one its
+//! owner partitioned further, whose expired rows are deleted all the same: the
+//! deletes match rows by `tableoid` and `ctid`, which alone repeats across
+//! sub-partitions).
 
 use super::worker;
 use super::PartitionError;
@@ -329,8 +332,10 @@ enum Edge {
 
 /// The first row of one band leaf, lowest sequence id first (or, `backward`,
 /// highest first), read with `snapshot` under an ACCESS SHARE lock asked for
-/// without waiting and released after the read. `None` when the lock was refused
-/// or the table is gone: busy, leave it.
+/// without waiting and released after the read. `None` when the lock was refused,
+/// the table is gone, or it is not a plain band the index path reads (partitioned
+/// further by its owner, say: a query on it could wait for what is inside): busy,
+/// leave it. So such a band is never dropped.
 fn edge_row(relid: Oid, node: i32, snapshot: pg_sys::Snapshot, backward: bool) -> Option<Edge> {
     let share = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
     // SAFETY: any oid is accepted; the lock granted here is released below (the
