@@ -5,7 +5,9 @@
 #   - the change feed's randomized test for SECONDS (600 by default): writers on
 #     shared originators with ids up and down, rollbacks, outbox rows, and the
 #     bridge killed with SIGKILL at random moments; every committed row must reach
-#     JetStream once (CI runs the same test for about a minute).
+#     JetStream once (CI runs the same test for about a minute);
+#   - the integrity tier (scripts/integrity.sh) with its writers racing for
+#     SECONDS and 9 crash rounds (CI: 30 s and 3).
 # Usage: scripts/stress.sh [ROUNDS] [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,3 +24,4 @@ ENVELOPES_STRESS_ROUNDS=$rounds cargo test -p pg_envelopes_tests --test concurre
 log "$rounds rounds in each mode passed"
 ENVELOPES_STRESS_SECS=$seconds cargo test -p envelopes-bridge --test delivery randomized -- --test-threads=1
 log "$seconds s of randomized writers and bridge kills lost nothing"
+scripts/integrity.sh "$seconds" 9

@@ -8,6 +8,8 @@
 #   5. client integration tests (tests/) and the bridge's end-to-end tests
 #      (bridge/tests/) against a throwaway cluster and the local message buses,
 #      and the router's against four throwaway shards (scripts/shards.sh)
+#   6. the integrity tier (scripts/integrity.sh: racing writers, amcheck,
+#      decoding, a standby, crash rounds) against a server of its own
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -64,5 +66,8 @@ cargo test -p pg_envelopes_tests -- --test-threads=4
 
 step "bridge tests (real NATS JetStream, Redis, Mosquitto, RabbitMQ, a webhook receiver, bridges per shard)"
 cargo test -p envelopes-bridge -- --test-threads=2
+
+step "integrity tier (races, amcheck, decoding, standby, crashes)"
+scripts/integrity.sh
 
 step "all tests passed"

@@ -897,3 +897,74 @@ SELECT m.originator_node_id,
 
 COMMENT ON VIEW gateway_envelopes_view IS
     'Envelopes with their bytes: each meta row with its blob row, looked up by key.';
+
+
+-- ---------------------------------------------------------------------------
+-- Issue 29: the direct paths under unusual but legal setups (appended here, in
+-- a section of its own, while 0.4.0 is unreleased).
+--
+-- envelope_of, the view's per-row lookup, is no longer executable by PUBLIC: it
+-- reads blob for whoever may call it, so the reader bundle grants it with the
+-- view (src/lookup.rs). Roles that read the view before the upgrade (with SELECT
+-- on it, or on some of its columns) keep reading it.
+REVOKE EXECUTE ON FUNCTION envelope_of(integer, bigint) FROM PUBLIC;
+DO $$
+DECLARE
+    grantee pg_catalog.regrole;
+BEGIN
+    FOR grantee IN
+        SELECT DISTINCT a.grantee::pg_catalog.regrole
+          FROM pg_catalog.pg_class c,
+               LATERAL pg_catalog.aclexplode(c.relacl) a
+         WHERE c.oid = '@extschema@.gateway_envelopes_view'::pg_catalog.regclass
+           AND a.privilege_type = 'SELECT' AND a.grantee <> c.relowner AND a.grantee <> 0
+        UNION
+        SELECT DISTINCT a.grantee::pg_catalog.regrole
+          FROM pg_catalog.pg_attribute t,
+               LATERAL pg_catalog.aclexplode(t.attacl) a
+         WHERE t.attrelid = '@extschema@.gateway_envelopes_view'::pg_catalog.regclass
+           AND a.privilege_type = 'SELECT' AND a.grantee <> 0
+    LOOP
+        EXECUTE pg_catalog.format(
+            'GRANT EXECUTE ON FUNCTION @extschema@.envelope_of(integer, bigint) TO %s', grantee);
+    END LOOP;
+END $$;
+
+CREATE OR REPLACE FUNCTION grant_reader(role name) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@._check_role(role);
+    EXECUTE format('GRANT USAGE ON SCHEMA @extschema@ TO %I', role);
+    EXECUTE format('GRANT SELECT ON @extschema@.gateway_envelopes_view TO %I', role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION
+        @extschema@.envelope_of(integer, bigint),
+        @extschema@.select_gateway_envelopes(integer[], bigint[], bytea[], integer[], integer),
+        @extschema@.select_by_topic_cursors(bytea[], integer[], bigint[], integer, integer, boolean),
+        @extschema@.select_wave(bytea[], integer[], bigint[], integer[], bigint[], integer, bigint, integer, boolean),
+        @extschema@.select_newest_by_topic(bytea[]),
+        @extschema@.select_originator(integer, bigint, integer, boolean),
+        @extschema@.originator_maxima(integer[]),
+        @extschema@.originator_ceilings(),
+        @extschema@.partitions()
+        TO %I', role);
+END $$;
+
+CREATE OR REPLACE FUNCTION revoke_reader(role name) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@._check_role(role);
+    EXECUTE format('REVOKE SELECT ON @extschema@.gateway_envelopes_view FROM %I', role);
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION
+        @extschema@.envelope_of(integer, bigint),
+        @extschema@.select_gateway_envelopes(integer[], bigint[], bytea[], integer[], integer),
+        @extschema@.select_by_topic_cursors(bytea[], integer[], bigint[], integer, integer, boolean),
+        @extschema@.select_wave(bytea[], integer[], bigint[], integer[], bigint[], integer, bigint, integer, boolean),
+        @extschema@.select_newest_by_topic(bytea[]),
+        @extschema@.select_originator(integer, bigint, integer, boolean),
+        @extschema@.originator_maxima(integer[]),
+        @extschema@.originator_ceilings(),
+        @extschema@.partitions()
+        FROM %I', role);
+END $$;

@@ -5,6 +5,5 @@
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA @extschema@ FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA @extschema@ FROM PUBLIC;
 REVOKE ALL ON SCHEMA @extschema@ FROM PUBLIC;
--- The view's per-row lookup: callable by whoever may read the view, which runs it
--- as the caller. It checks that the caller may read the view or blob itself.
-GRANT EXECUTE ON FUNCTION @extschema@.envelope_of(integer, bigint) TO PUBLIC;
+-- The view's per-row lookup (envelope_of) is no exception: the view runs it as
+-- the caller, so grant_reader grants it with the view.

@@ -67,6 +67,7 @@ BEGIN
     EXECUTE format('GRANT USAGE ON SCHEMA @extschema@ TO %I', role);
     EXECUTE format('GRANT SELECT ON @extschema@.gateway_envelopes_view TO %I', role);
     EXECUTE format('GRANT EXECUTE ON FUNCTION
+        @extschema@.envelope_of(integer, bigint),
         @extschema@.select_gateway_envelopes(integer[], bigint[], bytea[], integer[], integer),
         @extschema@.select_by_topic_cursors(bytea[], integer[], bigint[], integer, integer, boolean),
         @extschema@.select_wave(bytea[], integer[], bigint[], integer[], bigint[], integer, bigint, integer, boolean),
@@ -85,6 +86,7 @@ BEGIN
     PERFORM @extschema@._check_role(role);
     EXECUTE format('REVOKE SELECT ON @extschema@.gateway_envelopes_view FROM %I', role);
     EXECUTE format('REVOKE EXECUTE ON FUNCTION
+        @extschema@.envelope_of(integer, bigint),
         @extschema@.select_gateway_envelopes(integer[], bigint[], bytea[], integer[], integer),
         @extschema@.select_by_topic_cursors(bytea[], integer[], bigint[], integer, integer, boolean),
         @extschema@.select_wave(bytea[], integer[], bigint[], integer[], bigint[], integer, bigint, integer, boolean),

@@ -520,95 +520,160 @@ fn envelope_batch(
         known.late_clean =
             (complete && ceiling == last_late).then_some((last_late, delivered_late));
 
-        // Then each originator after the vector clock.
+        // Then each originator after the vector clock. A read that stops at
+        // the step-over budget inside a run of late rows moves on from where it
+        // stopped in a further round, as long as the batch is still empty: the
+        // budget bounds the work of a call that has rows to return, never makes
+        // a call return nothing while rows are deliverable.
         let before = gate.before();
-        let mut step_over: Vec<(i32, i64)> = Vec::new();
+        let mut step_over: HashMap<i32, i64> = HashMap::new();
+        let mut round: Vec<(i32, i64)> = Vec::with_capacity(nodes.len());
         for &node in &nodes {
-            if budget.exhausted() {
-                break;
-            }
             if let Some(clocks) = &gate.sample.clocks {
                 if known.node_is_clean(node, clocks) {
                     continue;
                 }
             }
             known.clean.remove(&node);
-            let after = known.cursor_of(node);
-            let limit = gate.markers.envelope_limit(node);
-            let upto = limit.unwrap_or(i64::MAX);
-            let mut read = Vec::new();
-            let mut room = budget.clone();
-            let mut late_seen = 0usize;
-            let reached_end = read::originator_rows(
-                node,
-                after,
-                upto,
-                gate.rows(),
-                Blobs::NotOfLateRows,
-                |row| {
-                    if row.late {
-                        // Bounds the read like any row (it is committed); the late
-                        // feed hands it out. Read without its bytes, and only so many.
-                        late_seen += 1;
-                        read.push(row);
-                        return if late_seen < MAX_LATE_STEPPED_OVER {
-                            Flow::Continue
-                        } else {
-                            Flow::Stop
-                        };
-                    }
-                    if !room.take(row.bytes()) {
-                        return Flow::Stop;
-                    }
-                    read.push(row);
-                    Flow::Continue
-                },
-            )?;
-            // Hand out rows only up to the last one whose transaction had ended
-            // before the markers were listed (see crate::feed).
-            let settled = read
-                .iter()
-                .rposition(|row| before.saw_end_of(row.inserted_xid))
-                .map_or(0, |i| i + 1);
-            let tail_unsettled = settled < read.len();
-            read.truncate(settled);
-            // Late rows right after the cursor: nothing of this feed is left to
-            // hand out below the last of them, so the cursor may step over them
-            // without a delivery (the bridge's acknowledgement only covers the
-            // rows it was handed).
-            let leading_late = read.iter().take_while(|row| row.late).last().map(|r| r.seq);
-            let mut reached = after;
-            for row in read {
-                if row.late {
-                    continue;
+            round.push((node, known.cursor_of(node)));
+        }
+        while !round.is_empty() {
+            let mut again = Vec::new();
+            for (node, after) in round {
+                if budget.exhausted() {
+                    break;
                 }
-                budget.take(row.bytes());
-                reached = reached.max(row.seq);
-                out.push((row, None));
-            }
-            if let Some(seq) = leading_late.filter(|_| reached == after) {
-                step_over.push((node, seq));
-                reached = seq;
-            }
-            if limit.is_none() && reached_end && !tail_unsettled {
-                if let Some(clocks) = &gate.sample.clocks {
-                    known.clean.insert(
-                        node,
-                        (clocks[clock::bucket(node)], clocks[clock::ALL], reached),
-                    );
+                let pass = read_in_order(node, after, &gate, before, &mut budget, &mut out)?;
+                if let Some(seq) = pass.stepped_to {
+                    step_over.insert(node, seq);
+                }
+                if pass.clean {
+                    if let Some(clocks) = &gate.sample.clocks {
+                        known.clean.insert(
+                            node,
+                            (
+                                clocks[clock::bucket(node)],
+                                clocks[clock::ALL],
+                                pass.reached,
+                            ),
+                        );
+                    }
+                }
+                if let Some(from) = pass.go_on_from {
+                    again.push((node, from));
                 }
             }
+            round = if out.is_empty() { again } else { Vec::new() };
         }
         if !step_over.is_empty() {
-            move_cursor(consumer, step_over)?;
+            move_cursor(consumer, step_over.into_iter().collect())?;
         }
         Ok(out)
     })
 }
 
-/// Late rows one read of the in-order part steps over at most; a longer run is
-/// stepped over in several batches.
+/// Late rows one read of the in-order part steps over at most before it lets the
+/// other originators have their turn; a longer run is read on in the next round
+/// of the same call while the batch is empty, else in the next batch.
 const MAX_LATE_STEPPED_OVER: usize = 10_000;
+
+/// What one read of an originator's in-order rows ([`read_in_order`]) did.
+struct Pass {
+    /// How far the originator's rows were handed out or stepped over.
+    reached: i64,
+    /// The cursor stepped over a run of late rows right after it, to here.
+    stepped_to: Option<i64>,
+    /// Read to the end with nothing held back: the originator is clean.
+    clean: bool,
+    /// Stopped at [`MAX_LATE_STEPPED_OVER`] having stepped over every row it
+    /// read: another read from here makes progress.
+    go_on_from: Option<i64>,
+}
+
+/// Reads `node`'s rows after `after` for an envelope batch through `gate`:
+/// hands the in-order ones out into `out` (within `budget`) up to the last one
+/// whose transaction had ended when the markers were listed (see
+/// [`crate::feed`]), and steps over the late rows right after `after` (the late
+/// feed hands those out), at most [`MAX_LATE_STEPPED_OVER`] of them.
+fn read_in_order(
+    node: i32,
+    after: i64,
+    gate: &Gate,
+    before: &crate::feed::snapshot::Fresh,
+    budget: &mut Budget,
+    out: &mut Vec<BatchRow>,
+) -> Result<Pass, ConsumerError> {
+    let limit = gate.markers.envelope_limit(node);
+    let upto = limit.unwrap_or(i64::MAX);
+    let mut read = Vec::new();
+    let mut room = budget.clone();
+    let mut late_seen = 0usize;
+    let reached_end = read::originator_rows(
+        node,
+        after,
+        upto,
+        gate.rows(),
+        Blobs::NotOfLateRows,
+        |row| {
+            if row.late {
+                // Bounds the read like any row (it is committed); the late feed
+                // hands it out. Read without its bytes, and only so many.
+                late_seen += 1;
+                read.push(row);
+                return if late_seen < MAX_LATE_STEPPED_OVER {
+                    Flow::Continue
+                } else {
+                    Flow::Stop
+                };
+            }
+            if !room.take(row.bytes()) {
+                return Flow::Stop;
+            }
+            read.push(row);
+            Flow::Continue
+        },
+    )?;
+    let read_len = read.len();
+    let last_read = read.last().map(|row| row.seq);
+    // Hand out rows only up to the last one whose transaction had ended before
+    // the markers were listed (see crate::feed).
+    let settled = read
+        .iter()
+        .rposition(|row| before.saw_end_of(row.inserted_xid))
+        .map_or(0, |i| i + 1);
+    let tail_unsettled = settled < read.len();
+    read.truncate(settled);
+    // Late rows right after the cursor: nothing of this feed is left to hand out
+    // below the last of them, so the cursor may step over them without a
+    // delivery (the bridge's acknowledgement only covers the rows it was handed).
+    let leading_late = read.iter().take_while(|row| row.late).last().map(|r| r.seq);
+    let mut reached = after;
+    for row in read {
+        if row.late {
+            continue;
+        }
+        budget.take(row.bytes());
+        reached = reached.max(row.seq);
+        out.push((row, None));
+    }
+    let mut stepped_to = None;
+    if let Some(seq) = leading_late.filter(|_| reached == after) {
+        stepped_to = Some(seq);
+        reached = seq;
+    }
+    // Stopped at the budget with every row read stepped over: read on from there.
+    let go_on_from = (late_seen >= MAX_LATE_STEPPED_OVER
+        && settled == read_len
+        && stepped_to.is_some()
+        && stepped_to == last_read)
+        .then_some(reached);
+    Ok(Pass {
+        reached,
+        stepped_to,
+        clean: limit.is_none() && reached_end && !tail_unsettled,
+        go_on_from,
+    })
+}
 
 /// Moves `consumer`'s vector clock forward (never back) for the given
 /// originators, raising its version as an acknowledgement does: when a batch

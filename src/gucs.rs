@@ -29,8 +29,33 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// existing bands keep their bounds and new ones are clamped between them.
 static BAND_WIDTH: GucSetting<i32> = GucSetting::<i32>::new(1_000_000);
 
-/// Largest accepted topic, in bytes.
+/// Largest accepted topic, in bytes; at most [`TOPIC_INDEX_MAX`].
 static MAX_TOPIC_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024);
+
+/// The longest topic the meta leaves' `(topic, originator_sequence_id)` btree
+/// index can hold whatever its bytes (an incompressible topic is stored in the
+/// index as it is), for pages of `block` bytes: a btree tuple must fit in a third
+/// of a page after the page's own overhead (`BTMaxItemSize` in nbtree.h: 2704
+/// bytes for 8 kB pages), and the index tuple holds its 8-byte header, the topic
+/// with its 4-byte varlena header padded to 8 for the `bigint`, and the `bigint`.
+/// A longer topic fails in the index with 54000 instead of 22001 at the
+/// function's own check, so `envelopes.max_topic_bytes` cannot go above it.
+pub const fn topic_index_max(block: usize) -> usize {
+    const fn up(n: usize) -> usize {
+        (n + 7) & !7
+    }
+    const fn down(n: usize) -> usize {
+        n & !7
+    }
+    // Page header (24), three line pointers (4 each) and three heap TIDs (6
+    // each, a pivot tuple's), then the btree special space (16).
+    let overhead = up(24 + 3 * 4 + 3 * 6) + up(16);
+    let max_item = down((block - overhead) / 3);
+    down(max_item - 8 - 8) - 4
+}
+
+/// [`topic_index_max`] of this server's pages.
+pub const TOPIC_INDEX_MAX: usize = topic_index_max(pg_sys::BLCKSZ as usize);
 
 /// Largest accepted envelope blob, in bytes (default 4 MiB).
 static MAX_ENVELOPE_BYTES: GucSetting<i32> = GucSetting::<i32>::new(4 * 1024 * 1024);
@@ -138,10 +163,11 @@ fn int_settings() -> [IntSetting; 11] {
         IntSetting {
             name: c"envelopes.max_topic_bytes",
             short: c"Largest topic accepted by the insert functions.",
-            long: c"An insert with a longer topic fails with SQLSTATE 22001 and writes nothing.",
+            long: c"An insert with a longer topic fails with SQLSTATE 22001 and writes nothing. \
+                    At most what the topic index can hold (2684 bytes with 8 kB pages).",
             setting: &MAX_TOPIC_BYTES,
             min: 1,
-            max: i32::MAX,
+            max: TOPIC_INDEX_MAX as i32,
             context: Suset,
             flags: GucFlags::UNIT_BYTE,
         },
@@ -535,4 +561,17 @@ pub fn notify_channel() -> String {
         .get()
         .and_then(|s| s.into_string().ok())
         .unwrap_or_else(|| "envelopes".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::topic_index_max;
+
+    #[test]
+    fn the_topic_limit_is_what_a_btree_tuple_can_hold() {
+        // BTMaxItemSize is 2704 bytes for 8 kB pages: 8 + 2688 + 8 with the
+        // topic's 4-byte header and 2684 bytes.
+        assert_eq!(topic_index_max(8192), 2684);
+        assert_eq!(topic_index_max(32768), 10876);
+    }
 }

@@ -12,6 +12,7 @@ use pgrx::prelude::*;
 mod consumer;
 mod definer;
 mod error;
+mod executor;
 mod feed;
 mod gucs;
 mod insert;
@@ -28,6 +29,7 @@ mod srf;
 #[cfg(any(test, feature = "pg_test"))]
 mod testing;
 mod tuple;
+mod xact;
 
 ::pgrx::pg_module_magic!(name, version);
 

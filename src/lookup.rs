@@ -9,16 +9,33 @@
 //! calling statement's snapshot. The blob side then touches exactly the bands of
 //! the meta rows returned, whatever the query's shape, and a `LIMIT` stops both.
 //!
-//! The probe reads the table directly, so the function checks privileges itself:
-//! the caller must be allowed to read the view or blob (a view's tables are
-//! checked as its owner, but a function it calls runs as the caller).
+//! The probe reads the table directly, so the function checks what the join
+//! would have checked itself, once per statement ([`access`]):
+//!
+//! - **privileges**: the caller's own on blob, or else the view's (a view reads
+//!   its tables with its owner's rights, unless it is `security_invoker`, when
+//!   they are the caller's); the right to read `originator_envelope` gives the
+//!   bytes, the right to read only other columns (column grants on the view's
+//!   other columns) gives an empty `bytea` for an existing key — the view needs
+//!   to know the row has its blob twin, and its own column check keeps
+//!   `originator_envelope` from such a role;
+//! - **row-level security**: where it applies to blob for the role the lookup
+//!   reads as (`check_enable_rls`), the lookup is a query through the executor
+//!   as that role ([`crate::executor`]), which applies the policies; otherwise
+//!   the index probe.
+//!
+//! `envelope_of` is not executable by PUBLIC: `grant_reader` grants it with the
+//! view.
 
 use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
+use crate::executor::{self, Param};
 use crate::partition::{self, band::Table, PartitionError};
 use crate::read;
+use crate::scan::Reading;
 use crate::select;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
+use pgrx::FromDatum;
 use std::cell::Cell;
 
 /// Errors of the lookup.
@@ -30,6 +47,8 @@ pub enum LookupError {
     NoSnapshot,
     #[error("{0}")]
     Partition(#[from] PartitionError),
+    #[error("{0}")]
+    Executor(#[from] executor::ExecutorError),
 }
 
 impl SqlError for LookupError {
@@ -38,43 +57,108 @@ impl SqlError for LookupError {
             LookupError::NotAllowed => PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
             LookupError::NoSnapshot => PgSqlErrorCode::ERRCODE_INVALID_TRANSACTION_STATE,
             LookupError::Partition(e) => e.sqlstate(),
+            LookupError::Executor(e) => e.sqlstate(),
+        }
+    }
+
+    fn hint(&self) -> Option<String> {
+        match self {
+            LookupError::NotAllowed => Some(
+                "Reading the view needs SELECT on it (or on gateway_envelopes_blob) and \
+                 EXECUTE on envelopes.envelope_of; envelopes.grant_reader grants both."
+                    .into(),
+            ),
+            _ => None,
         }
     }
 }
 
-/// When a privilege check passed: the user, the local transaction, the command
-/// and the statement's start. The statement start changes with every statement a
-/// client sends (the command id only after a write), so a transaction that only
-/// reads is checked again at each statement and sees a revoke committed since.
+/// What the caller may learn of a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Right {
+    /// Its bytes.
+    Bytes,
+    /// Only whether it has a blob row (an empty `bytea` stands for it).
+    Exists,
+}
+
+/// How a statement's lookups read blob.
+#[derive(Clone, Copy, Debug)]
+struct Access {
+    right: Right,
+    /// The role the lookup reads as: the caller, or the view's owner.
+    role: pg_sys::Oid,
+    /// Row-level security applies to `role` on blob: read through the executor.
+    row_security: bool,
+}
+
+/// When a check passed: the user, the local transaction, the command and the
+/// statement's start. The statement start changes with every statement a client
+/// sends (the command id only after a write), so a transaction that only reads is
+/// checked again at each statement and sees a revoke committed since.
 type Checked = (pg_sys::Oid, u32, u32, pg_sys::TimestampTz);
 
 thread_local! {
     /// The last check that passed: a statement reading many rows checks once.
-    static ALLOWED: Cell<Option<Checked>> = const { Cell::new(None) };
+    static ALLOWED: Cell<Option<(Checked, Access)>> = const { Cell::new(None) };
 }
 
-/// Whether `user` may `SELECT` relation `relid`, or at least its column
-/// `originator_envelope` (the one column the lookup returns).
+/// What `user` may read of relation `relid`: `Some(Bytes)` with SELECT on it or
+/// on its column `originator_envelope`, `Some(Exists)` with SELECT on another of
+/// its columns only, `None` without any.
 ///
 /// # Safety
 /// Calls into the ACL and syscache code; `relid` may be any oid.
-unsafe fn may_select(relid: pg_sys::Oid, user: pg_sys::Oid) -> bool {
+unsafe fn right_on(relid: pg_sys::Oid, user: pg_sys::Oid) -> Option<Right> {
     let select = pg_sys::ACL_SELECT as pg_sys::AclMode;
     let ok = pg_sys::AclResult::ACLCHECK_OK;
-    // SAFETY: pg_class_aclcheck and pg_attribute_aclcheck look the relation up in
-    // the syscache and report (do not raise) what the user may do; get_attnum
-    // returns InvalidAttrNumber (0) for a column that does not exist.
+    // SAFETY: pg_class_aclcheck, pg_attribute_aclcheck and
+    // pg_attribute_aclcheck_all look the relation up in the syscache and report
+    // (do not raise) what the user may do; get_attnum returns InvalidAttrNumber
+    // (0) for a column that does not exist.
     unsafe {
         if pg_sys::pg_class_aclcheck(relid, user, select) == ok {
-            return true;
+            return Some(Right::Bytes);
         }
         let attnum = pg_sys::get_attnum(relid, c"originator_envelope".as_ptr());
-        attnum > 0 && pg_sys::pg_attribute_aclcheck(relid, attnum, user, select) == ok
+        if attnum > 0 && pg_sys::pg_attribute_aclcheck(relid, attnum, user, select) == ok {
+            return Some(Right::Bytes);
+        }
+        (pg_sys::pg_attribute_aclcheck_all(relid, user, select, pg_sys::AclMaskHow::ACLMASK_ANY)
+            == ok)
+            .then_some(Right::Exists)
     }
 }
 
-/// Whether the current user may read the view or blob's root.
-fn check_allowed(blob_root: pg_sys::Oid) -> Result<(), LookupError> {
+/// The view's owner, and whether it is `security_invoker` (its tables are then
+/// read with the caller's rights); `None` when there is no view.
+fn view_of(blob_root: pg_sys::Oid) -> Option<(pg_sys::Oid, pg_sys::Oid, bool)> {
+    // SAFETY: syscache lookups by oid and name (InvalidOid when missing); the
+    // relcache reference taken by RelationIdGetRelation is dropped by
+    // RelationClose; rd_options of a view is its ViewOptions (or NULL when it
+    // has none).
+    unsafe {
+        let schema = pg_sys::get_rel_namespace(blob_root);
+        let view = pg_sys::get_relname_relid(c"gateway_envelopes_view".as_ptr(), schema);
+        if view == pg_sys::InvalidOid {
+            return None;
+        }
+        let rel = pg_sys::RelationIdGetRelation(view);
+        if rel.is_null() {
+            return None;
+        }
+        let owner = (*(*rel).rd_rel).relowner;
+        let options = (*rel).rd_options.cast::<pg_sys::ViewOptions>();
+        let invoker = (*(*rel).rd_rel).relkind as u8 == pg_sys::RELKIND_VIEW
+            && !options.is_null()
+            && (*options).security_invoker;
+        pg_sys::RelationClose(rel);
+        Some((view, owner, invoker))
+    }
+}
+
+/// How the current statement's lookups read blob (checked once per statement).
+fn access(blob_root: pg_sys::Oid) -> Result<Access, LookupError> {
     // SAFETY: reads this backend's user, transaction, command and statement
     // start; MyProc is valid for the backend's life.
     let now = unsafe {
@@ -85,39 +169,117 @@ fn check_allowed(blob_root: pg_sys::Oid) -> Result<(), LookupError> {
             pg_sys::GetCurrentStatementStartTimestamp(),
         )
     };
-    if ALLOWED.with(Cell::get) == Some(now) {
-        return Ok(());
+    if let Some((checked, access)) = ALLOWED.with(Cell::get) {
+        if checked == now {
+            return Ok(access);
+        }
     }
     // A new statement: take in the catalog changes committed since (a transaction
     // that holds its locks already would otherwise read the privileges as they
     // were when it last took one).
     // SAFETY: plain call into the invalidation machinery, no arguments.
     unsafe { pg_sys::AcceptInvalidationMessages() };
-    // SAFETY: may_select accepts any oid; get_rel_namespace and get_relname_relid
-    // return InvalidOid for what does not exist.
-    let allowed = unsafe {
-        may_select(blob_root, now.0) || {
-            let schema = pg_sys::get_rel_namespace(blob_root);
-            let view = pg_sys::get_relname_relid(c"gateway_envelopes_view".as_ptr(), schema);
-            view != pg_sys::InvalidOid && may_select(view, now.0)
+    let user = now.0;
+    // SAFETY: right_on accepts any oid.
+    let on_blob = unsafe { right_on(blob_root, user) };
+    // Through the view, as its owner, unless it reads as the caller.
+    let on_view = view_of(blob_root).and_then(|(view, owner, invoker)| {
+        // SAFETY: as above.
+        let right = (!invoker)
+            .then(|| unsafe { right_on(view, user) })
+            .flatten()?;
+        Some((right, owner))
+    });
+    let (right, role) = match (on_blob, on_view) {
+        (Some(Right::Bytes), _) => (Right::Bytes, user),
+        (_, Some((Right::Bytes, owner))) => (Right::Bytes, owner),
+        (Some(Right::Exists), _) => (Right::Exists, user),
+        (_, Some((Right::Exists, owner))) => (Right::Exists, owner),
+        (None, None) => return Err(LookupError::NotAllowed),
+    };
+    // SAFETY: check_enable_rls reads the relation's row-security flags and the
+    // role's attributes; with noError it raises nothing.
+    let row_security = unsafe { pg_sys::check_enable_rls(blob_root, role, true) }
+        == pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32;
+    let access = Access {
+        right,
+        role,
+        row_security,
+    };
+    ALLOWED.with(|a| a.set(Some((now, access))));
+    Ok(access)
+}
+
+/// The key looked up through the executor, as `role`, so that blob's row
+/// security applies: its bytes, or an empty `bytea` for [`Right::Exists`].
+fn lookup_with_row_security(
+    node: i32,
+    seq: i64,
+    access: Access,
+    snapshot: pg_sys::Snapshot,
+) -> Result<Option<Vec<u8>>, LookupError> {
+    let sql = match access.right {
+        Right::Bytes => {
+            "SELECT b.originator_envelope FROM envelopes.gateway_envelopes_blob b
+              WHERE b.originator_node_id OPERATOR(pg_catalog.=) $1
+                AND b.originator_sequence_id OPERATOR(pg_catalog.=) $2"
+        }
+        Right::Exists => {
+            "SELECT ''::pg_catalog.bytea FROM envelopes.gateway_envelopes_blob b
+              WHERE b.originator_node_id OPERATOR(pg_catalog.=) $1
+                AND b.originator_sequence_id OPERATOR(pg_catalog.=) $2"
         }
     };
-    if !allowed {
-        return Err(LookupError::NotAllowed);
-    }
-    ALLOWED.with(|a| a.set(Some(now)));
-    Ok(())
+    let params = [
+        Param {
+            typ: pg_sys::INT4OID,
+            value: pg_sys::Datum::from(node),
+        },
+        Param {
+            typ: pg_sys::INT8OID,
+            value: pg_sys::Datum::from(seq),
+        },
+    ];
+    let mut found = None;
+    executor::select(
+        sql,
+        &params,
+        snapshot,
+        Some(access.role),
+        "gateway_envelopes_blob",
+        |tuple, desc| {
+            if found.is_some() {
+                return;
+            }
+            let mut isnull = false;
+            // SAFETY: the row and its descriptor are SPI's, valid during the
+            // callback; column 1 is a bytea, copied out by the conversion.
+            found = unsafe {
+                let datum = pg_sys::SPI_getbinval(tuple, desc, 1, &mut isnull);
+                <Vec<u8> as FromDatum>::from_polymorphic_datum(datum, isnull, pg_sys::BYTEAOID)
+            };
+        },
+    )?;
+    Ok(found)
 }
 
 fn lookup(node: i32, seq: i64) -> Result<Option<Vec<u8>>, LookupError> {
-    check_allowed(partition::root_of(Table::Blob)?)?;
+    let access = access(partition::root_of(Table::Blob)?)?;
     let snapshot = select::statement_snapshot().map_err(|_| LookupError::NoSnapshot)?;
-    Ok(read::blob_envelope(node, seq, snapshot)?)
+    if access.row_security {
+        return lookup_with_row_security(node, seq, access, snapshot);
+    }
+    let bytes = read::blob_envelope(node, seq, Reading::kept(snapshot))?;
+    Ok(match access.right {
+        Right::Bytes => bytes,
+        Right::Exists => bytes.map(|_| Vec::new()),
+    })
 }
 
 /// The bytes of envelope `(originator_node_id, originator_sequence_id)` from
 /// `gateway_envelopes_blob`, as the calling statement sees it; NULL when there is
-/// no such row.
+/// no such row. For a role that may read only the view's other columns, an empty
+/// `bytea` for an envelope that exists (see the module documentation).
 #[pg_extern(stable, parallel_safe)]
 fn envelope_of(originator_node_id: i32, originator_sequence_id: i64) -> Option<Vec<u8>> {
     lookup(originator_node_id, originator_sequence_id).or_raise()

@@ -54,6 +54,8 @@ pub enum OutboxError {
     BadTrigger,
     #[error("{0}")]
     Marker(#[from] MarkerError),
+    #[error("{0}")]
+    NotWritable(#[from] crate::xact::NotWritable),
     #[error("SPI error in the outbox: {0}")]
     Spi(#[from] pgrx::spi::SpiError),
 }
@@ -71,7 +73,15 @@ impl SqlError for OutboxError {
             | OutboxError::HeadersTooLarge { .. } => ERRCODE_STRING_DATA_RIGHT_TRUNCATION,
             OutboxError::BadTrigger => ERRCODE_TRIGGERED_ACTION_EXCEPTION,
             OutboxError::Marker(e) => e.sqlstate(),
+            OutboxError::NotWritable(e) => e.sqlstate(),
             OutboxError::Spi(_) => ERRCODE_INTERNAL_ERROR,
+        }
+    }
+
+    fn hint(&self) -> Option<String> {
+        match self {
+            OutboxError::NotWritable(e) => e.hint(),
+            _ => None,
         }
     }
 }
@@ -118,6 +128,7 @@ fn publish_row(
     payload: Option<&[u8]>,
     headers: Option<JsonB>,
 ) -> Result<i64, OutboxError> {
+    crate::xact::check_writable("publish")?;
     let subject = check_subject(subject)?;
     let payload = payload.ok_or(OutboxError::Null("payload"))?;
     let max = gucs::max_publish_bytes();

@@ -9,7 +9,7 @@
 
 use crate::partition::band::{RangeBound, Table};
 use crate::partition::{self, PartitionError};
-use crate::scan::{Range, Scan, Seeker};
+use crate::scan::{Range, Reading, Scan, Seeker};
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys::{self, Oid};
 
@@ -110,10 +110,16 @@ fn blob_of(
     blob: &partition::cache::OriginatorParts,
     node: i32,
     seq: i64,
-    snapshot: pg_sys::Snapshot,
+    reading: Reading,
 ) -> Option<(Scan, i32)> {
     let leaf = blob.leaf_for(seq)?;
-    let mut scan = Scan::open(leaf, snapshot, Range::Key { node, seq }, false)?;
+    let mut scan = Scan::open_band(
+        leaf,
+        reading,
+        Range::Key { node, seq },
+        false,
+        blob.path(leaf),
+    )?;
     let col = scan.attno("originator_envelope")?;
     scan.next().then_some((scan, col))
 }
@@ -157,18 +163,18 @@ pub enum Blobs {
 }
 
 /// Calls `each` with the rows of `node` whose sequence id is in `(after, upto]`,
-/// in order, as seen by `snapshot`, until it returns [`Flow::Stop`]. Returns true
+/// in order, as `reading` sees them, until it returns [`Flow::Stop`]. Returns true
 /// when it reached the end of the range. A meta row without its blob twin (only
 /// possible after hand edits) is skipped.
 pub fn originator_rows(
     node: i32,
     after: i64,
     upto: i64,
-    snapshot: pg_sys::Snapshot,
+    reading: impl Into<Reading>,
     blobs_wanted: Blobs,
     mut each: impl FnMut(EnvelopeRow) -> Flow,
 ) -> Result<bool, PartitionError> {
-    walk_originator(node, after, upto, snapshot, blobs_wanted, |mut at| {
+    walk_originator(node, after, upto, reading, blobs_wanted, |mut at| {
         Ok(each(at.copy_out()?))
     })
 }
@@ -178,10 +184,11 @@ pub fn walk_originator(
     node: i32,
     after: i64,
     upto: i64,
-    snapshot: pg_sys::Snapshot,
+    reading: impl Into<Reading>,
     blobs_wanted: Blobs,
     mut each: impl FnMut(At<'_>) -> Result<Flow, PartitionError>,
 ) -> Result<bool, PartitionError> {
+    let reading = reading.into();
     if upto <= after {
         return Ok(true);
     }
@@ -202,12 +209,13 @@ pub fn walk_originator(
             break; // bands are sorted: nothing further is in range
         }
         let range = Range::Envelope { node, after, upto };
-        let Some(mut metas) = Scan::open(*leaf, snapshot, range, false) else {
+        let Some(mut metas) = Scan::open_band(*leaf, reading, range, false, meta.path(*leaf))
+        else {
             continue; // dropped (by prune_expired) after it was listed: it was empty
         };
         let cols = MetaColumns::of(&metas)?;
         let mut blobs = aligned(&blob.bands, bound)
-            .and_then(|b| Scan::open(b, snapshot, range, false))
+            .and_then(|b| Scan::open_band(b, reading, range, false, blob.path(b)))
             .and_then(|scan| {
                 let envelope = scan.attno("originator_envelope")?;
                 let seq = scan.attno("originator_sequence_id")?;
@@ -262,7 +270,7 @@ pub fn walk_originator(
                     found
                 }
                 None => {
-                    fallback = blob_of(&blob, node, seq, snapshot);
+                    fallback = blob_of(&blob, node, seq, reading);
                     fallback
                         .as_mut()
                         .and_then(|(scan, col)| scan.flat_value(*col))
@@ -288,15 +296,16 @@ pub fn walk_originator(
     Ok(true)
 }
 
-/// The envelope bytes of blob row `(node, seq)` as seen by `snapshot`, if it
+/// The envelope bytes of blob row `(node, seq)` as `reading` sees it, if it
 /// exists. A band the partition cache does not know yet (attached by a
 /// transaction that has finished since) is looked for once more after taking in
 /// the invalidations.
 pub fn blob_envelope(
     node: i32,
     seq: i64,
-    snapshot: pg_sys::Snapshot,
+    reading: impl Into<Reading>,
 ) -> Result<Option<Vec<u8>>, PartitionError> {
+    let reading = reading.into();
     for fresh in [false, true] {
         if fresh {
             // SAFETY: plain call into the invalidation machinery, no arguments.
@@ -308,20 +317,22 @@ pub fn blob_envelope(
         if blob.leaf_for(seq).is_none() {
             continue;
         }
-        return Ok(blob_of(&blob, node, seq, snapshot)
-            .and_then(|(mut scan, col)| scan.get::<Vec<u8>>(col)));
+        return Ok(
+            blob_of(&blob, node, seq, reading).and_then(|(mut scan, col)| scan.get::<Vec<u8>>(col))
+        );
     }
     Ok(None)
 }
 
-/// The row `(node, seq)` as seen by `snapshot`, if it exists.
+/// The row `(node, seq)` as `reading` sees it, if it exists.
 pub fn envelope(
     node: i32,
     seq: i64,
-    snapshot: pg_sys::Snapshot,
+    reading: impl Into<Reading>,
 ) -> Result<Option<EnvelopeRow>, PartitionError> {
+    let reading = reading.into();
     let mut found = None;
-    originator_rows(node, seq - 1, seq, snapshot, Blobs::All, |row| {
+    originator_rows(node, seq - 1, seq, reading, Blobs::All, |row| {
         found = Some(row);
         Flow::Stop
     })?;
@@ -329,15 +340,16 @@ pub fn envelope(
 }
 
 /// The highest sequence id of `node` above `above` among the meta rows visible
-/// to `snapshot` for which `counts(inserted_xid)` is true, searching the bands
+/// to `reading` for which `counts(inserted_xid)` is true, searching the bands
 /// from the newest down (a backward index scan each; usually only the newest is
 /// read). Blobs are not read.
 pub fn highest_above(
     node: i32,
     above: i64,
-    snapshot: pg_sys::Snapshot,
+    reading: impl Into<Reading>,
     counts: impl Fn(u64) -> bool,
 ) -> Result<Option<i64>, PartitionError> {
+    let reading = reading.into();
     let Some(meta) = partition::originator_parts(Table::Meta, node)? else {
         return Ok(None);
     };
@@ -353,7 +365,7 @@ pub fn highest_above(
             after: above,
             upto: i64::MAX,
         };
-        let Some(mut scan) = Scan::open(*leaf, snapshot, range, true) else {
+        let Some(mut scan) = Scan::open_band(*leaf, reading, range, true, meta.path(*leaf)) else {
             continue;
         };
         let seq_col = scan.attno("originator_sequence_id").ok_or_else(missing)?;
@@ -395,9 +407,10 @@ pub fn walk_topics(
     node: i32,
     entries: &mut [TopicEntry],
     upto: i64,
-    snapshot: pg_sys::Snapshot,
+    reading: impl Into<Reading>,
     mut each: impl FnMut(At<'_>) -> Result<Flow, PartitionError>,
 ) -> Result<bool, PartitionError> {
+    let reading = reading.into();
     use pgrx::IntoDatum;
     let Some(lowest) = entries
         .iter()
@@ -446,7 +459,7 @@ pub fn walk_topics(
                 after: entry.after,
                 upto,
             };
-            let Some(scan) = topic_scan(*leaf, snapshot, range, false)? else {
+            let Some(scan) = Scan::open_band(*leaf, reading, range, false, meta.path(*leaf)) else {
                 break; // dropped after it was listed
             };
             cursors.push(TopicCursor {
@@ -478,7 +491,8 @@ pub fn walk_topics(
                     }
                 }
                 (None, Some(leaf)) => {
-                    match Seeker::open(leaf, snapshot, node, seq.saturating_sub(1), upto) {
+                    let path = blob.path(leaf);
+                    match Seeker::open(leaf, reading, node, seq.saturating_sub(1), upto, path) {
                         Some(mut blobs) => {
                             let col = blobs.attno("originator_envelope").ok_or_else(missing)?;
                             let found = if blobs.seek(seq) {
@@ -493,7 +507,7 @@ pub fn walk_topics(
                     }
                 }
                 (None, None) => {
-                    fallback = blob_of(&blob, node, seq, snapshot);
+                    fallback = blob_of(&blob, node, seq, reading);
                     fallback
                         .as_mut()
                         .and_then(|(scan, col)| scan.flat_value(*col))
@@ -526,24 +540,6 @@ pub fn walk_topics(
     Ok(true)
 }
 
-/// A topic-index scan of a meta leaf; `None` when the leaf was dropped (by
-/// prune_expired) after it was listed (it was empty), an error when it exists
-/// without its topic index.
-fn topic_scan(
-    leaf: Oid,
-    snapshot: pg_sys::Snapshot,
-    range: Range,
-    backward: bool,
-) -> Result<Option<Scan>, PartitionError> {
-    match Scan::open(leaf, snapshot, range, backward) {
-        Some(scan) => Ok(Some(scan)),
-        None if partition::qualified_name(leaf).is_some() => Err(PartitionError::Catalog(
-            "a meta partition lacks its (topic, originator_sequence_id) index",
-        )),
-        None => Ok(None),
-    }
-}
-
 /// Moves a topic scan to its next row; false at its end.
 fn advance(cursor: &mut TopicCursor, cols: &MetaColumns) -> bool {
     if !cursor.scan.next() {
@@ -559,13 +555,14 @@ fn advance(cursor: &mut TopicCursor, cols: &MetaColumns) -> bool {
 }
 
 /// The row of `node` with the highest sequence id among those with `topic`, as
-/// seen by `snapshot`: the bands from the newest down, a backward scan of each
+/// `reading` sees them: the bands from the newest down, a backward scan of each
 /// band's topic index, the first row found.
 pub fn newest_with_topic(
     node: i32,
     topic: &[u8],
-    snapshot: pg_sys::Snapshot,
+    reading: impl Into<Reading>,
 ) -> Result<Option<EnvelopeRow>, PartitionError> {
+    let reading = reading.into();
     use pgrx::IntoDatum;
     let Some(meta) = partition::originator_parts(Table::Meta, node)? else {
         return Ok(None);
@@ -580,7 +577,7 @@ pub fn newest_with_topic(
             after: i64::MIN,
             upto: i64::MAX,
         };
-        let Some(mut scan) = topic_scan(*leaf, snapshot, range, true)? else {
+        let Some(mut scan) = Scan::open_band(*leaf, reading, range, true, meta.path(*leaf)) else {
             continue; // dropped after it was listed
         };
         let cols = MetaColumns::of(&scan)?;
@@ -589,7 +586,7 @@ pub fn newest_with_topic(
                 .value(cols.seq)
                 .map(|d| d.value() as i64)
                 .ok_or_else(missing)?;
-            let Some((mut blob_scan, col)) = blob_of(&blob, node, seq, snapshot) else {
+            let Some((mut blob_scan, col)) = blob_of(&blob, node, seq, reading) else {
                 continue;
             };
             let envelope = blob_scan.flat_value(col);

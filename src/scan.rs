@@ -14,7 +14,21 @@
 //! feed tables (outbox, late envelopes). Columns are found by name in the
 //! table's own tuple descriptor, so partitions whose column order differs from the
 //! root's (an upgraded table) read correctly.
+//!
+//! **Two paths.** The index path needs a plain heap table with a valid btree
+//! index on exactly the columns of the range. A table that is not one (a band
+//! partitioned further, a foreign table, another access method, an index that is
+//! missing or being rebuilt) is read by the executor path instead: the same rows,
+//! in the same order, with the same snapshot, fetched by queries a chunk at a time
+//! ([`crate::executor`]). The caller says which path a table takes (the partition
+//! catalog checks each band when it loads it); whatever it says, a table whose
+//! relation or index lacks what the index path dereferences is never read by it.
+//!
+//! **Locks.** A scan takes ACCESS SHARE on its table; [`Hold`] says whether it
+//! keeps it until the transaction ends (the read functions, as a query does) or
+//! gives it back when the scan closes (the feed's own reads).
 
+use crate::executor::{self, Param};
 use crate::tuple;
 use pgrx::pg_sys::{self, Datum, Oid};
 use pgrx::{FromDatum, PgMemoryContexts};
@@ -35,70 +49,337 @@ pub enum Range {
     Topic { topic: Datum, after: i64, upto: i64 },
 }
 
-/// An open index scan. Rows are fetched with [`Scan::next`]; their columns are
-/// read with the getters until the next call. Datums read from a row are copied
-/// into Rust values inside a scratch memory context that is reset for every row,
-/// so a scan over large envelopes holds one detoasted value at a time.
+impl Range {
+    /// The column the range is on, and its bounds (lower exclusive, upper
+    /// inclusive).
+    fn key(&self) -> (&'static str, i64, i64) {
+        match *self {
+            Range::Envelope { after, upto, .. } | Range::Topic { after, upto, .. } => {
+                ("originator_sequence_id", after, upto)
+            }
+            Range::Key { seq, .. } => ("originator_sequence_id", seq.saturating_sub(1), seq),
+            Range::Id { after, upto } => ("id", after, upto),
+        }
+    }
+
+    /// The columns of the index the range is read through.
+    fn index_columns(&self) -> &'static [&'static str] {
+        match self {
+            Range::Envelope { .. } | Range::Key { .. } => ENVELOPE_KEY,
+            Range::Id { .. } => &["id"],
+            Range::Topic { .. } => TOPIC_KEY,
+        }
+    }
+}
+
+/// The primary key of the envelope tables.
+pub const ENVELOPE_KEY: &[&str] = &["originator_node_id", "originator_sequence_id"];
+/// The columns of meta's topic index.
+pub const TOPIC_KEY: &[&str] = &["topic", "originator_sequence_id"];
+
+/// How long a scan keeps the ACCESS SHARE lock on its table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hold {
+    /// Until the transaction ends, as a query's scan does. For the read
+    /// functions: what a transaction has read stays there for it (a TRUNCATE, a
+    /// drop or `prune_expired` passes the table by or waits), so a REPEATABLE
+    /// READ caller reading twice sees the same rows.
+    Transaction,
+    /// Until the scan closes. For the change feed's own reads, which take a
+    /// fresh snapshot every time and read every originator (a consumer batch
+    /// after a restart reads thousands of bands: keeping each lock would fill the
+    /// shared lock table).
+    Scan,
+}
+
+/// What a scan reads with: a snapshot, and how long it holds its lock.
+#[derive(Clone, Copy, Debug)]
+pub struct Reading {
+    pub snapshot: pg_sys::Snapshot,
+    pub hold: Hold,
+}
+
+/// A bare snapshot reads as the feed does: [`Reading::passing`].
+impl From<pg_sys::Snapshot> for Reading {
+    fn from(snapshot: pg_sys::Snapshot) -> Reading {
+        Reading::passing(snapshot)
+    }
+}
+
+impl Reading {
+    /// A read function's read: locks kept until the transaction ends.
+    pub fn kept(snapshot: pg_sys::Snapshot) -> Reading {
+        Reading {
+            snapshot,
+            hold: Hold::Transaction,
+        }
+    }
+
+    /// A feed read: locks given back when each scan closes.
+    pub fn passing(snapshot: pg_sys::Snapshot) -> Reading {
+        Reading {
+            snapshot,
+            hold: Hold::Scan,
+        }
+    }
+}
+
+/// How a table is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// Through a btree index with the index and table access methods.
+    Index,
+    /// With queries through the executor.
+    Executor,
+}
+
+/// An open scan. Rows are fetched with [`Scan::next`]; their columns are read
+/// with the getters until the next call. Datums read from a row are copied into
+/// Rust values inside a scratch memory context that is reset for every row, so a
+/// scan over large envelopes holds one detoasted value at a time.
 pub struct Scan {
     heap: pg_sys::Relation,
-    index: pg_sys::Relation,
-    desc: pg_sys::IndexScanDesc,
+    hold: Hold,
+    source: Source,
+    /// The slot the current row is in: the heap's own type on the index path;
+    /// on the executor path a heap-tuple slot of the result's descriptor, made
+    /// with the first row (null before).
     slot: *mut pg_sys::TupleTableSlot,
-    direction: pg_sys::ScanDirection::Type,
     /// Created at the first copied-out read: probes that only look at keys never
     /// pay for it.
     scratch: Option<PgMemoryContexts>,
-    /// The scan keys; `index_rescan` copies them, but keep them alive with the scan.
-    keys: Vec<pg_sys::ScanKeyData>,
     /// The table's column layouts, when [`tuple::deform`] can read its rows.
     layouts: Option<Vec<tuple::Layout>>,
 }
 
+enum Source {
+    Index(IndexSource),
+    Executor(Box<Executed>),
+}
+
+struct IndexSource {
+    index: pg_sys::Relation,
+    desc: pg_sys::IndexScanDesc,
+    direction: pg_sys::ScanDirection::Type,
+    /// The scan keys; `index_rescan` copies them, but keep them alive with the scan.
+    keys: Vec<pg_sys::ScanKeyData>,
+}
+
+/// A table read by queries, one chunk of rows at a time, each chunk starting
+/// after the key of the last row returned (no SPI cursor stays open between
+/// calls, so scans open and close in any order).
+struct Executed {
+    /// `schema.table`, quoted.
+    name: String,
+    /// The table's owner, whose rights the queries run with (the index path
+    /// checks no privilege either).
+    owner: Oid,
+    snapshot: pg_sys::Snapshot,
+    range: Range,
+    backward: bool,
+    /// The key of the last row returned.
+    last: Option<i64>,
+    /// The last chunk was not full: nothing more to fetch.
+    exhausted: bool,
+    /// The current chunk's rows (in `chunk`), and the next one to return.
+    rows: Vec<pg_sys::HeapTuple>,
+    at: usize,
+    /// Rows asked for by the next chunk; grows from a few (a probe reads one).
+    chunk_rows: i64,
+    /// The result's descriptor (in `memory`), known from the first chunk, and
+    /// the attribute number of the key column in it.
+    desc: pg_sys::TupleDesc,
+    key_attno: i32,
+    /// Lives as long as the scan: the descriptor and the slot.
+    memory: PgMemoryContexts,
+    /// Holds one chunk; reset before the next.
+    chunk: PgMemoryContexts,
+}
+
+impl Executed {
+    const FIRST_CHUNK: i64 = 8;
+    const MAX_CHUNK: i64 = 1024;
+
+    fn restart(&mut self, range: Range) {
+        self.range = range;
+        self.last = None;
+        self.exhausted = false;
+        self.rows.clear();
+        self.at = 0;
+        self.chunk_rows = Executed::FIRST_CHUNK;
+    }
+
+    /// The query of the next chunk and its parameters, or `None` when the key
+    /// space past the last row is empty.
+    fn next_query(&self) -> Option<(String, Vec<Param>)> {
+        let (column, mut after, mut upto) = self.range.key();
+        match (self.last, self.backward) {
+            (Some(last), true) => upto = upto.min(last.checked_sub(1)?),
+            (Some(last), false) => after = after.max(last),
+            (None, _) => {}
+        }
+        if upto <= after {
+            return None;
+        }
+        let mut conditions = Vec::new();
+        let mut params = Vec::new();
+        let mut bind = |condition: String, typ: Oid, value: Datum| {
+            params.push(Param { typ, value });
+            conditions.push(format!("{condition} ${}", params.len()));
+        };
+        match self.range {
+            Range::Envelope { node, .. } | Range::Key { node, .. } => bind(
+                "originator_node_id OPERATOR(pg_catalog.=)".into(),
+                pg_sys::INT4OID,
+                Datum::from(node),
+            ),
+            Range::Topic { topic, .. } => bind(
+                "topic OPERATOR(pg_catalog.=)".into(),
+                pg_sys::BYTEAOID,
+                topic,
+            ),
+            Range::Id { .. } => {}
+        }
+        if after != i64::MIN {
+            bind(
+                format!("{column} OPERATOR(pg_catalog.>)"),
+                pg_sys::INT8OID,
+                Datum::from(after),
+            );
+        }
+        if upto != i64::MAX {
+            bind(
+                format!("{column} OPERATOR(pg_catalog.<=)"),
+                pg_sys::INT8OID,
+                Datum::from(upto),
+            );
+        }
+        let filter = if conditions.is_empty() {
+            "true".to_owned()
+        } else {
+            conditions.join(" AND ")
+        };
+        params.push(Param {
+            typ: pg_sys::INT8OID,
+            value: Datum::from(self.chunk_rows),
+        });
+        let order = if self.backward { " DESC" } else { "" };
+        let sql = format!(
+            "SELECT * FROM {} WHERE {filter} ORDER BY {column}{order} LIMIT ${}",
+            self.name,
+            params.len()
+        );
+        Some((sql, params))
+    }
+
+    /// Fetches the next chunk into `rows` (empty when there is none).
+    fn fetch(&mut self) {
+        self.rows.clear();
+        self.at = 0;
+        let Some((sql, params)) = self.next_query() else {
+            self.exhausted = true;
+            return;
+        };
+        // SAFETY: the previous chunk's rows are no longer referenced: the
+        // caller cleared the slot that held the last of them.
+        unsafe { self.chunk.reset() };
+        let chunk = self.chunk.value();
+        let memory = self.memory.value();
+        let mut desc = self.desc;
+        let mut rows = Vec::new();
+        executor::select_or_raise(
+            &sql,
+            &params,
+            self.snapshot,
+            Some(self.owner),
+            "a table read through the executor",
+            |tuple, result| {
+                // SAFETY: the row and the descriptor are SPI's, valid during this
+                // callback; the copies live in the scan's contexts.
+                unsafe {
+                    if desc.is_null() {
+                        let old = pg_sys::MemoryContextSwitchTo(memory);
+                        desc = pg_sys::CreateTupleDescCopy(result);
+                        pg_sys::MemoryContextSwitchTo(old);
+                    }
+                    let old = pg_sys::MemoryContextSwitchTo(chunk);
+                    rows.push(pg_sys::heap_copytuple(tuple));
+                    pg_sys::MemoryContextSwitchTo(old);
+                }
+            },
+        );
+        if self.desc.is_null() && !desc.is_null() {
+            self.desc = desc;
+            // SAFETY: desc is the copy made above, with natts attributes.
+            self.key_attno = unsafe { desc_column(desc, self.range.key().0) }.unwrap_or(0);
+        }
+        self.exhausted = (rows.len() as i64) < self.chunk_rows;
+        self.chunk_rows = (self.chunk_rows * 8).min(Executed::MAX_CHUNK);
+        self.rows = rows;
+    }
+}
+
 impl Scan {
-    /// Opens a scan of `relid`'s primary key (its topic index for
-    /// [`Range::Topic`]) over `range`, reading with
-    /// `snapshot`, forwards or backwards. Takes `AccessShareLock` on the table and
-    /// its index for as long as the scan is open, so neither can be dropped under
-    /// the read, and releases them when it closes: a read over thousands of
-    /// originators would otherwise fill the shared lock table. Returns `None`
-    /// when the table does not exist any more or has no primary key.
-    ///
-    /// `snapshot` must stay valid (registered) while the scan is open.
+    /// [`Scan::open_band`] by the index path (the feed tables, and tables known
+    /// to be plain heaps).
     pub fn open(
         relid: Oid,
-        snapshot: pg_sys::Snapshot,
+        reading: impl Into<Reading>,
         range: Range,
         backward: bool,
     ) -> Option<Scan> {
-        Scan::open_with(relid, snapshot, range, backward, false)
+        Scan::open_with(relid, reading.into(), range, backward, false, Path::Index)
+    }
+
+    /// Opens a scan of `relid`'s primary key (its topic index for
+    /// [`Range::Topic`]) over `range`, reading with the snapshot of `reading`
+    /// (which must stay valid, registered, while the scan is open), forwards or
+    /// backwards, by `path` (the executor path whatever `path` says when the
+    /// table or its index is not one the index path can read). Takes
+    /// `AccessShareLock` on the table (kept as `reading.hold` says) and, on the
+    /// index path, on its index (given back when the scan closes; the table's
+    /// lock keeps the index from being dropped). Returns `None` when the table
+    /// does not exist any more.
+    pub fn open_band(
+        relid: Oid,
+        reading: Reading,
+        range: Range,
+        backward: bool,
+        path: Path,
+    ) -> Option<Scan> {
+        Scan::open_with(relid, reading, range, backward, false, path)
     }
 
     /// [`Scan::open`], with the index tuples handed back too when `want_itup`
     /// (for [`Seeker`], which reads keys without fetching rows).
     fn open_with(
         relid: Oid,
-        snapshot: pg_sys::Snapshot,
+        reading: Reading,
         range: Range,
         backward: bool,
         want_itup: bool,
+        path: Path,
     ) -> Option<Scan> {
         let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
         // SAFETY: try_relation_open accepts any oid and returns NULL for a relation
-        // that does not exist; the lock is released at transaction end.
+        // that does not exist; the lock is released when the scan closes or at
+        // transaction end.
         let heap = unsafe { pg_sys::try_relation_open(relid, lock) };
         if heap.is_null() {
             return None;
         }
-        let index_oid = match range {
-            Range::Topic { .. } => topic_index(heap),
-            // SAFETY: heap is an open relation; the primary-key lookup reads its
-            // relcache entry (computing the index list if needed).
-            _ => unsafe { pg_sys::RelationGetPrimaryKeyIndex(heap) },
+        // SAFETY: heap is open; its index lookups read its relcache entry.
+        let index_oid = unsafe {
+            match path {
+                Path::Index if index_path_can_read(heap) => match range {
+                    Range::Topic { .. } => topic_index(heap),
+                    _ => primary_key_on(heap, range.index_columns()),
+                },
+                _ => pg_sys::InvalidOid,
+            }
         };
         if index_oid == pg_sys::InvalidOid {
-            // SAFETY: closes the relation opened above and releases its lock.
-            unsafe { pg_sys::relation_close(heap, lock) };
-            return None;
+            return Some(Scan::executed(heap, reading, range, backward));
         }
         let mut keys = keys_for(range);
         // SAFETY: the index belongs to the locked table, so it exists; index_open
@@ -108,19 +389,23 @@ impl Scan {
         // own type, as index_getnext_slot requires.
         unsafe {
             let mut index = pg_sys::index_open(index_oid, lock);
-            if matches!(range, Range::Topic { .. }) && !usable((*index).rd_index) {
-                // The remembered topic index is being built or retired (CREATE or
-                // REINDEX CONCURRENTLY): look again among the table's indexes.
+            if !usable(index) {
+                // The index is being built or retired (CREATE or REINDEX
+                // CONCURRENTLY, or marked invalid): a remembered topic index is
+                // looked for again among the table's indexes; without a usable
+                // one the executor path reads the table.
                 pg_sys::index_close(index, lock);
                 TOPIC_INDEXES.with(|c| c.borrow_mut().remove(&relid));
-                let again = topic_index(heap);
+                let again = match range {
+                    Range::Topic { .. } => topic_index(heap),
+                    _ => pg_sys::InvalidOid,
+                };
                 if again == pg_sys::InvalidOid {
-                    pg_sys::relation_close(heap, lock);
-                    return None;
+                    return Some(Scan::executed(heap, reading, range, backward));
                 }
                 index = pg_sys::index_open(again, lock);
             }
-            let desc = pg_sys::index_beginscan(heap, index, snapshot, keys.len() as i32, 0);
+            let desc = pg_sys::index_beginscan(heap, index, reading.snapshot, keys.len() as i32, 0);
             // Before the first rescan: btree sets up its copy of the tuples then.
             (*desc).xs_want_itup = want_itup;
             pg_sys::index_rescan(
@@ -140,38 +425,92 @@ impl Scan {
             };
             Some(Scan {
                 heap,
-                index,
-                desc,
+                hold: reading.hold,
+                source: Source::Index(IndexSource {
+                    index,
+                    desc,
+                    direction: if backward {
+                        pg_sys::ScanDirection::BackwardScanDirection
+                    } else {
+                        pg_sys::ScanDirection::ForwardScanDirection
+                    },
+                    keys,
+                }),
                 slot,
-                direction: if backward {
-                    pg_sys::ScanDirection::BackwardScanDirection
-                } else {
-                    pg_sys::ScanDirection::ForwardScanDirection
-                },
                 scratch: None,
-                keys,
                 layouts,
             })
         }
     }
 
+    /// A scan of the open `heap` by the executor path.
+    fn executed(heap: pg_sys::Relation, reading: Reading, range: Range, backward: bool) -> Scan {
+        // SAFETY: heap is open: its relcache entry names it and its owner.
+        let (name, owner) = unsafe { (quoted_name(heap), (*(*heap).rd_rel).relowner) };
+        let mut executed = Executed {
+            name,
+            owner,
+            snapshot: reading.snapshot,
+            range,
+            backward,
+            last: None,
+            exhausted: false,
+            rows: Vec::new(),
+            at: 0,
+            chunk_rows: Executed::FIRST_CHUNK,
+            desc: std::ptr::null_mut(),
+            key_attno: 0,
+            memory: PgMemoryContexts::new("pg_envelopes executor scan"),
+            chunk: PgMemoryContexts::new("pg_envelopes executor chunk"),
+        };
+        executed.restart(range);
+        Scan {
+            heap,
+            hold: reading.hold,
+            source: Source::Executor(Box::new(executed)),
+            slot: std::ptr::null_mut(),
+            scratch: None,
+            layouts: None,
+        }
+    }
+
+    /// Whether the scan reads by the executor path.
+    pub fn is_executed(&self) -> bool {
+        matches!(self.source, Source::Executor(_))
+    }
+
     /// Restarts the scan over another range of the same shape (same index, and
-    /// the same ends open or closed).
+    /// the same ends open or closed; the executor path takes any range).
     pub fn rescan(&mut self, range: Range) {
-        let keys = keys_for(range);
-        // index_rescan copies as many keys as the scan was begun with.
-        assert_eq!(keys.len(), self.keys.len(), "rescan with another key shape");
-        self.keys = keys;
-        // SAFETY: the scan is open; index_rescan copies the keys, which have the
-        // same count and columns as those the scan was begun with.
-        unsafe {
-            pg_sys::index_rescan(
-                self.desc,
-                self.keys.as_mut_ptr(),
-                self.keys.len() as i32,
-                std::ptr::null_mut(),
-                0,
-            );
+        match &mut self.source {
+            Source::Index(index) => {
+                let keys = keys_for(range);
+                // index_rescan copies as many keys as the scan was begun with.
+                assert_eq!(
+                    keys.len(),
+                    index.keys.len(),
+                    "rescan with another key shape"
+                );
+                index.keys = keys;
+                // SAFETY: the scan is open; index_rescan copies the keys, which have
+                // the same count and columns as those the scan was begun with.
+                unsafe {
+                    pg_sys::index_rescan(
+                        index.desc,
+                        index.keys.as_mut_ptr(),
+                        index.keys.len() as i32,
+                        std::ptr::null_mut(),
+                        0,
+                    );
+                }
+            }
+            Source::Executor(executed) => {
+                if !self.slot.is_null() {
+                    // SAFETY: the slot is this scan's; emptied before its chunk goes.
+                    unsafe { clear_slot(self.slot) };
+                }
+                executed.restart(range);
+            }
         }
     }
 
@@ -184,13 +523,76 @@ impl Scan {
             if let Some(scratch) = &mut self.scratch {
                 scratch.reset();
             }
-            pg_sys::index_getnext_slot(self.desc, self.direction, self.slot)
+        }
+        match &mut self.source {
+            // SAFETY: as above.
+            Source::Index(index) => unsafe {
+                pg_sys::index_getnext_slot(index.desc, index.direction, self.slot)
+            },
+            Source::Executor(executed) => {
+                if executed.at == executed.rows.len() {
+                    if executed.exhausted {
+                        return false;
+                    }
+                    if !self.slot.is_null() {
+                        // SAFETY: the slot is this scan's; its row belongs to the
+                        // chunk about to be replaced.
+                        unsafe { clear_slot(self.slot) };
+                    }
+                    executed.fetch();
+                    if executed.rows.is_empty() {
+                        executed.exhausted = true;
+                        return false;
+                    }
+                }
+                // SAFETY: the descriptor was copied with the first chunk (a chunk
+                // has rows, so it is set); the slot is made once in the scan's
+                // memory; each row is a heap tuple of that descriptor in the
+                // current chunk, which stays until the slot is cleared.
+                unsafe {
+                    if self.slot.is_null() {
+                        let old = pg_sys::MemoryContextSwitchTo(executed.memory.value());
+                        self.slot = pg_sys::MakeSingleTupleTableSlot(
+                            executed.desc,
+                            &pg_sys::TTSOpsHeapTuple,
+                        );
+                        pg_sys::MemoryContextSwitchTo(old);
+                    }
+                    let row = executed.rows[executed.at];
+                    executed.at += 1;
+                    pg_sys::ExecStoreHeapTuple(row, self.slot, false);
+                }
+                let key = executed.key_attno;
+                let last = (key > 0).then(|| self.raw(key)).flatten();
+                if let Source::Executor(executed) = &mut self.source {
+                    if last.is_none() {
+                        // No key to go on from (never seen: the key column is
+                        // what the query ordered by): this chunk is the last.
+                        executed.exhausted = true;
+                        executed.rows.truncate(executed.at);
+                    }
+                    executed.last = last.map(|d| d.value() as i64);
+                }
+                true
+            }
         }
     }
 
-    /// Attribute number of column `name` in this table, if it has one.
+    /// Attribute number of column `name` in the rows, if they have one.
     pub fn attno(&self, name: &str) -> Option<i32> {
-        column_number(self.heap, name)
+        match &self.source {
+            Source::Index(_) => column_number(self.heap, name),
+            Source::Executor(executed) if !executed.desc.is_null() => {
+                // SAFETY: the descriptor copied from the first chunk.
+                unsafe { desc_column(executed.desc, name) }
+            }
+            // No row read yet: the result has the table's columns, without the
+            // dropped ones.
+            Source::Executor(_) => {
+                // SAFETY: heap is open; rd_att is its descriptor.
+                unsafe { live_column_number((*self.heap).rd_att, name) }
+            }
+        }
     }
 
     /// The raw datum of column `attno` of the current row, `None` for NULL. Only
@@ -312,15 +714,25 @@ impl Drop for Scan {
             // resource owner releases the scan's buffers and relation references.
             return;
         }
-        // SAFETY: all four were opened in Scan::open and are released once, here,
-        // with the AccessShareLocks taken there (a hold of the same lock from
-        // earlier in the transaction keeps its own count).
         let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+        let heap_lock = match self.hold {
+            Hold::Scan => lock,
+            Hold::Transaction => pg_sys::NoLock as pg_sys::LOCKMODE,
+        };
+        // SAFETY: everything was opened in Scan::open and is released once, here:
+        // the slot (the executor path's lives in its memory, still there), the
+        // index scan and the index with the lock taken there, and the table with
+        // its lock unless it is kept until the transaction ends (a hold of the
+        // same lock from earlier in the transaction keeps its own count).
         unsafe {
-            pg_sys::ExecDropSingleTupleTableSlot(self.slot);
-            pg_sys::index_endscan(self.desc);
-            pg_sys::index_close(self.index, lock);
-            pg_sys::relation_close(self.heap, lock);
+            if !self.slot.is_null() {
+                pg_sys::ExecDropSingleTupleTableSlot(self.slot);
+            }
+            if let Source::Index(index) = &self.source {
+                pg_sys::index_endscan(index.desc);
+                pg_sys::index_close(index.index, lock);
+            }
+            pg_sys::relation_close(self.heap, heap_lock);
         }
     }
 }
@@ -332,7 +744,8 @@ impl Drop for Scan {
 /// over the index entries of the rows not asked for without fetching those rows,
 /// and fetches the row asked for. A key far ahead (more than [`Seeker::STEPS`]
 /// entries, judged by sequence ids, which are dense in a band) is reached by a
-/// new descent instead, from which stepping goes on.
+/// new descent instead, from which stepping goes on. On the executor path each
+/// key is one query.
 pub struct Seeker {
     scan: Scan,
     node: i32,
@@ -352,20 +765,22 @@ impl Seeker {
 
     /// A seeker over `relid`'s rows of `node` with sequence ids in `(after,
     /// upto]` (`after` above `i64::MIN`: the scan keeps the same key shape when
-    /// it descends again); `None` as for [`Scan::open`].
+    /// it descends again); `None` as for [`Scan::open_band`].
     pub fn open(
         relid: Oid,
-        snapshot: pg_sys::Snapshot,
+        reading: Reading,
         node: i32,
         after: i64,
         upto: i64,
+        path: Path,
     ) -> Option<Seeker> {
         let scan = Scan::open_with(
             relid,
-            snapshot,
+            reading,
             Range::Envelope { node, after, upto },
             false,
             true,
+            path,
         )?;
         Some(Seeker {
             scan,
@@ -390,12 +805,16 @@ impl Seeker {
 
     /// Moves to the next index entry; its sequence id, or `None` at the end.
     fn step(&mut self) -> Option<i64> {
+        let Source::Index(index) = &self.scan.source else {
+            self.done = true;
+            return None;
+        };
         // SAFETY: the scan is open with xs_want_itup set, so after a TID is
         // returned xs_itup is the index tuple it came from, described by
         // xs_itupdesc (the primary key: originator, sequence id), valid until
         // the next call on the scan.
         unsafe {
-            let desc = self.scan.desc;
+            let desc = index.desc;
             let tid = pg_sys::index_getnext_tid(desc, pg_sys::ScanDirection::ForwardScanDirection);
             if tid.is_null() || (*desc).xs_itup.is_null() {
                 self.done = true;
@@ -423,6 +842,16 @@ impl Seeker {
     /// before) and returns true if it exists and is visible to the snapshot; its
     /// columns are then read with [`Seeker::flat_value`].
     pub fn seek(&mut self, seq: i64) -> bool {
+        if self.scan.is_executed() {
+            if seq > self.upto {
+                return false;
+            }
+            self.scan.rescan(Range::Key {
+                node: self.node,
+                seq,
+            });
+            return self.scan.next();
+        }
         // Decided once per seek, before any step: far ahead, or behind what the
         // scan has passed (never asked by the walks, which go up, but kept
         // right), descend again to just before the key. Deciding it again after
@@ -444,6 +873,9 @@ impl Seeker {
             match self.standing {
                 Some(at) if at > seq => return false,
                 Some(at) if at == seq => {
+                    let Source::Index(index) = &self.scan.source else {
+                        return false;
+                    };
                     // SAFETY: the scan stands on the entry index_getnext_tid
                     // returned last (xs_heaptid); index_fetch_heap fetches that
                     // row into the scan's slot if the snapshot sees it.
@@ -451,7 +883,7 @@ impl Seeker {
                         if let Some(scratch) = &mut self.scan.scratch {
                             scratch.reset();
                         }
-                        pg_sys::index_fetch_heap(self.scan.desc, self.scan.slot)
+                        pg_sys::index_fetch_heap(index.desc, self.scan.slot)
                     };
                     if visible {
                         return true;
@@ -533,14 +965,89 @@ fn keys_for(range: Range) -> Vec<pg_sys::ScanKeyData> {
 /// (by name, so tables whose column order differs from the root's read right).
 fn column_number(rel: pg_sys::Relation, name: &str) -> Option<i32> {
     // SAFETY: rel is open; rd_att is its tuple descriptor with natts entries.
+    unsafe { desc_column((*rel).rd_att, name) }
+}
+
+/// Attribute number of the live column `name` of `desc`.
+///
+/// # Safety
+/// `desc` is a valid tuple descriptor.
+unsafe fn desc_column(desc: pg_sys::TupleDesc, name: &str) -> Option<i32> {
+    // SAFETY: the caller's promise; attrs has natts entries.
     unsafe {
-        let desc = (*rel).rd_att;
         let attrs = (*desc).attrs.as_slice((*desc).natts as usize);
         attrs.iter().position(|a| {
             !a.attisdropped && CStr::from_ptr(a.attname.data.as_ptr()).to_bytes() == name.as_bytes()
         })
     }
     .map(|i| i as i32 + 1)
+}
+
+/// The position of column `name` among the live columns of `desc`: its
+/// attribute number in a `SELECT *` of the table.
+///
+/// # Safety
+/// `desc` is a valid tuple descriptor.
+unsafe fn live_column_number(desc: pg_sys::TupleDesc, name: &str) -> Option<i32> {
+    // SAFETY: the caller's promise; attrs has natts entries.
+    unsafe {
+        let attrs = (*desc).attrs.as_slice((*desc).natts as usize);
+        attrs
+            .iter()
+            .filter(|a| !a.attisdropped)
+            .position(|a| CStr::from_ptr(a.attname.data.as_ptr()).to_bytes() == name.as_bytes())
+    }
+    .map(|i| i as i32 + 1)
+}
+
+/// `schema.table` of an open relation, each part quoted, for SQL text.
+///
+/// # Safety
+/// `rel` is an open relation.
+unsafe fn quoted_name(rel: pg_sys::Relation) -> String {
+    // SAFETY: the caller's promise; the namespace name is a palloc'd copy (NULL
+    // only for a namespace dropped under an open relation, which its lock
+    // prevents), the relation name is in the relcache entry.
+    unsafe {
+        let form = (*rel).rd_rel;
+        let nsp = pg_sys::get_namespace_name((*form).relnamespace);
+        let nsp = if nsp.is_null() {
+            String::new()
+        } else {
+            CStr::from_ptr(nsp).to_string_lossy().into_owned()
+        };
+        let name = CStr::from_ptr((*form).relname.data.as_ptr()).to_string_lossy();
+        format!(
+            "{}.{}",
+            pgrx::spi::quote_identifier(&nsp),
+            pgrx::spi::quote_identifier(&*name)
+        )
+    }
+}
+
+/// Empties a slot (ExecClearTuple, a static inline in C).
+///
+/// # Safety
+/// `slot` is a live slot.
+unsafe fn clear_slot(slot: *mut pg_sys::TupleTableSlot) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        if let Some(clear) = (*(*slot).tts_ops).clear {
+            clear(slot);
+        }
+    }
+}
+
+/// Whether the index path may read this open relation at all: a plain table
+/// with a table access method (a partitioned or foreign table has none).
+///
+/// # Safety
+/// `rel` is an open relation.
+pub unsafe fn index_path_can_read(rel: pg_sys::Relation) -> bool {
+    // SAFETY: the caller's promise.
+    unsafe {
+        (*(*rel).rd_rel).relkind as u8 == pg_sys::RELKIND_RELATION && !(*rel).rd_tableam.is_null()
+    }
 }
 
 thread_local! {
@@ -554,22 +1061,115 @@ thread_local! {
         std::cell::RefCell::new(std::collections::HashMap::new());
 }
 
-/// Whether an index may be read: valid (complete) and ready (kept up to date).
+/// Whether an index may be read by the index path: a btree (the scans' keys and
+/// the index-only steps of [`Seeker`] are btree's) that is valid (complete),
+/// ready (kept up to date) and live.
 ///
 /// # Safety
-/// `form` is an open index's `rd_index`.
-unsafe fn usable(form: pg_sys::Form_pg_index) -> bool {
-    // SAFETY: as the caller guarantees.
-    unsafe { (*form).indisvalid && (*form).indisready && (*form).indislive }
+/// `index` is an open index.
+unsafe fn usable(index: pg_sys::Relation) -> bool {
+    // SAFETY: as the caller guarantees; rd_index is its pg_index row.
+    unsafe {
+        let form = (*index).rd_index;
+        (*(*index).rd_rel).relam == pg_sys::BTREE_AM_OID
+            && !(*index).rd_indam.is_null()
+            && (*form).indisvalid
+            && (*form).indisready
+            && (*form).indislive
+    }
 }
 
-/// The usable, non-partial index of `heap` on exactly `(topic,
+/// Whether the open index `index` of `heap` is on exactly `columns`, in order,
+/// without a predicate.
+///
+/// # Safety
+/// Both are open; `index` is an index of `heap`.
+unsafe fn index_is_on(heap: pg_sys::Relation, index: pg_sys::Relation, columns: &[&str]) -> bool {
+    // SAFETY: the caller's promise; indkey has indnatts entries, and indpred is
+    // NULL in rd_indextuple for a non-partial index.
+    unsafe {
+        let form = (*index).rd_index;
+        let keys = (*form).indkey.values.as_slice((*form).indnatts as usize);
+        let wanted: Option<Vec<i16>> = columns
+            .iter()
+            .map(|c| column_number(heap, c).map(|n| n as i16))
+            .collect();
+        wanted.is_some_and(|wanted| keys == wanted.as_slice())
+            && pg_sys::heap_attisnull(
+                (*index).rd_indextuple,
+                pg_sys::Anum_pg_index_indpred as i32,
+                std::ptr::null_mut(),
+            )
+    }
+}
+
+/// Whether the open index `index` of `heap` serves the index path for a range
+/// on `columns`: a usable btree on exactly those columns, without a predicate.
+///
+/// # Safety
+/// Both are open; `index` is an index of `heap`.
+pub unsafe fn index_serves(
+    heap: pg_sys::Relation,
+    index: pg_sys::Relation,
+    columns: &[&str],
+) -> bool {
+    // SAFETY: the caller's promise.
+    unsafe { usable(index) && index_is_on(heap, index, columns) }
+}
+
+/// The table's primary key if the index path can read it: a btree on exactly
+/// `columns`; `InvalidOid` otherwise. Whether it is usable (valid, ready) is
+/// checked by [`Scan::open_band`] on the index it opens; what an index is on
+/// never changes, so it is looked at once per index and remembered.
+///
+/// # Safety
+/// `heap` is an open relation.
+pub unsafe fn primary_key_on(heap: pg_sys::Relation, columns: &[&str]) -> Oid {
+    let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+    // SAFETY: the caller's promise; the primary key (if any) belongs to the open
+    // table, is opened with the lock the scan takes anyway and closed again.
+    unsafe {
+        let oid = pg_sys::RelationGetPrimaryKeyIndex(heap);
+        if oid == pg_sys::InvalidOid {
+            return oid;
+        }
+        let key = (oid, columns.len());
+        let on = match KEYS_ON.with(|k| k.borrow().get(&key).copied()) {
+            Some(on) => on,
+            None => {
+                let index = pg_sys::index_open(oid, lock);
+                let on = (*(*index).rd_rel).relam == pg_sys::BTREE_AM_OID
+                    && index_is_on(heap, index, columns);
+                pg_sys::index_close(index, lock);
+                KEYS_ON.with(|k| k.borrow_mut().insert(key, on));
+                on
+            }
+        };
+        if on {
+            oid
+        } else {
+            pg_sys::InvalidOid
+        }
+    }
+}
+
+thread_local! {
+    /// Whether a primary key (by oid, and the number of columns asked for) is a
+    /// btree on the columns the index path keys it by, as [`primary_key_on`]
+    /// found it.
+    static KEYS_ON: std::cell::RefCell<std::collections::HashMap<(Oid, usize), bool>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+/// The usable, non-partial btree index of `heap` on exactly `(topic,
 /// originator_sequence_id)`, or `InvalidOid`.
-fn topic_index(heap: pg_sys::Relation) -> Oid {
+///
+/// # Safety
+/// `heap` is an open relation.
+pub unsafe fn topic_index(heap: pg_sys::Relation) -> Oid {
     // SAFETY: RelationGetIndexList returns a palloc'd list of the open heap's index
     // oids (from its relcache entry). Each index is opened with the lock the scan
-    // will hold anyway and closed again; rd_index is its pg_index row, whose
-    // indkey has indnatts entries and indpred is NULL for a non-partial index.
+    // will hold anyway and closed again.
     unsafe {
         let relid = (*heap).rd_id;
         let list = pg_sys::RelationGetIndexList(heap);
@@ -585,25 +1185,12 @@ fn topic_index(heap: pg_sys::Relation) -> Oid {
                 return known;
             }
         }
-        let attno = |name: &str| column_number(heap, name).map(|n| n as i16);
-        let (Some(topic), Some(seq)) = (attno("topic"), attno("originator_sequence_id")) else {
-            pg_sys::list_free(list);
-            return pg_sys::InvalidOid;
-        };
         let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
         let mut found = pg_sys::InvalidOid;
         for cell in cells {
             let oid = cell.oid_value;
             let index = pg_sys::index_open(oid, lock);
-            let form = (*index).rd_index;
-            let keys = (*form).indkey.values.as_slice((*form).indnatts as usize);
-            let matches = usable(form)
-                && keys == [topic, seq]
-                && pg_sys::heap_attisnull(
-                    (*index).rd_indextuple,
-                    pg_sys::Anum_pg_index_indpred as i32,
-                    std::ptr::null_mut(),
-                );
+            let matches = index_serves(heap, index, TOPIC_KEY);
             pg_sys::index_close(index, lock);
             if matches {
                 found = oid;
@@ -621,7 +1208,7 @@ fn topic_index(heap: pg_sys::Relation) -> Oid {
 #[cfg(any(test, feature = "pg_test"))]
 #[pgrx::pg_schema]
 mod tests {
-    use super::Seeker;
+    use super::{Path, Reading, Seeker};
     use pgrx::pg_sys;
     use pgrx::prelude::*;
 
@@ -669,7 +1256,9 @@ mod tests {
         unsafe {
             let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
             for upto in [i64::MAX, 180] {
-                let mut seeker = Seeker::open(leaf, snapshot, 9, 0, upto).unwrap();
+                let mut seeker =
+                    Seeker::open(leaf, Reading::passing(snapshot), 9, 0, upto, Path::Index)
+                        .unwrap();
                 let col = seeker.attno("originator_envelope").unwrap();
                 let asks = [
                     1, 2, 3, 10, 40, 49, 50, 55, 55, 60, 61, 100, 102, 105, 150, 181, 200, 201, 30,

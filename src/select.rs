@@ -17,6 +17,7 @@
 use crate::error::{PgSqlErrorCode, SqlError};
 use crate::partition::{self, PartitionError};
 use crate::read;
+use crate::scan::Reading;
 use crate::srf::Materialized;
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
@@ -171,9 +172,11 @@ pub fn read_originator(
     if out.len >= limit {
         return Ok(());
     }
+    // What a read function reads it keeps (locked) until the transaction ends.
+    let reading = Reading::kept(snapshot);
     let mut take = |mut at: read::At<'_>| out.take(&mut at, limit);
     match topics {
-        None => read::walk_originator(node, after, upto, snapshot, read::Blobs::All, take)?,
+        None => read::walk_originator(node, after, upto, reading, read::Blobs::All, take)?,
         Some(topics) => {
             let mut entries: Vec<read::TopicEntry> = topics
                 .iter()
@@ -183,7 +186,7 @@ pub fn read_originator(
                     limit: usize::MAX,
                 })
                 .collect();
-            read::walk_topics(node, &mut entries, upto, snapshot, &mut take)?
+            read::walk_topics(node, &mut entries, upto, reading, &mut take)?
         }
     };
     Ok(())

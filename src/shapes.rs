@@ -26,6 +26,7 @@ use crate::feed::markers::MarkerError;
 use crate::feed::Gate;
 use crate::partition::PartitionError;
 use crate::read::{self, TopicEntry};
+use crate::scan::Reading;
 use crate::select::{self, elements, statement_snapshot, SelectError};
 use crate::srf::{arg, materialized_srf, Materialized};
 use pgrx::pg_sys;
@@ -218,9 +219,13 @@ fn read_entries(
             limit: per_entry,
         })
         .collect();
-    read::walk_topics(node, &mut entries, upto, snapshot, |mut at| {
-        out.take(&mut at, limit)
-    })?;
+    read::walk_topics(
+        node,
+        &mut entries,
+        upto,
+        Reading::kept(snapshot),
+        |mut at| out.take(&mut at, limit),
+    )?;
     Ok(())
 }
 
@@ -340,7 +345,7 @@ fn newest_by_topic(
     for topic in topics {
         let mut newest: Option<read::EnvelopeRow> = None;
         for node in &originators {
-            let Some(row) = read::newest_with_topic(*node, &topic, snapshot)? else {
+            let Some(row) = read::newest_with_topic(*node, &topic, Reading::kept(snapshot))? else {
                 continue;
             };
             // The latest gateway time wins; on a tie, the higher originator.
@@ -388,7 +393,7 @@ fn maxima(
         .collect();
     let snapshot = statement_snapshot()?;
     for node in nodes {
-        let max = read::highest_above(node, i64::MIN, snapshot, |_| true)?;
+        let max = read::highest_above(node, i64::MIN, Reading::kept(snapshot), |_| true)?;
         out.put_pair((node, max.unwrap_or(0)));
     }
     Ok(())

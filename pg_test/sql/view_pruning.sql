@@ -39,8 +39,9 @@ DELETE FROM envelopes.gateway_envelopes_blob WHERE originator_node_id = 901 AND 
 SELECT count(*) FROM envelopes.gateway_envelopes_view WHERE originator_node_id = 901;
 SELECT count(*) FROM envelopes.gateway_envelopes_view WHERE originator_node_id = 901 AND originator_sequence_id = 7;
 
--- Reading the view needs SELECT on it (the lookup checks that itself: calling
--- envelope_of directly is no way around it).
+-- Reading the view needs SELECT on it and EXECUTE on envelope_of (the lookup
+-- checks the view's privilege itself: calling envelope_of directly is no way
+-- around it).
 CREATE ROLE view_reader;
 CREATE ROLE view_outsider;
 SELECT envelopes.grant_reader('view_reader');
@@ -51,6 +52,13 @@ SELECT pg_catalog.convert_from(envelopes.envelope_of(902, 5), 'UTF8');
 SET ROLE view_outsider;
 SELECT envelopes.envelope_of(902, 5);
 RESET ROLE;
+-- envelope_of is not PUBLIC's (grant_reader grants it); granted alone, it still
+-- checks that its caller may read the view or blob.
+GRANT EXECUTE ON FUNCTION envelopes.envelope_of(integer, bigint) TO view_outsider;
+SET ROLE view_outsider;
+SELECT envelopes.envelope_of(902, 5);
+RESET ROLE;
+REVOKE EXECUTE ON FUNCTION envelopes.envelope_of(integer, bigint) FROM view_outsider;
 SELECT envelopes.revoke_reader('view_reader');
 REVOKE USAGE ON SCHEMA envelopes FROM view_outsider;
 DROP OWNED BY view_reader;

@@ -17,6 +17,7 @@ use super::highwater::{self, Noted};
 use super::snapshot::Latest;
 use crate::partition::PartitionError;
 use crate::read;
+use crate::scan::Reading;
 use pgrx::pg_sys;
 
 /// What [`committed_above`] found for rows about to be inserted.
@@ -46,10 +47,11 @@ pub fn committed_above(node: i32, lo: i64, hi: i64) -> Result<Lateness, Partitio
     let snapshot = Latest::take();
     // SAFETY: only reads this backend's transaction state.
     let own = unsafe { pg_sys::GetTopFullTransactionIdIfAny() }.value;
-    let above = read::highest_above(node, lo, snapshot.as_ptr(), |xid| xid != own)?;
+    let reading = Reading::passing(snapshot.as_ptr());
+    let above = read::highest_above(node, lo, reading, |xid| xid != own)?;
     if let Some(ready) = ready {
         // Every row this snapshot sees, the current transaction's included.
-        let highest = read::highest_above(node, 0, snapshot.as_ptr(), |_| true)?;
+        let highest = read::highest_above(node, 0, reading, |_| true)?;
         highwater::ready(ready, highest);
     }
     Ok(Lateness {

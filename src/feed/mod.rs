@@ -63,6 +63,7 @@ pub mod snapshot;
 use crate::error::SqlError;
 use crate::partition::PartitionError;
 use crate::read;
+use crate::scan::Reading;
 use markers::{Drawn, MarkerError, Markers};
 use pgrx::prelude::*;
 use snapshot::Fresh;
@@ -209,7 +210,8 @@ impl Gate {
     /// committed before the markers were listed. `None` when the originator has
     /// no such row.
     pub fn envelope_ceiling(&self, node: i32) -> Result<Option<i64>, PartitionError> {
-        let committed = read::highest_above(node, 0, self.before.as_ptr(), |_| true)?;
+        let committed =
+            read::highest_above(node, 0, Reading::passing(self.before.as_ptr()), |_| true)?;
         Ok(match (committed, self.markers.envelope_limit(node)) {
             (Some(max), Some(limit)) => Some(max.min(limit)),
             (Some(max), None) => Some(max),

@@ -31,6 +31,7 @@
 
 use crate::partition::band::Table;
 use crate::partition::cache::Route;
+use crate::scan::Path;
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -44,6 +45,8 @@ pub enum DirectError {
     Serialization,
     #[error("the table access method of {0} lacks a routine the direct write path needs")]
     AccessMethod(&'static str),
+    #[error("table {0} has an INSERT rule, which the insert functions cannot apply")]
+    Rule(String),
 }
 
 impl crate::error::SqlError for DirectError {
@@ -51,7 +54,18 @@ impl crate::error::SqlError for DirectError {
         use crate::error::PgSqlErrorCode::*;
         match self {
             DirectError::Serialization => ERRCODE_T_R_SERIALIZATION_FAILURE,
-            DirectError::AccessMethod(_) => ERRCODE_FEATURE_NOT_SUPPORTED,
+            DirectError::AccessMethod(_) | DirectError::Rule(_) => ERRCODE_FEATURE_NOT_SUPPORTED,
+        }
+    }
+
+    fn hint(&self) -> Option<String> {
+        match self {
+            DirectError::Rule(_) => Some(
+                "Drop the rule, or do what it does in a trigger: the insert functions \
+                 honour row triggers on the roots (they then insert with SQL)."
+                    .into(),
+            ),
+            _ => None,
         }
     }
 }
@@ -168,15 +182,32 @@ impl Writer {
     /// the direct path does not reproduce (a trigger other than the doorbell, a
     /// column layout other than the extension's, row security forced on the
     /// owner): the caller then takes the SQL path. The routes are locked already.
-    /// `bulk` asks for a bulk-insert buffer strategy (large batches).
-    pub fn open(routes: &[[Route; 2]], bulk: bool) -> Option<Writer> {
-        let first = routes.first()?;
+    /// `bulk` asks for a bulk-insert buffer strategy (large batches). A band the
+    /// partition catalog found lacking for the direct paths (partitioned, another
+    /// access method, an index missing: [`crate::partition::Lacks`]) takes the SQL
+    /// path too. An INSERT rule on a root is an error ([`DirectError::Rule`]):
+    /// neither path can apply it (the SQL path's `ON CONFLICT` is refused by
+    /// Postgres on such a table).
+    pub fn open(routes: &[[Route; 2]], bulk: bool) -> Result<Option<Writer>, DirectError> {
+        let Some(first) = routes.first() else {
+            return Ok(None);
+        };
+        let doorbell = root_triggers_allow(first[Table::Meta as usize].root, true)?;
+        let blob = root_triggers_allow(first[Table::Blob as usize].root, false)?;
+        let (Some(doorbell), Some(_)) = (doorbell, blob) else {
+            return Ok(None);
+        };
+        if routes
+            .iter()
+            .flatten()
+            .any(|route| route.path != Path::Index)
+        {
+            return Ok(None);
+        }
         // SAFETY: reads the snapshot stack's state.
         if !unsafe { pg_sys::ActiveSnapshotSet() } {
-            return None; // not seen from SQL calls; the SQL path copes with it
+            return Ok(None); // not seen from SQL calls; the SQL path copes with it
         }
-        let doorbell = root_triggers_allow(first[Table::Meta as usize].root, true)?;
-        root_triggers_allow(first[Table::Blob as usize].root, false)?;
         // SAFETY: creating an executor state has no preconditions; it allocates
         // its own memory context under the current one.
         let estate = unsafe { pg_sys::CreateExecutorState() };
@@ -212,11 +243,11 @@ impl Writer {
             for (table, route) in Table::ALL.into_iter().zip(pair) {
                 if writer.leaf_index(route.leaf).is_none() && !writer.open_leaf(table, route.leaf) {
                     writer.close();
-                    return None;
+                    return Ok(None);
                 }
             }
         }
-        Some(writer)
+        Ok(Some(writer))
     }
 
     /// Whether the doorbell trigger would have fired for these rows (it is enabled
@@ -233,23 +264,26 @@ impl Writer {
     /// leaf is not one the direct path can write.
     fn open_leaf(&mut self, table: Table, oid: pg_sys::Oid) -> bool {
         self.open_relation(oid, |rel| {
-            // SAFETY: rel is the relation just opened.
-            unsafe { leaf_is_plain(rel, columns_of(table)) }
+            // SAFETY: rel is the relation just opened. What the catalog found
+            // when it loaded the band is checked again where it is dereferenced
+            // (the kind and access method, cheap to read), in case the band
+            // changed under a route taken before its lock.
+            unsafe { heap_table(rel) && leaf_is_plain(rel, columns_of(table)) }
         })
     }
 
     /// Opens `envelopes.late_envelopes` for the late-envelope feed's rows, and
     /// finds its id sequence; false if either is missing or not as the extension
     /// made it (the caller then takes the SQL path).
-    pub fn open_late(&mut self) -> bool {
+    pub fn open_late(&mut self) -> Result<bool, DirectError> {
         if self.late.is_some() {
-            return true;
+            return Ok(true);
         }
         // SAFETY: syscache lookups by name; InvalidOid when missing.
         let (table, sequence) = unsafe {
             let schema = pg_sys::get_namespace_oid(c"envelopes".as_ptr(), true);
             if schema == pg_sys::InvalidOid {
-                return false;
+                return Ok(false);
             }
             (
                 pg_sys::get_relname_relid(c"late_envelopes".as_ptr(), schema),
@@ -257,19 +291,20 @@ impl Writer {
             )
         };
         if table == pg_sys::InvalidOid || sequence == pg_sys::InvalidOid {
-            return false;
+            return Ok(false);
         }
         // SAFETY: locks the feed table as an INSERT would (ROW EXCLUSIVE, held to
         // the end of the transaction); the relation is opened below.
         unsafe { pg_sys::LockRelationOid(table, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE) };
+        refuse_insert_rules(table)?;
         let opened = self.open_relation(table, |rel| {
             // SAFETY: rel is the relation just opened.
-            unsafe { leaf_is_plain(rel, &LATE_COLUMNS) }
+            unsafe { heap_table(rel) && leaf_is_plain(rel, &LATE_COLUMNS) }
         });
         if opened {
             self.late = Some((self.leaves.len() - 1, sequence));
         }
-        opened
+        Ok(opened)
     }
 
     /// Records a new late row in `late_envelopes` (after [`Writer::open_late`]):
@@ -541,7 +576,8 @@ impl Writer {
             };
             // None cannot happen for a locked leaf with its primary key; probing
             // is then the safe answer.
-            let Some(mut scan) = crate::scan::Scan::open(leaf.oid, &mut dirty, range, false) else {
+            let Some(mut scan) = crate::scan::Scan::open(leaf.oid, &raw mut dirty, range, false)
+            else {
                 leaf.taken = None;
                 return true;
             };
@@ -912,18 +948,83 @@ unsafe fn leaf_is_plain(rel: pg_sys::Relation, expected: &Columns) -> bool {
     }
 }
 
-/// Checks the insert triggers of a root (none on blob; on meta only the doorbell)
-/// and that row security is not forced on its owner.
-/// `Some(fires)` says whether the doorbell trigger would fire in this session;
-/// `None` means the direct path would skip a trigger.
-fn root_triggers_allow(root: pg_sys::Oid, doorbell_allowed: bool) -> Option<bool> {
+/// Whether an open relation is a plain heap table (what the direct path's table
+/// access method calls need; a partitioned or foreign table has none).
+///
+/// # Safety
+/// `rel` is an open relation.
+unsafe fn heap_table(rel: pg_sys::Relation) -> bool {
+    // SAFETY: the caller's promise.
+    unsafe {
+        crate::scan::index_path_can_read(rel) && (*(*rel).rd_rel).relam == pg_sys::HEAP_TABLE_AM_OID
+    }
+}
+
+/// Refuses a table with an INSERT rule that fires in this session: the direct
+/// path runs no rewriter, and the SQL path's `INSERT ... ON CONFLICT` is refused
+/// by Postgres on such a table, so no insert function could honour it.
+fn refuse_insert_rules(relid: pg_sys::Oid) -> Result<(), DirectError> {
+    // SAFETY: the relation is locked by the caller (the feed table, in
+    // open_late); RelationIdGetRelation takes a relcache reference that
+    // RelationClose drops.
+    unsafe {
+        let rel = pg_sys::RelationIdGetRelation(relid);
+        if rel.is_null() {
+            return Ok(());
+        }
+        let refused = insert_rule(rel);
+        pg_sys::RelationClose(rel);
+        refused
+    }
+}
+
+/// [`DirectError::Rule`] when the open relation has an INSERT rule that fires in
+/// this session (as the rewriter decides with `session_replication_role`).
+///
+/// # Safety
+/// `rel` is an open relation (a reference held).
+unsafe fn insert_rule(rel: pg_sys::Relation) -> Result<(), DirectError> {
+    // SAFETY: the caller's promise; rd_rules belongs to the relcache entry and
+    // holds numLocks rules.
+    unsafe {
+        let rules = (*rel).rd_rules;
+        if rules.is_null() {
+            return Ok(());
+        }
+        let count = usize::try_from((*rules).numLocks).unwrap_or(0);
+        let fires = std::slice::from_raw_parts((*rules).rules, count)
+            .iter()
+            .any(|&rule| {
+                (*rule).event == pg_sys::CmdType::CMD_INSERT && trigger_fires((*rule).enabled as u8)
+            });
+        if !fires {
+            return Ok(());
+        }
+        let name = CStr::from_ptr((*(*rel).rd_rel).relname.data.as_ptr());
+        Err(DirectError::Rule(name.to_string_lossy().into_owned()))
+    }
+}
+
+/// Checks the insert rules (an error: [`insert_rule`]) and triggers of a root
+/// (none on blob; on meta only the doorbell), and that row security is not
+/// forced on its owner. `Some(fires)` says whether the doorbell trigger would
+/// fire in this session; `None` means the direct path would skip a trigger.
+fn root_triggers_allow(
+    root: pg_sys::Oid,
+    doorbell_allowed: bool,
+) -> Result<Option<bool>, DirectError> {
     // SAFETY: the root is locked (partition::route); RelationIdGetRelation takes a
-    // relcache reference that RelationClose drops. The trigger descriptor belongs
-    // to the relcache entry and is read while the reference is held.
+    // relcache reference that RelationClose drops. The rules and the trigger
+    // descriptor belong to the relcache entry and are read while the reference is
+    // held.
     unsafe {
         let rel = pg_sys::RelationIdGetRelation(root);
         if rel.is_null() {
-            return None;
+            return Ok(None);
+        }
+        if let Err(refused) = insert_rule(rel) {
+            pg_sys::RelationClose(rel);
+            return Err(refused);
         }
         let form = (*rel).rd_rel;
         let mut answer = if (*form).relrowsecurity && (*form).relforcerowsecurity {
@@ -950,7 +1051,7 @@ fn root_triggers_allow(root: pg_sys::Oid, doorbell_allowed: bool) -> Option<bool
             }
         }
         pg_sys::RelationClose(rel);
-        answer
+        Ok(answer)
     }
 }
 

@@ -68,6 +68,8 @@ pub enum InsertError {
     Marker(#[from] MarkerError),
     #[error("{0}")]
     Direct(#[from] direct::DirectError),
+    #[error("{0}")]
+    NotWritable(#[from] crate::xact::NotWritable),
     #[error("SPI error while inserting envelopes: {0}")]
     Spi(#[from] pgrx::spi::SpiError),
 }
@@ -88,6 +90,7 @@ impl SqlError for InsertError {
             InsertError::Partition(e) => e.sqlstate(),
             InsertError::Marker(e) => e.sqlstate(),
             InsertError::Direct(e) => e.sqlstate(),
+            InsertError::NotWritable(e) => e.sqlstate(),
             InsertError::Spi(_) => ERRCODE_INTERNAL_ERROR,
         }
     }
@@ -95,6 +98,8 @@ impl SqlError for InsertError {
     fn hint(&self) -> Option<String> {
         match self {
             InsertError::Partition(e) => e.hint(),
+            InsertError::Direct(e) => e.hint(),
+            InsertError::NotWritable(e) => e.hint(),
             InsertError::TooLong { setting, .. } => {
                 Some(format!("Raise {setting} if such values are legitimate."))
             }
@@ -322,16 +327,20 @@ fn insert_gateway_envelope(
     gateway_time: default!(Option<TimestampWithTimeZone>, "now()"),
     expiry: default!(Option<i64>, "NULL"),
 ) -> i64 {
-    insert_one(
-        originator_node_id,
-        originator_sequence_id,
-        topic,
-        originator_envelope,
-        payer_id,
-        gateway_time,
-        expiry,
-    )
-    .or_raise()
+    crate::xact::check_writable("insert_gateway_envelope")
+        .map_err(InsertError::from)
+        .and_then(|()| {
+            insert_one(
+                originator_node_id,
+                originator_sequence_id,
+                topic,
+                originator_envelope,
+                payer_id,
+                gateway_time,
+                expiry,
+            )
+        })
+        .or_raise()
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -434,16 +443,20 @@ fn insert_gateway_envelopes(
     gateway_times: default!(Option<Array<'_, TimestampWithTimeZone>>, "NULL"),
     expiries: default!(Option<Array<'_, i64>>, "NULL"),
 ) -> i64 {
-    insert_many(
-        originator_node_ids,
-        originator_sequence_ids,
-        topics,
-        originator_envelopes,
-        payer_ids,
-        gateway_times,
-        expiries,
-    )
-    .or_raise()
+    crate::xact::check_writable("insert_gateway_envelopes")
+        .map_err(InsertError::from)
+        .and_then(|()| {
+            insert_many(
+                originator_node_ids,
+                originator_sequence_ids,
+                topics,
+                originator_envelopes,
+                payer_ids,
+                gateway_times,
+                expiries,
+            )
+        })
+        .or_raise()
 }
 
 /// Envelopes of one originator in one base64 value: the form
@@ -472,6 +485,7 @@ fn insert_gateway_envelopes_packed(
 }
 
 fn insert_packed(node: Option<i32>, packed: Option<&str>) -> Result<i64, InsertError> {
+    crate::xact::check_writable("insert_gateway_envelopes_packed")?;
     let node = partition::check_node(node)?;
     let packed = decode_base64(packed.ok_or(InsertError::Null("packed_rows"))?)?;
     insert_batch(unpack(node, &packed)?)
@@ -491,6 +505,7 @@ fn insert_gateway_envelope_packed(
 }
 
 fn insert_packed_row(node: Option<i32>, packed: Option<&str>) -> Result<i64, InsertError> {
+    crate::xact::check_writable("insert_gateway_envelope_packed")?;
     let node = partition::check_node(node)?;
     let packed = decode_base64(packed.ok_or(InsertError::Null("packed_row"))?)?;
     let row = unpack(node, &packed)?;
@@ -855,10 +870,10 @@ fn write_direct<'a, R>(
 where
     R: IntoIterator<Item = ([cache::Route; 2], Flags, direct::Row<'a>)>,
 {
-    let Some(mut writer) = direct::Writer::open(routes, bulk) else {
+    let Some(mut writer) = direct::Writer::open(routes, bulk)? else {
         return Ok(None);
     };
-    if any_late && !writer.open_late() {
+    if any_late && !writer.open_late()? {
         writer.finish()?; // nothing was written
         return Ok(None);
     }

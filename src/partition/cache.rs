@@ -10,16 +10,19 @@
 //! lock names a partition that cannot be dropped until this transaction ends.
 
 use super::band::{RangeBound, Table};
+use crate::scan::Path;
 use pgrx::pg_sys::{self, Oid};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
-/// Where a row goes: the root, the originator-level partition and the band leaf.
+/// Where a row goes: the root, the originator-level partition and the band leaf,
+/// and whether the direct paths may write the leaf (see `OriginatorParts::path`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Route {
     pub root: Oid,
     pub parent: Oid,
     pub leaf: Oid,
+    pub path: Path,
 }
 
 /// One originator-level partition and its band partitions, sorted by lower bound.
@@ -27,9 +30,21 @@ pub struct Route {
 pub struct OriginatorParts {
     pub parent: Oid,
     pub bands: Vec<(RangeBound, Oid)>,
+    /// The bands the direct paths cannot use (see `catalog::band_lacks`), read
+    /// and written through the executor instead. Usually none.
+    pub executor: Vec<Oid>,
 }
 
 impl OriginatorParts {
+    /// How the read paths read band `leaf`.
+    pub fn path(&self, leaf: Oid) -> Path {
+        if self.executor.contains(&leaf) {
+            Path::Executor
+        } else {
+            Path::Index
+        }
+    }
+
     pub fn sort(&mut self) {
         // MINVALUE (None) sorts first, which is what lower bounds mean.
         self.bands.sort_by_key(|(bound, _)| bound.lower);
@@ -152,10 +167,12 @@ pub fn route(table: Table, node: i32, seq: i64) -> Option<Route> {
     with_known(|known| {
         let roots = known.roots?;
         let parts = known.originators.get(&(table, node))?;
+        let leaf = parts.leaf_for(seq)?;
         Some(Route {
             root: roots[table as usize],
             parent: parts.parent,
-            leaf: parts.leaf_for(seq)?,
+            leaf,
+            path: parts.path(leaf),
         })
     })
 }
@@ -218,6 +235,7 @@ mod tests {
                     oid(13),
                 ),
             ],
+            executor: Vec::new(),
         };
         parts.sort();
         assert_eq!(parts.leaf_for(0), Some(oid(11)));

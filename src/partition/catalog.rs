@@ -15,6 +15,7 @@
 use super::band::{self, Band, RangeBound, Table};
 use super::cache::OriginatorParts;
 use super::PartitionError;
+use crate::scan;
 use pgrx::pg_sys::{self, Oid};
 use pgrx::spi::{quote_identifier, Spi};
 
@@ -81,19 +82,146 @@ pub fn load_originator(
     let mut parts = OriginatorParts {
         parent,
         bands: Vec::new(),
+        executor: Vec::new(),
     };
-    for leaf in partition_oids(parent)? {
-        // A child that is not a plain range band (a user's DEFAULT partition)
-        // never routes our rows; leave it out of the cache.
-        if let Some(bound) = partition_bound(leaf)
-            .as_deref()
-            .and_then(band::parse_range_bound)
-        {
-            parts.bands.push((bound, leaf));
+    // SAFETY: reads the relation's kind from the syscache ('\0' if it is gone).
+    let kind = unsafe { pg_sys::get_rel_relkind(parent) } as u8;
+    if kind == pg_sys::RELKIND_PARTITIONED_TABLE {
+        for leaf in partition_oids(parent)? {
+            // A child that is not a plain range band (a user's DEFAULT partition)
+            // never routes our rows; leave it out of the cache.
+            if let Some(bound) = partition_bound(leaf)
+                .as_deref()
+                .and_then(band::parse_range_bound)
+            {
+                parts.bands.push((bound, leaf));
+            }
+        }
+    } else {
+        // The owner made the originator's partition a table of its own: it holds
+        // every sequence id, one band from MINVALUE to MAXVALUE.
+        parts.bands.push((
+            band::RangeBound {
+                lower: None,
+                upper: None,
+            },
+            parent,
+        ));
+    }
+    for (_, leaf) in &parts.bands {
+        if let Some(lacks) = band_lacks(*leaf, table) {
+            pgrx::debug1!(
+                "pg_envelopes: band {} of originator {node} {lacks}: it is read and written \
+                 through the executor",
+                leaf.to_u32()
+            );
+            parts.executor.push(*leaf);
         }
     }
     parts.sort();
     Ok(Some(parts))
+}
+
+/// What a band's table lacks for the direct paths: the insert functions' direct
+/// write path and the read paths' index scans (`crate::scan`), which need a plain
+/// heap table with the store's btree indexes. A band that lacks something is
+/// served through the executor instead (SQL inserts through the roots, queries on
+/// the band), whatever the owner made of it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Lacks {
+    #[error("is partitioned")]
+    Partitioned,
+    #[error("is a foreign table")]
+    Foreign,
+    #[error("is not a plain table (relkind '{0}')")]
+    NotATable(char),
+    #[error("uses the table access method \"{0}\", not heap")]
+    AccessMethod(String),
+    #[error("has no valid btree primary key on (originator_node_id, originator_sequence_id)")]
+    PrimaryKey,
+    #[error("has no valid btree index on (topic, originator_sequence_id)")]
+    TopicIndex,
+    #[error("no longer exists")]
+    Gone,
+}
+
+/// What band `relid` of `table` lacks for the direct paths, if anything (see
+/// [`Lacks`]). Checked when the catalog loads a band, from the relcache, without
+/// locking it (a band dropped meanwhile is [`Lacks::Gone`]; one altered later
+/// sends an invalidation, which makes the cache load the originator again); the
+/// paths that dereference a band check what they dereference once they hold
+/// its lock.
+pub fn band_lacks(relid: Oid, table: Table) -> Option<Lacks> {
+    // SAFETY: RelationIdGetRelation builds (or finds) the relcache entry and takes
+    // a reference, dropped by RelationClose; NULL when the relation is gone.
+    unsafe {
+        let rel = pg_sys::RelationIdGetRelation(relid);
+        if rel.is_null() {
+            return Some(Lacks::Gone);
+        }
+        let lacks = direct_lacks(rel, table);
+        pg_sys::RelationClose(rel);
+        lacks
+    }
+}
+
+/// [`band_lacks`] of an open relation.
+///
+/// # Safety
+/// `rel` is an open relation (a reference held).
+pub unsafe fn direct_lacks(rel: pg_sys::Relation, table: Table) -> Option<Lacks> {
+    // SAFETY: the caller's promise; the relcache entry's fields are read while
+    // the reference is held; indexes are looked at through relcache references
+    // taken and dropped here.
+    unsafe {
+        let form = (*rel).rd_rel;
+        match (*form).relkind as u8 {
+            pg_sys::RELKIND_RELATION => {}
+            pg_sys::RELKIND_PARTITIONED_TABLE => return Some(Lacks::Partitioned),
+            pg_sys::RELKIND_FOREIGN_TABLE => return Some(Lacks::Foreign),
+            other => return Some(Lacks::NotATable(other as char)),
+        }
+        if (*form).relam != pg_sys::HEAP_TABLE_AM_OID || !scan::index_path_can_read(rel) {
+            let name = pg_sys::get_am_name((*form).relam);
+            let name = if name.is_null() {
+                (*form).relam.to_u32().to_string()
+            } else {
+                std::ffi::CStr::from_ptr(name)
+                    .to_string_lossy()
+                    .into_owned()
+            };
+            return Some(Lacks::AccessMethod(name));
+        }
+        let serves = |index: Oid, columns: &[&str]| {
+            let index_rel = pg_sys::RelationIdGetRelation(index);
+            if index_rel.is_null() {
+                return false;
+            }
+            let serves = scan::index_serves(rel, index_rel, columns);
+            pg_sys::RelationClose(index_rel);
+            serves
+        };
+        let pk = pg_sys::RelationGetPrimaryKeyIndex(rel);
+        if pk == pg_sys::InvalidOid || !serves(pk, scan::ENVELOPE_KEY) {
+            return Some(Lacks::PrimaryKey);
+        }
+        if table == Table::Meta {
+            let list = pg_sys::RelationGetIndexList(rel);
+            let cells = if list.is_null() {
+                &[][..]
+            } else {
+                std::slice::from_raw_parts((*list).elements, (*list).length as usize)
+            };
+            let found = cells.iter().any(|c| serves(c.oid_value, scan::TOPIC_KEY));
+            if !list.is_null() {
+                pg_sys::list_free(list);
+            }
+            if !found {
+                return Some(Lacks::TopicIndex);
+            }
+        }
+        None
+    }
 }
 
 /// Node ids of every originator partition attached to `root`. A child whose bound
@@ -107,29 +235,6 @@ pub fn list_originators(root: Oid) -> Result<Vec<i32>, PartitionError> {
                 .and_then(band::parse_list_bound)
         })
         .collect())
-}
-
-/// `schema.table` of a relation, each part quoted as needed, for SQL text.
-pub fn qualified_name(relid: Oid) -> Option<String> {
-    // SAFETY: the lsyscache lookups return NULL for a relation that no longer exists;
-    // the returned strings are palloc'd copies that we copy into Rust strings.
-    unsafe {
-        let rel = pg_sys::get_rel_name(relid);
-        if rel.is_null() {
-            return None;
-        }
-        let nsp = pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid));
-        if nsp.is_null() {
-            return None;
-        }
-        let rel = std::ffi::CStr::from_ptr(rel).to_string_lossy();
-        let nsp = std::ffi::CStr::from_ptr(nsp).to_string_lossy();
-        Some(format!(
-            "{}.{}",
-            quote_identifier(&*nsp),
-            quote_identifier(&*rel)
-        ))
-    }
 }
 
 /// pg_inherits (stable catalog oids and column numbers of Postgres 15).

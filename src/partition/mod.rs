@@ -65,6 +65,8 @@ pub enum PartitionError {
         "permission denied to choose band_width (only roles that may set envelopes.band_width may)"
     )]
     BandWidthNotAllowed,
+    #[error("{0}")]
+    NotWritable(#[from] crate::xact::NotWritable),
     #[error("SPI error while managing partitions: {0}")]
     Spi(#[from] pgrx::spi::SpiError),
 }
@@ -93,6 +95,7 @@ impl SqlError for PartitionError {
             PartitionError::WorkerTimeout(_) => ERRCODE_LOCK_NOT_AVAILABLE,
             PartitionError::WorkerFailed { sqlstate, .. } => PgSqlErrorCode::from(*sqlstate),
             PartitionError::WorkerLost(_) => ERRCODE_CONNECTION_FAILURE,
+            PartitionError::NotWritable(e) => e.sqlstate(),
             PartitionError::Catalog(_)
             | PartitionError::StillMissing { .. }
             | PartitionError::Spi(_) => ERRCODE_INTERNAL_ERROR,
@@ -112,6 +115,7 @@ impl SqlError for PartitionError {
                     .into(),
             ),
             PartitionError::NotAPartition { .. } => Some(NAME_TAKEN_HINT.into()),
+            PartitionError::NotWritable(e) => e.hint(),
             // The worker's own NotAPartition, which arrives as its code and message.
             PartitionError::WorkerFailed { sqlstate, .. }
                 if *sqlstate == PgSqlErrorCode::ERRCODE_DUPLICATE_TABLE as i32 =>
@@ -189,11 +193,6 @@ pub fn originator_parts(
         cache::store(table, node, parts.clone());
     }
     Ok(parts)
-}
-
-/// `schema.table` of a partition, quoted for SQL text.
-pub fn qualified_name(relid: pg_sys::Oid) -> Option<String> {
-    catalog::qualified_name(relid)
 }
 
 /// The cached routes (meta, blob) of a row, without any catalog access.
@@ -380,6 +379,7 @@ fn ensure_gateway_parts(
     band_width: default!(Option<i64>, "NULL"),
 ) {
     let ensure = || {
+        crate::xact::check_writable("ensure_gateway_parts")?;
         let node = check_node(originator_node_id)?;
         let seq = check_sequence(originator_sequence_id)?;
         let setting = crate::gucs::band_width();

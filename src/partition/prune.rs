@@ -33,7 +33,10 @@
 //! originator's newest band, and lies wholly below the highest sequence id that
 //! originator had when the run began. Bands created ahead of the data (with
 //! `ensure_gateway_parts`) therefore stay, and so does every band of an originator
-//! that has no rows left at all.
+//! that has no rows left at all, and every band that is not a plain table (one its
+//! owner partitioned further, whose expired rows are deleted all the same: the
+//! deletes match rows by `tableoid` and `ctid`, which alone repeats across
+//! sub-partitions).
 
 use super::worker;
 use super::PartitionError;
@@ -59,6 +62,8 @@ pub enum PruneError {
     WorkerLost { processed: u32, total: u32 },
     #[error("{0}")]
     Partition(#[from] PartitionError),
+    #[error("{0}")]
+    NotWritable(#[from] crate::xact::NotWritable),
     #[error("SPI error while pruning: {0}")]
     Spi(#[from] pgrx::spi::SpiError),
 }
@@ -72,6 +77,7 @@ impl SqlError for PruneError {
             PruneError::WorkerFailed { sqlstate, .. } => PgSqlErrorCode::from(*sqlstate),
             PruneError::WorkerLost { .. } => ERRCODE_CONNECTION_FAILURE,
             PruneError::Partition(e) => e.sqlstate(),
+            PruneError::NotWritable(e) => e.sqlstate(),
             PruneError::Spi(_) => ERRCODE_INTERNAL_ERROR,
         }
     }
@@ -87,6 +93,7 @@ impl SqlError for PruneError {
                  prune_expired again."
                     .into(),
             ),
+            PruneError::NotWritable(e) => e.hint(),
             _ => None,
         }
     }
@@ -161,6 +168,7 @@ fn prune(
     lock_timeout_ms: Option<i32>,
     in_transaction: bool,
 ) -> Result<Vec<Row>, PruneError> {
+    crate::xact::check_writable("prune_expired")?;
     let lock_timeout_ms = match lock_timeout_ms {
         Some(ms) if ms > 0 => ms,
         other => return Err(PruneError::BadLockTimeout(other.unwrap_or(0))),
@@ -324,8 +332,10 @@ enum Edge {
 
 /// The first row of one band leaf, lowest sequence id first (or, `backward`,
 /// highest first), read with `snapshot` under an ACCESS SHARE lock asked for
-/// without waiting and released after the read. `None` when the lock was refused
-/// or the table is gone: busy, leave it.
+/// without waiting and released after the read. `None` when the lock was refused,
+/// the table is gone, or it is not a plain band the index path reads (partitioned
+/// further by its owner, say: a query on it could wait for what is inside): busy,
+/// leave it. So such a band is never dropped.
 fn edge_row(relid: Oid, node: i32, snapshot: pg_sys::Snapshot, backward: bool) -> Option<Edge> {
     let share = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
     // SAFETY: any oid is accepted; the lock granted here is released below (the
@@ -338,14 +348,20 @@ fn edge_row(relid: Oid, node: i32, snapshot: pg_sys::Snapshot, backward: bool) -
         after: i64::MIN,
         upto: i64::MAX,
     };
-    let edge = Scan::open(relid, snapshot, range, backward).map(|mut scan| {
+    let edge = Scan::open(relid, snapshot, range, backward).and_then(|mut scan| {
+        if scan.is_executed() {
+            // Not a plain band (the owner partitioned it further, or its index
+            // is missing): a query on it could wait for locks on what is
+            // inside. Treated as busy: such a band is never dropped.
+            return None;
+        }
         if !scan.next() {
-            return Edge::Empty;
+            return Some(Edge::Empty);
         }
         let seq = scan
             .attno("originator_sequence_id")
             .and_then(|attno| scan.get::<i64>(attno));
-        Edge::Row(seq)
+        Some(Edge::Row(seq))
     });
     // SAFETY: releases the ACCESS SHARE lock granted above.
     unsafe { pg_sys::UnlockRelationOid(relid, share) };
@@ -411,12 +427,12 @@ fn delete_expired(entry: &mut Entry, cutoff: i64, late: Oid) -> Result<(), Prune
     };
     let sql = format!(
         "WITH doomed AS (
-             SELECT x.ctid FROM {meta} x
+             SELECT x.tableoid, x.ctid FROM {meta} x
               WHERE x.expiry IS NOT NULL AND x.expiry < $1
                 FOR UPDATE SKIP LOCKED
          ), gone AS (
              DELETE FROM {meta} m USING doomed d
-              WHERE m.ctid = d.ctid
+              WHERE m.ctid = d.ctid AND m.tableoid = d.tableoid
              RETURNING m.originator_node_id, m.originator_sequence_id
          ){gone_blob}, gone_late AS (
              DELETE FROM envelopes.late_envelopes l USING gone g

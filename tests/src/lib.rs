@@ -256,3 +256,21 @@ pub fn outcome(c: &mut Client, sql: &str) -> String {
         Err(e) => sqlstate(&e),
     }
 }
+
+/// A call of every function that writes, each insert on an originator of its
+/// own (40 to 44) that has no partition yet (so it would create one), the packed
+/// forms' arguments built in SQL; prune deletes what expired before 200.
+pub const WRITING_CALLS: [&str; 7] = [
+    "SELECT envelopes.insert_gateway_envelope(40, 1, '\\x01', '\\x02')",
+    "SELECT envelopes.insert_gateway_envelopes(ARRAY[41], ARRAY[1]::bigint[],
+         ARRAY['\\x01']::bytea[], ARRAY['\\x02']::bytea[])",
+    "SELECT envelopes.insert_gateway_envelopes_packed(42, pg_catalog.encode(
+         pg_catalog.int8send(1::bigint) || pg_catalog.int4send(1) || '\\x01'::bytea
+         || pg_catalog.int4send(1) || '\\x02'::bytea || '\\x00'::bytea, 'base64'))",
+    "SELECT envelopes.insert_gateway_envelope_packed(43, pg_catalog.encode(
+         pg_catalog.int8send(1::bigint) || pg_catalog.int4send(1) || '\\x01'::bytea
+         || pg_catalog.int4send(1) || '\\x02'::bytea || '\\x00'::bytea, 'base64'))",
+    "SELECT envelopes.ensure_gateway_parts(44, 1)",
+    "SELECT envelopes.publish('orders.created', '\\x01')",
+    "SELECT count(*) FROM envelopes.prune_expired(as_of => 200)",
+];

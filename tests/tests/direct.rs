@@ -236,3 +236,83 @@ fn tables_changed_by_hand_get_what_an_insert_gives() {
         0
     );
 }
+
+/// An INSERT rule on a root (which a plain INSERT applies) cannot be honoured by
+/// the insert functions: the direct path runs no rewriter and Postgres refuses
+/// the SQL path's `ON CONFLICT` on such a table. Every insert form refuses with
+/// 0A000 (and a hint) and writes nothing, for a rule on meta, on blob, and on the
+/// late-envelope feed for a late row; without the rule they insert again.
+#[test]
+fn insert_rules_on_the_roots_are_refused() {
+    let db = TestDb::new("rules");
+    let mut c = db.connect();
+    c.batch_execute(
+        "SELECT envelopes.insert_gateway_envelope(1, 100, '\\x01', '\\x02');
+         CREATE TABLE public.audit (n int, s bigint);",
+    )
+    .unwrap();
+    let calls = [
+        "SELECT envelopes.insert_gateway_envelope(1, 101, '\\x01', '\\x02')",
+        "SELECT envelopes.insert_gateway_envelopes(ARRAY[1, 2], ARRAY[102, 1]::bigint[],
+             ARRAY['\\x01', '\\x01']::bytea[], ARRAY['\\x02', '\\x02']::bytea[])",
+        "SELECT envelopes.insert_gateway_envelope_packed(1, pg_catalog.encode(
+             pg_catalog.int8send(103::bigint) || pg_catalog.int4send(1) || '\\x01'::bytea
+             || pg_catalog.int4send(1) || '\\x02'::bytea || '\\x00'::bytea, 'base64'))",
+        "SELECT envelopes.insert_gateway_envelopes_packed(1, pg_catalog.encode(
+             pg_catalog.int8send(104::bigint) || pg_catalog.int4send(1) || '\\x01'::bytea
+             || pg_catalog.int4send(1) || '\\x02'::bytea || '\\x00'::bytea, 'base64'))",
+    ];
+    for (table, key) in [
+        ("gateway_envelopes_meta", "originator_node_id"),
+        ("gateway_envelopes_blob", "originator_node_id"),
+    ] {
+        c.batch_execute(&format!(
+            "CREATE RULE audit AS ON INSERT TO envelopes.{table}
+                 DO ALSO INSERT INTO public.audit VALUES (NEW.{key}, NEW.originator_sequence_id)"
+        ))
+        .unwrap();
+        for sql in calls {
+            let err = c.batch_execute(sql).expect_err("refused");
+            assert_eq!(
+                pg_envelopes_tests::sqlstate(&err),
+                "0A000",
+                "{table}: {sql}"
+            );
+            let hint = err.as_db_error().and_then(|e| e.hint().map(str::to_owned));
+            assert!(
+                hint.is_some_and(|h| h.contains("trigger")),
+                "{table}: {sql}"
+            );
+        }
+        c.batch_execute(&format!("DROP RULE audit ON envelopes.{table}"))
+            .unwrap();
+    }
+    // The feed's table, for a late row (below 100, committed).
+    c.batch_execute(
+        "CREATE RULE audit AS ON INSERT TO envelopes.late_envelopes
+             DO ALSO INSERT INTO public.audit VALUES (NEW.originator_node_id, NEW.originator_sequence_id)",
+    )
+    .unwrap();
+    let err = c
+        .batch_execute("SELECT envelopes.insert_gateway_envelope(1, 50, '\\x01', '\\x02')")
+        .expect_err("refused");
+    assert_eq!(pg_envelopes_tests::sqlstate(&err), "0A000");
+    c.batch_execute("DROP RULE audit ON envelopes.late_envelopes")
+        .unwrap();
+    assert_eq!(db.int8("SELECT count(*) FROM public.audit"), 0);
+    assert_eq!(
+        db.int8("SELECT count(*) FROM envelopes.gateway_envelopes_meta"),
+        1
+    );
+    assert_eq!(
+        db.int8("SELECT count(*) FROM envelopes.gateway_envelopes_blob"),
+        1
+    );
+    for sql in calls {
+        c.batch_execute(sql).unwrap();
+    }
+    assert_eq!(
+        db.int8("SELECT count(*) FROM envelopes.gateway_envelopes_meta"),
+        6
+    );
+}

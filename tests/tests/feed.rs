@@ -585,6 +585,52 @@ fn a_long_run_of_late_rows_is_stepped_over() {
     );
 }
 
+/// A run of late rows longer than one read steps over (35,000 against 10,000),
+/// right after the cursor, with the in-order row behind it: no batch comes back
+/// empty while a row is deliverable (a consumer reading until a batch is empty,
+/// as the README says and the bridge does, gets everything). The first batches
+/// are the late feed's; then the in-order read steps over the whole run in one
+/// call, as many rounds as it takes, and hands out the row behind it.
+#[test]
+fn no_empty_batch_while_rows_are_pending() {
+    let db = TestDb::new("late_run_long");
+    let mut c = db.connect();
+    register(&mut c, "f");
+    insert(&mut c, 6, 100_000); // committed: everything below it arrives late
+    c.execute(
+        "SELECT envelopes.insert_gateway_envelopes(array_agg(6), array_agg(s::bigint),
+             array_agg('\\x01'::bytea), array_agg('\\x02'::bytea))
+           FROM generate_series(1, 35000) s",
+        &[],
+    )
+    .unwrap();
+    let mut all = Vec::new();
+    loop {
+        let pending: i64 = c
+            .query_one(
+                "SELECT pending FROM envelopes.consumer_envelopes_pending('f')",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        let batch = envelope_batch(&mut c, "f", 1000).expect("envelope batch");
+        if batch.is_empty() {
+            assert_eq!(pending, 0, "an empty batch with {pending} rows pending");
+            break;
+        }
+        envelope_ack(&mut c, "f", &batch).expect("envelope ack");
+        all.extend(batch);
+    }
+    let got = keys(&all);
+    assert_eq!(got.len(), 35_001, "{} handed out", got.len());
+    assert_eq!(all.len(), 35_001, "handed out twice");
+    assert!(got.contains(&(6, 100_000)));
+    assert_eq!(
+        db.int8("SELECT sequence_id FROM envelopes.consumer_envelope_cursors WHERE consumer = 'f'"),
+        100_000
+    );
+}
+
 /// The insert path's high-water marks live in the cluster's shared memory, but
 /// every database has its own rows. Database B writes originator 7's rows 1..500
 /// 200..500 around the functions (no mark raised; the marks must be rescanned after it);

@@ -210,6 +210,87 @@ fn settings_given_before_load_are_checked_at_load() {
     );
 }
 
+/// `envelopes.max_topic_bytes` goes no higher than what the topic index holds
+/// (2684 bytes with 8 kB pages): a larger value is refused with 22023 (by SET
+/// and when given before the library loads), so a topic the index could not
+/// hold gets the documented 22001 from the function rather than 54000 from the
+/// index. The bound is exact: an incompressible topic of 2684 bytes goes in
+/// through the function, one of 2685 bytes fails in the index of a plain INSERT.
+#[test]
+fn the_topic_limit_stays_within_what_the_topic_index_holds() {
+    let db = TestDb::new("topic_limit");
+    let mut c = db.connect();
+    let random = |n: i32| {
+        format!(
+            "(SELECT pg_catalog.decode(pg_catalog.string_agg(pg_catalog.lpad(pg_catalog.to_hex(
+                 (pg_catalog.random() * 255)::int), 2, '0'), ''), 'hex') FROM generate_series(1, {n}))"
+        )
+    };
+    c.batch_execute("SELECT envelopes.ensure_gateway_parts(1, 1)")
+        .unwrap();
+    for value in ["2685", "3000", "'1MB'", "2147483647"] {
+        assert_eq!(
+            outcome(&mut c, &format!("SET envelopes.max_topic_bytes = {value}")),
+            "22023",
+            "{value}"
+        );
+    }
+    assert_eq!(
+        outcome(&mut c, "SET envelopes.max_topic_bytes = 2684"),
+        "ok"
+    );
+    assert_eq!(
+        outcome(
+            &mut c,
+            &format!(
+                "SELECT envelopes.insert_gateway_envelope(1, 1, {}, '\\x02')",
+                random(2684)
+            )
+        ),
+        "ok"
+    );
+    assert_eq!(
+        outcome(
+            &mut c,
+            &format!(
+                "SELECT envelopes.insert_gateway_envelope(1, 2, {}, '\\x02')",
+                random(2685)
+            )
+        ),
+        "22001"
+    );
+    assert_eq!(
+        outcome(
+            &mut c,
+            &format!(
+                "INSERT INTO envelopes.gateway_envelopes_meta (originator_node_id, originator_sequence_id, topic)
+                 VALUES (1, 3, {})",
+                random(2685)
+            )
+        ),
+        "54000"
+    );
+    let mut c = Client::connect(
+        &format!(
+            "{} dbname={} options='-c envelopes.max_topic_bytes=3000'",
+            db.server, db.name
+        ),
+        postgres::NoTls,
+    )
+    .unwrap();
+    assert_eq!(
+        outcome(
+            &mut c,
+            "SELECT envelopes.insert_gateway_envelope(1, 4, '\\x01', '\\x02')"
+        ),
+        "22023"
+    );
+    assert_eq!(
+        db.int8("SELECT count(*) FROM envelopes.gateway_envelopes_meta"),
+        1
+    );
+}
+
 /// A batch that would create more band partitions than
 /// envelopes.max_new_partitions_per_call fails with 54000 and writes nothing.
 #[test]

@@ -4,7 +4,7 @@
 //! refuses with 25006 and a hint, while `select_gateway_envelopes` (which does
 //! not) reads there as on the primary.
 
-use pg_envelopes_tests::{insert, sqlstate, TestDb};
+use pg_envelopes_tests::{insert, sqlstate, TestDb, WRITING_CALLS};
 use postgres::{Client, NoTls};
 use std::time::{Duration, Instant};
 
@@ -99,4 +99,35 @@ fn the_feed_refuses_on_a_standby_and_reads_still_work() {
         .expect("batch on the primary")
         .get(0);
     assert_eq!(handed, 3);
+}
+
+/// Every function that writes refuses on the standby with 25006 within a second,
+/// as a plain INSERT does: the insert functions for a band the standby has
+/// (which used to fail with XX000 "cannot assign TransactionIds during
+/// recovery") and for originators it has never seen (which used to wait 30 s for
+/// a partition worker before 55P03), `ensure_gateway_parts`, `publish` and
+/// `prune_expired`.
+#[test]
+fn writing_functions_refuse_on_a_standby_at_once() {
+    let db = TestDb::new("standby_writes");
+    let mut primary = db.connect();
+    insert(&mut primary, 39, 1);
+    let mut standby = caught_up_standby(&mut primary, &db);
+    let existing = "SELECT envelopes.insert_gateway_envelope(39, 2, '\\x01', '\\x02')";
+    for sql in std::iter::once(existing).chain(WRITING_CALLS) {
+        let start = Instant::now();
+        let error = standby
+            .batch_execute(sql)
+            .expect_err("refused during recovery");
+        let took = start.elapsed();
+        assert_eq!(sqlstate(&error), "25006", "{sql}: {error:?}");
+        assert!(took < Duration::from_secs(1), "{sql} took {took:?}");
+        let hint = error
+            .as_db_error()
+            .and_then(|e| e.hint().map(str::to_owned));
+        assert!(
+            hint.as_deref().is_some_and(|h| h.contains("primary")),
+            "{sql}: {hint:?}"
+        );
+    }
 }

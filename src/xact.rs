@@ -1,0 +1,72 @@
+//! Whether the current transaction may write: the first thing every function
+//! that writes (the insert functions, `publish`, `ensure_gateway_parts`,
+//! `prune_expired`) asks.
+//!
+//! Postgres refuses a plain `INSERT` in a READ ONLY transaction, on a hot standby
+//! and in parallel mode before it does anything. The extension's functions write
+//! without an executor run (the direct write path), or in a background worker
+//! whose transaction is not the caller's, so nothing would refuse them: they ask
+//! here, before any lock, worker launch or write, and answer 25006 as Postgres
+//! does.
+
+use crate::error::{PgSqlErrorCode, SqlError};
+use pgrx::pg_sys;
+
+/// Why the current transaction may not write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    /// A hot standby (recovery in progress).
+    Recovery,
+    /// `BEGIN READ ONLY`, `SET TRANSACTION READ ONLY` or
+    /// `default_transaction_read_only`.
+    ReadOnly,
+    /// A parallel operation (a parallel worker, or a leader running one).
+    Parallel,
+}
+
+/// A writing function called where the transaction may not write.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot execute {what} {}", match .why {
+    Why::Recovery => "during recovery",
+    Why::ReadOnly => "in a read-only transaction",
+    Why::Parallel => "during a parallel operation",
+})]
+pub struct NotWritable {
+    pub what: &'static str,
+    pub why: Why,
+}
+
+impl SqlError for NotWritable {
+    fn sqlstate(&self) -> PgSqlErrorCode {
+        PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION
+    }
+
+    fn hint(&self) -> Option<String> {
+        match self.why {
+            Why::Recovery => Some("Run it on the primary.".into()),
+            Why::ReadOnly | Why::Parallel => None,
+        }
+    }
+}
+
+/// `Ok` when the current transaction may write; the function's name goes into
+/// the error.
+pub fn check_writable(what: &'static str) -> Result<(), NotWritable> {
+    // SAFETY: reads backend state only (RecoveryInProgress reads shared memory
+    // through a backend-local cache, as Postgres' own read-only checks do).
+    let why = unsafe {
+        if pg_sys::RecoveryInProgress() {
+            Some(Why::Recovery)
+        } else if pg_sys::XactReadOnly {
+            Some(Why::ReadOnly)
+        } else if pg_sys::IsInParallelMode() {
+            Some(Why::Parallel)
+        } else {
+            None
+        }
+    };
+    match why {
+        Some(why) => Err(NotWritable { what, why }),
+        None => Ok(()),
+    }
+}
