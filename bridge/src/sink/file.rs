@@ -59,9 +59,13 @@ impl Jsonl {
             .write_all(&lines(batch))
             .await
             .map_err(|e| SinkError::new("jsonl", e))?;
-        self.file
-            .sync_data()
-            .await
-            .map_err(|e| SinkError::new("jsonl", e))
+        match self.file.sync_data().await {
+            Ok(()) => Ok(()),
+            // A file that cannot be synced (/dev/null, a pipe): written is all
+            // there is.
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => Ok(()),
+            Err(e) => Err(SinkError::new("jsonl", e)),
+        }
     }
 }
+
