@@ -13,7 +13,6 @@ use crate::cli::WatchArgs;
 use crate::message::Message;
 use futures_util::StreamExt;
 
-
 /// A bus message as one JSON line: CBOR decoded (and shown with its id), JSON
 /// as it is.
 fn line(payload: &[u8]) -> String {
