@@ -548,8 +548,9 @@ for durability in off on; do
         # rows a minute the bridge sets aside, a preloaded backlog of them drained
         # with the default --dead-letter-after; (2) commit -> consumer latency of an
         # unrelated originator's rows at 200 commits/s while 5 refused rows a
-        # second are written beside them ("poison"), against the same without them
-        # ("clean"), interleaved.
+        # second are written beside them ("poison"), while 100 refused rows
+        # committed at once as the run starts are set aside ("burst"), and
+        # without them ("clean"), interleaved.
         for run in $(seq "$RUNS"); do
             for sink_name in jetstream redis mqtt rabbitmq webhook; do
                 refusing_bus "$sink_name"
@@ -582,7 +583,7 @@ for durability in off on; do
                 [ -z "$receiver" ] || { kill "$receiver"; wait "$receiver" 2>/dev/null || true; }
                 record refusals_set_aside "$sink_name" "$durability" "$run" "$per_minute" rows/min
                 log "refusals [$durability] $sink_name run $run: $backlog refused rows set aside at $per_minute/min"
-                for variant in poison clean; do
+                for variant in poison burst clean; do
                     n=$((SECONDS_PER_RUN * 200))
                     "$PROBE" "$sink" "$probe_prefix" "$n" "${probe_args[@]}" >"$OUT/probe.out" &
                     probe=$!
@@ -592,6 +593,11 @@ for durability in off on; do
                         "$PG_BIN/pgbench" -n -M prepared -h 127.0.0.1 -p "$PORT" -U postgres -c 1 -j 1 -R 5 \
                             -T "$SECONDS_PER_RUN" -D size="$poison_size" -f bench/sql/poison_rate.sql "$db" \
                             >/dev/null 2>"$OUT/pgbench-poison.err" &
+                        writers+=($!)
+                    elif [ "$variant" = burst ]; then
+                        sql "$db" -q -c "SELECT envelopes.insert_gateway_envelope(1, nextval('poison_seq'), '\\x01',
+                                pg_catalog.decode(pg_catalog.repeat('ab', $poison_size), 'hex'))
+                              FROM generate_series(1, 100)" >/dev/null &
                         writers+=($!)
                     fi
                     "$PG_BIN/pgbench" -n -M prepared -h 127.0.0.1 -p "$PORT" -U postgres -c 2 -j 2 -R 200 \

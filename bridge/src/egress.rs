@@ -503,7 +503,6 @@ async fn deliver(
                     }));
                 }
                 Err(e) => {
-                    metrics.retried.inc();
                     metrics.failed(format!("connecting to the bus: {e}"));
                     let stop = if matches!(e, SinkError::Config { .. }) {
                         tracing::error!(error = %e, sink = %config.sink,
@@ -546,7 +545,6 @@ async fn deliver(
                     ..
                 },
             ) => {
-                metrics.retried.inc();
                 metrics.failed(format!("publishing: {e}"));
                 let (first_id, last_id) = (part[0].dedup_id(), part[part.len() - 1].dedup_id());
                 state.sink = None;
@@ -580,7 +578,6 @@ async fn deliver(
             Err(e @ SinkError::Config { .. }) => {
                 // A sink that could connect but is then refused (it cannot be
                 // told from an outage this late): retried at the longest backoff.
-                metrics.retried.inc();
                 metrics.failed(format!("publishing: {e}"));
                 tracing::error!(error = %e, "the bus refuses the bridge; retrying at the longest backoff");
                 state.sink = None;

@@ -77,10 +77,10 @@ pub async fn run(
     let mut worked = false;
     while !crate::shutdown::is_requested(&shutdown) {
         let result = session(&config, &metrics, &mut shutdown, &mut backoff, &mut worked).await;
-        if let Err(Failure::Retry(why) | Failure::Permanent(DbFailure { message: why, .. })) =
-            &result
-        {
-            metrics.failed(why);
+        match &result {
+            Err(Failure::Retry(why) | Failure::BusConfig(why)) => metrics.failed(why),
+            Err(Failure::Permanent(e) | Failure::Config(e)) => metrics.failed(&e.message),
+            Ok(()) => {}
         }
         match result {
             Ok(()) => break,

@@ -69,7 +69,7 @@ impl Metrics {
         );
         registry.register(
             "retried",
-            "Batches published again after a failure",
+            "Rounds tried again after a failure: database and bus connects, reads, publishes and acknowledgements",
             retried.clone(),
         );
         registry.register(
@@ -136,8 +136,11 @@ impl Metrics {
         self.last_worked_ms.store(now_ms(), Ordering::Relaxed);
     }
 
-    /// Something failed; /readyz says so until a round works again.
+    /// Something failed and will be tried again (a database round or connect, a
+    /// bus connect or publish): counted in `retried_total`, and /readyz says so
+    /// until a round works again.
     pub fn failed(&self, what: impl ToString) {
+        self.retried.inc();
         if let Ok(mut last) = self.last_failure.lock() {
             *last = what.to_string();
         }

@@ -136,11 +136,14 @@ impl Fatal {
         let hint = match error.sqlstate.as_deref() {
             Some("28P01") => "check the password in --database-url",
             Some(c) if c.starts_with("28") => {
-                "check the role in --database-url: it must exist and be allowed to log in                  (pg_hba.conf)"
+                "check the role in --database-url: it must exist and be allowed to log in \
+                 (pg_hba.conf)"
             }
             Some("3D000") => "check the database name in --database-url",
             Some("3F000" | "42883") => {
-                "install the extension in that database (CREATE EXTENSION pg_envelopes) or                  update it (ALTER EXTENSION pg_envelopes UPDATE), and grant the bridge's role                  its functions (envelopes.grant_consumer / grant_writer)"
+                "install the extension in that database (CREATE EXTENSION pg_envelopes) or \
+                 update it (ALTER EXTENSION pg_envelopes UPDATE), and grant the bridge's role \
+                 its functions (envelopes.grant_consumer / grant_writer)"
             }
             Some("42704") => "check --name, or create the consumer (see --register)",
             _ => "fix the configuration",

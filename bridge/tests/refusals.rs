@@ -332,8 +332,8 @@ fn mqtt_refusals() {
 }
 
 /// A private RabbitMQ node with max_message_size 1 MiB (406 PRECONDITION_FAILED)
-/// and the protocol's smallest frame_max (4096), and an outbox subject whose
-/// routing key is over AMQP's 255 bytes (no broker takes it).
+/// and the protocol's smallest frame_max (4096); an outbox subject whose routing
+/// key is over AMQP's 255 bytes is delivered under its mapped key.
 #[test]
 fn rabbitmq_refusals() {
     let rabbit = PrivateRabbit::start("max_message_size = 1048576\nframe_max = 4096");
@@ -358,18 +358,14 @@ fn rabbitmq_refusals() {
         ],
         poison: &|c| {
             insert_sized(c, 1, 20, 1100 * 1024);
-            vec![
-                Poison {
-                    id: "1:20".into(),
-                    code: "AMQP_406",
-                    forever: false,
-                },
-                Poison {
-                    id: publish(c, &long_subject, 10),
-                    code: "ROUTING_KEY_TOO_LONG",
-                    forever: true,
-                },
-            ]
+            // Not refused: its routing key is mapped onto its leading words,
+            // which the queue's binding (EXCHANGE.#) still routes.
+            publish(c, &long_subject, 10);
+            vec![Poison {
+                id: "1:20".into(),
+                code: "AMQP_406",
+                forever: false,
+            }]
         },
         delivered: &|| {
             let mut all = taken.lock().unwrap();
@@ -531,6 +527,44 @@ fn a_webhook_redirect_that_keeps_the_post_delivers() {
             .collect();
         assert_eq!(at_final, committed_ids(&db), "{code}");
     }
+}
+
+/// A 307 chain that never ends: each hop is logged, the bridge follows at most
+/// five, acknowledges nothing and says why.
+#[test]
+fn a_webhook_redirect_loop_stops_after_five_hops() {
+    let receiver = Receiver::with_policy(|_, path, _| {
+        let hop: u32 = path.trim_start_matches("/hook").parse().unwrap_or(0);
+        Answer {
+            status: 307,
+            headers: vec![("Location".into(), format!("/hook{}", hop + 1))],
+            body: String::new(),
+        }
+    });
+    let db = TestDb::new("hook_loop");
+    let mut c = db.client();
+    for seq in 1..=3 {
+        insert_sized(&mut c, 5, seq, 10);
+    }
+    let mut bridge = Bridge::egress(&db, "looped", &receiver.url(), &[], &[]);
+    wait_until("the loop named in the log", Duration::from_secs(20), || {
+        bridge.log_text().contains("more than 5 redirects")
+    });
+    bridge.terminate();
+    assert_eq!(lag(&db, "looped"), 3, "nothing may count as delivered");
+    let hops: BTreeSet<String> = receiver.requests().into_iter().map(|r| r.path).collect();
+    let expected: BTreeSet<String> = ["/hook", "/hook1", "/hook2", "/hook3", "/hook4", "/hook5"]
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(hops, expected, "five hops followed, no more");
+    let log = bridge.log_text();
+    assert!(
+        log.matches("webhook redirects the POST; following it")
+            .count()
+            >= 5,
+        "each hop logged: {log}"
+    );
 }
 
 /// A private NATS server with users: the bridge's may not publish to one outbox

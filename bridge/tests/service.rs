@@ -10,7 +10,7 @@ use common::buses::*;
 use common::*;
 use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -115,10 +115,65 @@ fn a_signal_stops_the_bridge_whatever_became_of_its_stderr() {
     }
 }
 
+/// A signal in the middle of a backlog, stderr a dead pipe: the bridge finishes
+/// the batch in hand, acknowledges it and exits 0 at once, and every row it
+/// acknowledged is in the file (the rest is left for the next start).
+#[test]
+fn a_signal_mid_backlog_ends_after_the_batch_in_hand() {
+    for signal_name in ["TERM", "INT"] {
+        let db = TestDb::new("stop_mid");
+        bulk(&db, 1, 1, 50_000);
+        let path = std::env::temp_dir().join(format!("{}.jsonl", unique("stop_mid")));
+        let mut bridge = egress_with_stderr(&db, &path, Stdio::piped(), &["--batch-size", "20"]);
+        drop(bridge.child.stderr.take());
+        wait_until("the drain under way", Duration::from_secs(60), || {
+            lag(&db, "svc") < 49_000
+        });
+        signal(&bridge, signal_name);
+        let started = Instant::now();
+        assert_eq!(
+            bridge.exit_code_within(Duration::from_secs(10)),
+            Some(0),
+            "SIG{signal_name} mid-backlog"
+        );
+        eprintln!(
+            "SIG{signal_name}: exited {:?} after the signal, {} rows left",
+            started.elapsed(),
+            lag(&db, "svc")
+        );
+        let acknowledged = 50_000 - lag(&db, "svc");
+        let written: BTreeSet<String> = std::fs::read_to_string(&path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|v| v["id"].as_str().map(str::to_owned))
+            .collect();
+        assert!(
+            written.len() as i64 >= acknowledged,
+            "SIG{signal_name}: {acknowledged} rows acknowledged, {} in the file",
+            written.len()
+        );
+        for seq in [1, acknowledged] {
+            assert!(
+                written.contains(&format!("1:{seq}")),
+                "1:{seq} acknowledged, not written"
+            );
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
 /// The first signal lets the batch in hand finish; a second one ends the bridge
-/// at once (here the batch waits on a receiver that never answers).
+/// at once (here the batch waits on a receiver that never answers), with
+/// 128 + the signal's number.
 #[test]
 fn a_second_signal_ends_the_bridge_at_once() {
+    for (second, code) in [("TERM", 143), ("INT", 130)] {
+        a_second_signal_ends_it(second, code);
+    }
+}
+
+fn a_second_signal_ends_it(second: &str, code: i32) {
     let db = TestDb::new("stop2");
     let mut c = db.client();
     for seq in 1..=5 {
@@ -148,8 +203,12 @@ fn a_second_signal_ends_the_bridge_at_once() {
         bridge.child.try_wait().unwrap().is_none(),
         "the first signal waits for the batch in hand"
     );
-    signal(&bridge, "TERM");
-    assert_eq!(bridge.exit_code_within(Duration::from_secs(3)), Some(143));
+    signal(&bridge, second);
+    assert_eq!(
+        bridge.exit_code_within(Duration::from_secs(3)),
+        Some(code),
+        "SIG{second} second"
+    );
     assert_eq!(lag(&db, "slow"), 5, "nothing counts as delivered");
 }
 
@@ -409,6 +468,112 @@ fn a_configuration_error_after_a_good_start_is_ridden_out() {
     let _ = std::fs::remove_file(&path);
 }
 
+/// `envelopes-bridge register NAME` and `register NAME --from-end` create the
+/// consumer at the beginning or at the end of every feed; then the bridge rides
+/// out a restart of its database server after a good start (fast shutdown, and
+/// an immediate one that crash-recovers), delivering what was committed before
+/// and after it.
+#[test]
+fn register_and_a_database_restart_after_a_good_start() {
+    let cluster = common::cluster::Cluster::start("restart", &[]);
+    cluster.create_db("store");
+    let mut c = cluster.client("store");
+    for seq in 1..=10 {
+        insert(&mut c, 1, seq);
+    }
+    let url = cluster.url("store");
+    let registered = |name: &str, extra: &[&str]| {
+        let mut args = vec!["register", "--database-url", &url, name];
+        args.extend_from_slice(extra);
+        let out = bridge_command(&args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "register {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let pending = |c: &mut postgres::Client, name: &str| -> i64 {
+        c.query_one(
+            "SELECT COALESCE(outbox_pending, 0) + COALESCE(envelopes_pending, 0)
+               FROM envelopes.consumer_status WHERE consumer = $1",
+            &[&name],
+        )
+        .map(|r| r.get(0))
+        .unwrap_or(-1)
+    };
+    assert!(registered("from_start", &[]).contains("beginning"));
+    assert!(registered("from_end", &["--from-end"]).contains("end"));
+    assert_eq!(pending(&mut c, "from_start"), 10);
+    assert_eq!(pending(&mut c, "from_end"), 0);
+    // Registering again changes nothing.
+    registered("from_end", &[]);
+    assert_eq!(pending(&mut c, "from_end"), 0);
+
+    let path = std::env::temp_dir().join(format!("{}.jsonl", unique("restart")));
+    // No --register: the consumer made above is used as it is.
+    let metrics_port = free_port();
+    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+    let mut cmd = bridge_command(&[
+        "egress",
+        "--database-url",
+        &url,
+        "--name",
+        "from_start",
+        "--sink",
+        &format!("jsonl:{}", path.display()),
+        "--poll-interval-ms",
+        "100",
+        "--metrics-addr",
+        &metrics_addr,
+    ]);
+    let log = std::env::temp_dir().join(format!("{}.log", unique("restart")));
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    let mut bridge = Bridge {
+        child: cmd.spawn().unwrap(),
+        log,
+    };
+    wait_until("the first rows", Duration::from_secs(20), || {
+        pending(&mut cluster.client("store"), "from_start") == 0
+    });
+    let mut next = 11;
+    for mode in ["fast", "immediate"] {
+        cluster.stop(mode);
+        std::thread::sleep(Duration::from_secs(3));
+        assert!(
+            bridge.child.try_wait().unwrap().is_none(),
+            "the bridge gave up while the server was down ({mode}): {}",
+            bridge.log_text()
+        );
+        cluster.start_again();
+        let mut c = cluster.client("store");
+        for seq in next..next + 5 {
+            insert(&mut c, 1, seq);
+        }
+        next += 5;
+        wait_until(
+            &format!("delivery after the {mode} restart"),
+            Duration::from_secs(60),
+            || pending(&mut cluster.client("store"), "from_start") == 0,
+        );
+    }
+    // Every failed round while the server was away counts as retried.
+    let retried = metric(&scrape(metrics_port), "envelopes_bridge_retried_total");
+    assert!(retried >= 2.0, "retried_total {retried}");
+    bridge.terminate();
+    let ids: BTreeSet<String> = std::fs::read_to_string(&path)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["id"].as_str().map(str::to_owned))
+        .collect();
+    let expected: BTreeSet<String> = (1..next).map(|s| format!("1:{s}")).collect();
+    assert_eq!(ids, expected);
+    let _ = std::fs::remove_file(&path);
+}
+
 /// A --config file gives options by their long names; the environment wins over
 /// it and the flags over both; `run` runs the file's command; an unknown key is
 /// refused (78).
@@ -656,8 +821,12 @@ fn the_readme_watch_commands_show_the_rows() {
         &["-c", &format!("tail -n 10 {} | jq .id", path.display())],
     );
     expect(&out, "tail | jq .id");
-    // NATS and RabbitMQ: envelopes-bridge watch, started before the bridge.
+    // NATS and RabbitMQ: envelopes-bridge watch, started before the bridge
+    // (RabbitMQ with --format json, and a durable queue of the user's own for
+    // `rabbitmqctl list_queues`).
     let prefix = unique("wn");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(declare_durable_queue(&amqp_url(), &prefix));
     for (bus, sink, extra) in [
         ("nats", nats_url(), vec![]),
         (
@@ -686,7 +855,7 @@ fn the_readme_watch_commands_show_the_rows() {
         let stream = prefix.to_uppercase();
         match bus {
             "nats" => bargs.extend(["--nats-stream", stream.as_str()]),
-            _ => bargs.extend(["--amqp-exchange", prefix.as_str()]),
+            _ => bargs.extend(["--amqp-exchange", prefix.as_str(), "--format", "json"]),
         }
         let mut bridge = Bridge::egress(&db, &name, &sink, &bargs, &[]);
         let out = watcher.wait_with_output().unwrap();
@@ -696,10 +865,38 @@ fn the_readme_watch_commands_show_the_rows() {
             &format!("envelopes-bridge watch {bus}"),
         );
         if bus == "nats" {
-            let rt = tokio::runtime::Runtime::new().unwrap();
             rt.block_on(delete_stream(&nats_url(), &stream));
         }
     }
+    // rabbitmqctl list_queues name messages: the user's queue holds the three.
+    wait_until("rabbitmqctl list_queues", Duration::from_secs(20), || {
+        run("rabbitmqctl", &["list_queues", "-q", "name", "messages"])
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == [prefix.as_str(), "3"])
+    });
+    // ... each body a JSON object (--format json), with its id.
+    let bodies: Vec<serde_json::Value> = rt.block_on(async {
+        use lapin::options::BasicGetOptions;
+        let (connection, channel) = connect_amqp(&amqp_url()).await;
+        let mut bodies = Vec::new();
+        while let Some(m) = channel
+            .basic_get(prefix.as_str().into(), BasicGetOptions { no_ack: true })
+            .await
+            .unwrap()
+        {
+            bodies.push(serde_json::from_slice(&m.delivery.data).expect("a JSON body"));
+        }
+        let _ = channel
+            .queue_delete(prefix.as_str().into(), Default::default())
+            .await;
+        let _ = channel
+            .exchange_delete(prefix.as_str().into(), Default::default())
+            .await;
+        let _ = connection.close(200, "done".into()).await;
+        bodies
+    });
+    assert_eq!(bodies.len(), 3);
+    expect(&format!("{bodies:?}"), "AMQP --format json bodies");
     // Redis: redis-cli XREAD, readable with --format json.
     let key = unique("wr");
     let mut bridge = Bridge::egress(
@@ -741,20 +938,46 @@ fn the_readme_watch_commands_show_the_rows() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
+    // A second one prints the payloads: readable with --format json.
+    let payloads = Command::new("mosquitto_sub")
+        .args([
+            "-p",
+            &port,
+            "-V",
+            "mqttv5",
+            "-q",
+            "1",
+            "-t",
+            &format!("{mqtt_prefix}/#"),
+            "-F",
+            "%p",
+            "-C",
+            "3",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
     std::thread::sleep(Duration::from_secs(1));
     let mut bridge = Bridge::egress(
         &db,
         "w_mqtt",
         &mqtt_url(),
-        &["--subject-prefix", &mqtt_prefix],
+        &["--subject-prefix", &mqtt_prefix, "--format", "json"],
         &[],
     );
     let out = sub.wait_with_output().unwrap();
+    let payloads = payloads.wait_with_output().unwrap();
     bridge.terminate();
     expect(
         &String::from_utf8_lossy(&out.stdout),
         "mosquitto_sub -F '%P %t'",
     );
+    let payloads = String::from_utf8_lossy(&payloads.stdout).into_owned();
+    expect(&payloads, "mosquitto_sub -F '%p' with --format json");
+    for line in payloads.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).expect("a JSON payload");
+        assert!(v["originator_envelope"].is_string(), "{line}");
+    }
     let _ = std::fs::remove_file(&path);
 }
 
@@ -786,7 +1009,6 @@ fn papercuts() {
         log.lines().next().is_some_and(|l| l.starts_with('{')),
         "JSON log lines: {log}"
     );
-    assert!(!log.contains('\x1b'), "colour codes in a log file");
     let help = String::from_utf8_lossy(
         &bridge_command(&["egress", "--help"])
             .output()
@@ -831,9 +1053,19 @@ fn papercuts() {
         lag(&db, "feeder") == 0
     });
     egress.terminate();
+    // That bridge logged in the plain format, to a file: no colour codes (on
+    // 99719e7 every level and field name came wrapped in them).
+    let plain = egress.log_text();
+    assert!(
+        plain.contains("egress connected") && !plain.trim_start().starts_with('{'),
+        "a plain-text log: {plain}"
+    );
+    assert!(
+        !plain.contains('\x1b'),
+        "colour codes in a log file: {plain:?}"
+    );
     let target = TestDb::new("paper_in");
     let dlq = unique("pcdlq");
-    let stopped = Arc::new(AtomicBool::new(false));
     let log = std::env::temp_dir().join(format!("{}.log", unique("pcin")));
     let mut ingress = Bridge {
         child: bridge_command(&[
@@ -862,7 +1094,6 @@ fn papercuts() {
     });
     std::thread::sleep(Duration::from_secs(1));
     ingress.terminate();
-    stopped.store(true, Ordering::Relaxed);
     let text = ingress.log_text();
     assert!(
         !text.contains("malformed"),

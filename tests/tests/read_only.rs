@@ -99,8 +99,8 @@ fn read_only_transactions_are_refused_at_once() {
 }
 
 /// In parallel mode (a PARALLEL SAFE function run by a parallel worker under
-/// `force_parallel_mode`): 25006 from the insert functions, for a band that
-/// exists (the direct path) and one that does not, and from `publish`.
+/// `force_parallel_mode`): 25006 from every writing function, the insert
+/// functions for a band that exists (the direct path) and one that does not.
 #[test]
 fn parallel_mode_is_refused() {
     let db = setup("parallel_mode");
@@ -115,12 +115,10 @@ fn parallel_mode_is_refused() {
          SET parallel_tuple_cost = 0; SET max_parallel_workers_per_gather = 2;",
     )
     .unwrap();
-    for sql in [
-        "SELECT envelopes.insert_gateway_envelope(39, 5, '\\x01', '\\x02')",
-        WRITERS[0],
-        WRITERS[1],
-        WRITERS[5],
-    ] {
+    for sql in ["SELECT envelopes.insert_gateway_envelope(39, 5, '\\x01', '\\x02')"]
+        .into_iter()
+        .chain(WRITERS)
+    {
         let (outcome, _) = timed(&mut c, &format!("SELECT public.in_worker($q${sql}$q$)"));
         assert_eq!(outcome, "25006", "in a parallel worker: {sql}");
     }

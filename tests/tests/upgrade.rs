@@ -72,6 +72,8 @@ fn upgrade_keeps_the_data_and_matches_a_fresh_install(from: &str) {
          SELECT envelopes.consumer_register('bridge');
          SELECT envelopes.consumer_register('claimed');
          SELECT envelopes.consumer_envelope_ack('bridge', '{{1}}', '{{7}}');
+         SELECT envelopes.ingress_store_position('importer', 'ORDERS', 42);
+         SELECT envelopes.ingress_store_position('other', 'EVENTS', 7);
          CREATE ROLE {role} LOGIN;"
     ))
     .unwrap();
@@ -162,6 +164,30 @@ fn upgrade_keeps_the_data_and_matches_a_fresh_install(from: &str) {
     assert_eq!(
         old.int8("SELECT count(*) FROM envelopes.consumer_outbox_batch('bridge')"),
         2
+    );
+    // Ingress positions keep their stream, and are per (name, stream) from now on:
+    // the same name reading a second stream starts that stream at 0 and leaves the
+    // first one's position alone (before 0.4.0 it kept the larger of the two).
+    assert_eq!(
+        old.int8("SELECT envelopes.ingress_position('importer', 'ORDERS')"),
+        42
+    );
+    assert_eq!(
+        old.int8("SELECT envelopes.ingress_position('importer', 'OTHER_STREAM')"),
+        0
+    );
+    old.int8("SELECT count(*) FROM (SELECT envelopes.ingress_store_position('importer', 'OTHER_STREAM', 5)) s");
+    assert_eq!(
+        old.int8("SELECT envelopes.ingress_position('importer', 'ORDERS')"),
+        42
+    );
+    assert_eq!(
+        old.int8("SELECT envelopes.ingress_position('importer', 'OTHER_STREAM')"),
+        5
+    );
+    assert_eq!(
+        old.int8("SELECT envelopes.ingress_position('other', 'EVENTS')"),
+        7
     );
     // The role made with grant_consumer before the upgrade can use the new functions.
     let mut as_role = postgres::Client::connect(

@@ -26,7 +26,7 @@
 use super::{subject, SinkError, SinkOptions};
 use crate::message::Message;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
-use lapin::types::{FieldTable, ShortString};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::uri::AMQPUri;
 use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties, ExchangeKind};
 
@@ -238,14 +238,9 @@ impl Amqp {
         let mut prepared = Vec::with_capacity(batch.len());
         for (index, message) in batch.iter().enumerate() {
             let id = message.dedup_id();
-            let key = subject(&prefix, '.', message);
+            let (key, whole_key) = routing_key(subject(&prefix, '.', message));
             let payload = self.format.encode(message);
-            let refusal = if key.len() > 255 {
-                Some((
-                    "ROUTING_KEY_TOO_LONG",
-                    format!("routing key of {} bytes", key.len()),
-                ))
-            } else if id.len() > 255 {
+            let refusal = if id.len() > 255 {
                 Some((
                     "MESSAGE_ID_TOO_LONG",
                     format!("message id of {} bytes", id.len()),
@@ -268,14 +263,14 @@ impl Amqp {
                     SINK,
                     index,
                     code,
-                    format!("{id}: {why} (AMQP short strings hold 255 bytes; messages up to max_message_size)"),
+                    format!("{id}: {why} (AMQP message ids hold 255 bytes; messages up to max_message_size)"),
                 ));
                 break;
             }
             let (Ok(key), Ok(id)) = (ShortString::try_new(key), ShortString::try_new(id)) else {
                 unreachable!("lengths checked above");
             };
-            prepared.push((message, key, id, payload));
+            prepared.push((message, key, id, payload, whole_key));
         }
         let content_type = self.format.content_type();
         let session = self.session().await?;
@@ -285,28 +280,38 @@ impl Amqp {
         // publish is first polled (in batch order here), and a publish's future
         // only waits for its frames to reach the socket. Awaiting them one by
         // one would cost a round trip to lapin's I/O loop per message.
-        let publishes = prepared.iter().map(|(message, key, id, payload)| {
-            let properties = BasicProperties::default()
-                .with_delivery_mode(2)
-                .with_message_id(id.clone())
-                .with_content_type(content_type.into())
-                .with_type(message.kind().into());
-            session.channel.basic_publish(
-                exchange.clone(),
-                key.clone(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
-                payload,
-                properties,
-            )
-        });
+        let publishes = prepared
+            .iter()
+            .map(|(message, key, id, payload, whole_key)| {
+                let mut properties = BasicProperties::default()
+                    .with_delivery_mode(2)
+                    .with_message_id(id.clone())
+                    .with_content_type(content_type.into())
+                    .with_type(message.kind().into());
+                if let Some(whole) = whole_key {
+                    let mut headers = FieldTable::default();
+                    headers.insert(
+                        WHOLE_KEY_HEADER.into(),
+                        AMQPValue::LongString(whole.as_str().into()),
+                    );
+                    properties = properties.with_headers(headers);
+                }
+                session.channel.basic_publish(
+                    exchange.clone(),
+                    key.clone(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    },
+                    payload,
+                    properties,
+                )
+            });
         // A publish fails at once when the channel is already closed (after the
         // broker refused an earlier message of the batch): each result is looked
         // at in batch order, so the first failure is the one that names the cause.
         let confirms = futures_util::future::join_all(publishes).await;
-        for (index, ((message, _, _, payload), confirm)) in
+        for (index, ((message, _, _, payload, _), confirm)) in
             prepared.iter().zip(confirms).enumerate()
         {
             let confirmed = match confirm {
@@ -372,9 +377,61 @@ impl Amqp {
     }
 }
 
+/// The header that carries a routing key [`routing_key`] had to shorten, whole.
+pub const WHOLE_KEY_HEADER: &str = "envelopes-routing-key";
+
+/// AMQP routing keys are short strings of at most 255 bytes; `publish()` takes
+/// outbox subjects up to 255 bytes, so with the prefix a key can be longer.
+/// Such a key is mapped, not refused (no broker could ever take it): its leading
+/// words that fit, then `~` and 16 hex digits of the SHA-256 of the whole key.
+/// A binding on the leading words (`PREFIX.outbox.orders.#`, `PREFIX.#`) still
+/// routes the message, two long keys that share their leading words stay apart,
+/// and the whole key travels in the [`WHOLE_KEY_HEADER`] header. Returns the key
+/// to publish under, and the whole key when it was mapped.
+fn routing_key(key: String) -> (String, Option<String>) {
+    const MAX: usize = 255;
+    if key.len() <= MAX {
+        return (key, None);
+    }
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(key.as_bytes());
+    let suffix: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    // Room for ".~" and the digits; cut on a character, then back to a word.
+    let mut end = MAX - 2 - suffix.len();
+    while !key.is_char_boundary(end) {
+        end -= 1;
+    }
+    let head = &key[..end];
+    let head = head.rfind('.').map_or(head, |dot| &head[..dot]);
+    (format!("{head}.~{suffix}"), Some(key))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_routing_keys_are_mapped_onto_their_leading_words() {
+        let short = "envelopes.outbox.orders.created".to_owned();
+        assert_eq!(routing_key(short.clone()), (short, None));
+        let exact = format!("p.{}", "a".repeat(253));
+        assert_eq!(routing_key(exact.clone()).1, None);
+        let long = format!("envelopes.outbox.orders.{}.x", "w".repeat(235));
+        let (key, whole) = routing_key(long.clone());
+        assert!(key.len() <= 255, "{}", key.len());
+        assert!(key.starts_with("envelopes.outbox.orders."), "{key}");
+        assert_eq!(whole.as_deref(), Some(long.as_str()));
+        assert_eq!(key.split('.').next_back().map(|w| w.len()), Some(17));
+        // Keys that share their first 255 bytes stay apart; the same key maps
+        // the same way every time.
+        let other = format!("{long}y");
+        assert_ne!(routing_key(other).0, key);
+        assert_eq!(routing_key(long).0, key);
+        // Multi-byte characters are never cut, with or without a dot to go back to.
+        let wide = "é".repeat(200);
+        let (key, _) = routing_key(wide.clone());
+        assert!(key.len() <= 255 && wide.starts_with(key.split(".~").next().unwrap()));
+    }
 
     #[test]
     fn the_broker_s_limit_is_read_from_its_refusal() {

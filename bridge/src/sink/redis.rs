@@ -62,15 +62,31 @@ impl Redis {
             .get_multiplexed_async_connection()
             .await
             .map_err(|e| SinkError::new(SINK, e))?;
-        // Best effort: managed services often refuse CONFIG.
-        let max_bulk = redis::cmd("CONFIG")
+        // Best effort: managed services and least-privilege ACL users are often
+        // refused CONFIG; say so, since a row over the real limit then breaks the
+        // connection instead of being set aside.
+        let max_bulk = match redis::cmd("CONFIG")
             .arg("GET")
             .arg("proto-max-bulk-len")
             .query_async::<Vec<String>>(&mut connection)
             .await
-            .ok()
-            .and_then(|reply| reply.get(1).and_then(|v| v.parse::<usize>().ok()))
-            .unwrap_or(DEFAULT_MAX_BULK);
+        {
+            Ok(reply) => match reply.get(1).and_then(|v| v.parse::<usize>().ok()) {
+                Some(limit) => limit,
+                None => {
+                    tracing::warn!(reply = ?reply, default = DEFAULT_MAX_BULK,
+                                   "CONFIG GET proto-max-bulk-len gave no limit; assuming Redis' default");
+                    DEFAULT_MAX_BULK
+                }
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, default = DEFAULT_MAX_BULK,
+                               "CONFIG GET proto-max-bulk-len refused; assuming Redis' default (a \
+                                message over the server's real limit will break the connection \
+                                and be retried instead of set aside)");
+                DEFAULT_MAX_BULK
+            }
+        };
         Ok(Redis {
             connection,
             stream: options.redis_stream.clone(),

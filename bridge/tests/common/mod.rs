@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod buses;
+pub mod cluster;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
