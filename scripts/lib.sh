@@ -143,6 +143,10 @@ install_extension() {
     local flags=()
     [ "$profile" = release ] && flags+=(--release)
     log "installing the extension ($profile build)"
+    # Unlink the installed library first: copied over in place, the file that
+    # running backends have mapped would change under them (SIGBUS or SIGSEGV in
+    # another test's server); unlinked, they keep the old file until they exit.
+    rm -f "$("$PG_CONFIG" --pkglibdir)/pg_envelopes.so"
     cargo pgrx install --pg-config "$PG_CONFIG" "${flags[@]}" >/dev/null
     # Install scripts of released versions, so older versions can be created and
     # upgraded (upgrade scripts in sql/ are copied by cargo pgrx install itself).
