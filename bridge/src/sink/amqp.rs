@@ -23,7 +23,8 @@
 //! up to 8192; when a connection attempt fails and the URL sets no `frame_max`,
 //! it is tried again at once asking for 4096, which every broker takes.
 
-use super::{subject, SinkError, SinkOptions};
+use super::subject::subject;
+use super::{SinkError, SinkOptions};
 use crate::message::Message;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};

@@ -17,7 +17,8 @@
 //! - a topic with a wildcard, and a message larger than the maximum packet size
 //!   the broker announced in its CONNACK (if it did), found before sending.
 
-use super::{mqtt_topic_problem, subject, SinkError, SinkOptions};
+use super::subject::{mqtt_topic_problem, subject};
+use super::{SinkError, SinkOptions};
 use crate::message::Message;
 use rumqttc::v5::mqttbytes::v5::{Packet, PubAckReason, PublishProperties};
 use rumqttc::v5::mqttbytes::QoS;

@@ -9,7 +9,8 @@
 //! user may not publish to (the server reports the permissions violation only
 //! as an asynchronous error, which the sink waits for beside the ack).
 
-use super::{nats_subject_problem, subject, SinkError, SinkOptions};
+use super::subject::{nats_subject_problem, subject};
+use super::{SinkError, SinkOptions};
 use crate::message::Message;
 use async_nats::jetstream::{self, message::PublishMessage};
 use std::sync::Arc;
