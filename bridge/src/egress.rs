@@ -39,7 +39,7 @@ use crate::lease::{self, Lease};
 use crate::message::{Envelope, Message, OutboxMessage};
 use crate::metrics::Metrics;
 use crate::retry::{self, Backoff, Class, DbFailure, Fatal};
-use crate::sink::{Sink, SinkError, SinkOptions, SinkSpec};
+use crate::sink::{Sink, SinkArgs, SinkError};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -48,8 +48,8 @@ use tokio::sync::watch;
 pub struct EgressConfig {
     pub database_url: String,
     pub name: String,
-    pub sink: SinkSpec,
-    pub sink_options: SinkOptions,
+    /// The sink, with its own options.
+    pub sink: SinkArgs,
     pub batch_size: i32,
     /// Bytes of topics, envelopes and payloads per batch (at least one row).
     pub batch_bytes: i64,
@@ -102,7 +102,7 @@ pub async fn run(
                 }
             }
         };
-        tracing::info!(consumer = %config.name, sink = %config.sink, "egress connected");
+        tracing::info!(consumer = %config.name, sink = %config.sink.sink, "egress connected");
         let mut lag_due = Instant::now();
         loop {
             if crate::shutdown::is_requested(&shutdown) {
@@ -494,7 +494,7 @@ async fn deliver(
             }
         }
         if state.sink.is_none() {
-            match Sink::connect(&config.sink, &config.sink_options).await {
+            match Sink::connect(&config.sink, &config.name).await {
                 Ok(s) => state.sink = Some(s),
                 Err(e @ SinkError::Config { .. }) if !state.worked => {
                     return Err(Failure::Fatal(Fatal {
@@ -505,12 +505,12 @@ async fn deliver(
                 Err(e) => {
                     metrics.failed(format!("connecting to the bus: {e}"));
                     let stop = if matches!(e, SinkError::Config { .. }) {
-                        tracing::error!(error = %e, sink = %config.sink,
+                        tracing::error!(error = %e, sink = %config.sink.sink,
                                         "the bus refuses the bridge's configuration; retrying at \
                                          the longest backoff until it is fixed");
                         backoff.wait_longest(shutdown).await
                     } else {
-                        tracing::warn!(error = %e, sink = %config.sink, "bus unavailable, retrying");
+                        tracing::warn!(error = %e, sink = %config.sink.sink, "bus unavailable, retrying");
                         backoff.wait(shutdown).await
                     };
                     if stop {

@@ -77,20 +77,20 @@ async fn run(command: Command) -> i32 {
             if let Err(code) = serve_metrics(args.service.metrics_addr, &metrics).await {
                 return code;
             }
-            tracing::info!(database = %redact::url(&args.database.database_url), sink = %args.sink,
+            tracing::info!(database = %redact::url(&args.database.database_url), sink = %args.sink.sink,
                            consumer = %args.name, "starting egress");
+            let args = *args;
             let config = egress::EgressConfig {
-                database_url: args.database.database_url.clone(),
-                sink_options: args.sink_options(),
-                name: args.name.clone(),
+                database_url: args.database.database_url,
+                name: args.name,
                 register: args.register,
-                sink: args.sink.clone(),
+                sink: args.sink,
                 batch_size: args.batch_size,
                 batch_bytes: args.batch_bytes,
                 poll_interval: Duration::from_millis(args.poll_interval_ms.max(1)),
-                channel: args.channel.clone(),
+                channel: args.channel,
                 dead_letter_after: args.dead_letter_after,
-                outbox_scope: args.outbox_scope.clone(),
+                outbox_scope: args.outbox_scope,
                 lag_every_round: args.lag_every_round,
             };
             finish(egress::run(config, metrics, shutdown::on_signal()).await)

@@ -1,52 +1,71 @@
-//! Where egress publishes: stdout, a JSONL file, NATS JetStream, Redis Streams,
-//! MQTT, RabbitMQ (AMQP 0-9-1) or an HTTP webhook. `publish` returns only once the bus has acknowledged every message of the
-//! batch, so the caller may then move its cursor. It fails in one of two ways:
-//! the bus is unavailable (nothing of the batch counts; publish it again, dedup
-//! ids make the replays harmless), or the bus refuses one message of the batch
-//! for a reason of its own that retrying will not change — larger than the
-//! server's maximum, a subject it does not take — in which case the messages
-//! before it were acknowledged and the caller decides what to do with it (after
-//! bounded attempts, set it aside as a dead letter: see `egress.rs`).
+//! The sinks egress publishes to — stdout, a JSONL file, NATS JetStream, Redis
+//! Streams, MQTT, RabbitMQ (AMQP 0-9-1), an HTTP webhook — and the one place
+//! that picks the sink its options name, connects it and hands it each batch.
+//!
+//! Each sink owns its options (a clap group flattened into `egress`, see
+//! [`SinkArgs`]) and its connect. `publish` returns only once the bus has
+//! acknowledged every message of the batch, so the caller may then move its
+//! cursor. It fails in one of two ways: the bus is unavailable (nothing of the
+//! batch counts; publish it again, dedup ids make the replays harmless), or the
+//! bus refuses one message of the batch for a reason of its own that retrying
+//! will not change — larger than the server's maximum, a subject it does not
+//! take — in which case the messages before it were acknowledged and the caller
+//! decides what to do with it (after bounded attempts, set it aside as a dead
+//! letter: see `egress.rs`). [`SinkError`] says which.
 
 mod amqp;
 mod error;
 mod file;
-mod format;
 mod mqtt;
 mod nats;
 mod redis;
 mod spec;
 mod subject;
 mod webhook;
+mod wire;
 
 pub use error::SinkError;
-pub use format::PayloadFormat;
 pub use spec::SinkSpec;
-pub use webhook::WebhookFormat;
 
 use crate::message::Message;
+use crate::nats::NatsAuthArgs;
+use clap::Args;
 
-/// Settings shared by the bus sinks.
-#[derive(Clone, Debug)]
-pub struct SinkOptions {
-    /// JetStream stream (created if missing) and MQTT/NATS subject prefix.
-    pub nats_stream: String,
-    /// Replicas of the stream when the bridge creates it (a clustered server).
-    pub nats_replicas: usize,
-    pub subject_prefix: String,
-    pub redis_stream: String,
-    pub nats_auth: crate::nats::NatsAuth,
-    pub mqtt_client_id: String,
-    /// The AMQP exchange (declared as a durable topic exchange if missing).
-    pub amqp_exchange: String,
-    pub webhook_format: WebhookFormat,
-    /// The HMAC-SHA256 key of the webhook's signature header, if any.
-    pub webhook_secret: Option<String>,
-    pub webhook_timeout: std::time::Duration,
-    /// Encoding of the messages on the byte-oriented buses.
-    pub format: PayloadFormat,
+/// The sink egress publishes to and its options, flattened into `egress`: the
+/// sink itself, what every bus sink shares ([`wire::Wire`]) and each sink's own
+/// group of options, which only that sink reads.
+#[derive(Args)]
+#[command(next_help_heading = "Sink")]
+pub struct SinkArgs {
+    /// Where to publish: stdout (JSON lines), jsonl:PATH, nats://HOST:PORT
+    /// (JetStream), redis://HOST:PORT (Redis Streams, XADD), mqtt://HOST:PORT
+    /// (MQTT 5, QoS 1), amqp://USER:PASS@HOST:PORT/VHOST (RabbitMQ) or an
+    /// http(s):// URL (a webhook). Credentials may be embedded
+    /// (mqtt://user:pass@host:port, redis://:pass@host:port) and are never logged.
+    #[arg(
+        long,
+        env = "ENVELOPES_SINK",
+        default_value = "stdout",
+        hide_env_values = true
+    )]
+    pub sink: SinkSpec,
+    #[command(flatten)]
+    pub wire: wire::Wire,
+    #[command(flatten)]
+    pub nats: nats::NatsSinkArgs,
+    #[command(flatten)]
+    pub nats_auth: NatsAuthArgs,
+    #[command(flatten)]
+    pub redis: redis::RedisArgs,
+    #[command(flatten)]
+    pub mqtt: mqtt::MqttArgs,
+    #[command(flatten)]
+    pub amqp: amqp::AmqpArgs,
+    #[command(flatten)]
+    pub webhook: webhook::WebhookArgs,
 }
 
+/// A connected sink, one variant per kind.
 pub enum Sink {
     Stdout(file::Stdout),
     Jsonl(file::Jsonl),
@@ -58,28 +77,37 @@ pub enum Sink {
 }
 
 impl Sink {
-    pub async fn connect(spec: &SinkSpec, options: &SinkOptions) -> Result<Sink, SinkError> {
-        Ok(match spec {
+    /// Connects the sink `args` names, with that sink's own options, for the
+    /// consumer `consumer` (the MQTT client id's default).
+    pub async fn connect(args: &SinkArgs, consumer: &str) -> Result<Sink, SinkError> {
+        let wire = &args.wire;
+        Ok(match &args.sink {
             SinkSpec::Stdout => Sink::Stdout(file::Stdout::new()),
             SinkSpec::Jsonl(path) => Sink::Jsonl(file::Jsonl::open(path).await?),
-            SinkSpec::Nats(url) => Sink::Nats(nats::Nats::connect(url, options).await?),
-            SinkSpec::Redis(url) => Sink::Redis(redis::Redis::connect(url, options).await?),
+            SinkSpec::Nats(url) => Sink::Nats(
+                nats::Nats::connect(url, &args.nats, &args.nats_auth.auth(), wire).await?,
+            ),
+            SinkSpec::Redis(url) => {
+                Sink::Redis(redis::Redis::connect(url, &args.redis, wire).await?)
+            }
             SinkSpec::Mqtt {
                 host,
                 port,
                 username,
                 password,
             } => Sink::Mqtt(
-                mqtt::Mqtt::connect(host, *port, username.clone(), password.clone(), options)
-                    .await?,
+                mqtt::Mqtt::connect(
+                    host,
+                    *port,
+                    username.clone(),
+                    password.clone(),
+                    args.mqtt.client_id(consumer),
+                    wire,
+                )
+                .await?,
             ),
-            SinkSpec::Amqp(url) => Sink::Amqp(amqp::Amqp::connect(url, options).await?),
-            SinkSpec::Webhook(url) => Sink::Webhook(webhook::Webhook::new(
-                url,
-                options.webhook_format,
-                options.webhook_secret.as_deref(),
-                options.webhook_timeout,
-            )?),
+            SinkSpec::Amqp(url) => Sink::Amqp(amqp::Amqp::connect(url, &args.amqp, wire).await?),
+            SinkSpec::Webhook(url) => Sink::Webhook(webhook::Webhook::new(url, &args.webhook)?),
         })
     }
 

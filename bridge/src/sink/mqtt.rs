@@ -17,9 +17,11 @@
 //! - a topic with a wildcard, and a message larger than the maximum packet size
 //!   the broker announced in its CONNACK (if it did), found before sending.
 
-use super::subject::{mqtt_topic_problem, subject};
-use super::{SinkError, SinkOptions};
+use super::subject::mqtt_topic_problem;
+use super::wire::Wire;
+use super::SinkError;
 use crate::message::Message;
+use clap::Args;
 use rumqttc::v5::mqttbytes::v5::{Packet, PubAckReason, PublishProperties};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::{
@@ -31,6 +33,24 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 
 const SINK: &str = "mqtt";
+
+/// The MQTT sink's own options.
+#[derive(Args)]
+#[command(next_help_heading = "MQTT sink")]
+pub struct MqttArgs {
+    /// MQTT client id (default: envelopes-bridge-NAME).
+    #[arg(long, env = "ENVELOPES_MQTT_CLIENT_ID")]
+    pub mqtt_client_id: Option<String>,
+}
+
+impl MqttArgs {
+    /// The client id: the one given, or one named after the consumer.
+    pub fn client_id(&self, consumer: &str) -> String {
+        self.mqtt_client_id
+            .clone()
+            .unwrap_or_else(|| format!("envelopes-bridge-{consumer}"))
+    }
+}
 
 /// How long a connection attempt may take until the broker's CONNACK.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -45,8 +65,7 @@ pub struct Mqtt {
     username: Option<String>,
     password: Option<String>,
     client_id: String,
-    prefix: String,
-    format: super::PayloadFormat,
+    wire: Wire,
     session: Option<Session>,
     /// The smallest payload the broker refused as too large (0x95): larger ones
     /// are refused before sending (each 0x95 costs the connection). Learned anew
@@ -194,16 +213,16 @@ impl Mqtt {
         port: u16,
         username: Option<String>,
         password: Option<String>,
-        options: &SinkOptions,
+        client_id: String,
+        wire: &Wire,
     ) -> Result<Mqtt, SinkError> {
         let mut mqtt = Mqtt {
             host: host.to_owned(),
             port,
             username,
             password,
-            client_id: options.mqtt_client_id.clone(),
-            prefix: options.subject_prefix.clone(),
-            format: options.format,
+            client_id,
+            wire: wire.clone(),
             session: None,
             refused_size: None,
         };
@@ -272,7 +291,7 @@ impl Mqtt {
     /// Publishes on the open session; the second value says whether the
     /// connection broke meanwhile.
     async fn publish_on_session(&mut self, batch: &[Message]) -> (Result<(), SinkError>, bool) {
-        let prefix = self.prefix.clone();
+        let wire = self.wire.clone();
         let refused_size = self.refused_size;
         let Some(session) = self.session.as_mut() else {
             return (Err(SinkError::new(SINK, "not connected")), true);
@@ -283,8 +302,8 @@ impl Mqtt {
         let mut local = None;
         let mut sent = 0usize;
         for (index, message) in batch.iter().enumerate() {
-            let topic = subject(&prefix, '/', message);
-            let payload = self.format.encode(message);
+            let topic = wire.subject('/', message);
+            let payload = wire.format.encode(message);
             let id = message.dedup_id();
             if let Some(problem) = mqtt_topic_problem(&topic) {
                 local = Some(SinkError::refused(
@@ -323,7 +342,7 @@ impl Mqtt {
             sizes.push(payload.len());
             let properties = PublishProperties {
                 user_properties: vec![("id".into(), id.clone())],
-                content_type: Some(self.format.content_type().into()),
+                content_type: Some(wire.format.content_type().into()),
                 ..Default::default()
             };
             if let Ok(mut order) = session.order.lock() {
