@@ -38,8 +38,8 @@ use crate::db::{self, Db};
 use crate::lease::{self, Lease};
 use crate::message::{Envelope, Message, OutboxMessage};
 use crate::metrics::Metrics;
-use crate::retry::{self, Backoff, Class, DbFailure, Fatal};
-use crate::sink::{Sink, SinkArgs, SinkError};
+use crate::retry::{self, Backoff, Class, DbFailure, Driver, Fatal, Next, Wait};
+use crate::sink::{Sink, SinkArgs, SinkError, SinkSpec};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -75,101 +75,93 @@ const LAG_INTERVAL: Duration = Duration::from_secs(5);
 pub async fn run(
     config: EgressConfig,
     metrics: Arc<Metrics>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) -> Result<(), Fatal> {
-    let mut backoff = Backoff::new();
+    let mut driver = Driver::new(metrics, shutdown);
     let mut state = State::default();
     let mut progress = Progress::new();
-    'connect: while !crate::shutdown::is_requested(&shutdown) {
-        let mut db = match connect(&config, &metrics, &mut shutdown).await {
-            Ok(Some(db)) => db,
-            Ok(None) => break, // shutdown while standing by
-            Err(e) => {
-                metrics.active.set(0);
-                match failed(
-                    &metrics,
-                    &mut backoff,
-                    &mut shutdown,
-                    &e,
-                    "connecting",
-                    &state,
-                )
-                .await
-                {
-                    Next::Retry => continue,
-                    Next::Stop => break,
-                    Next::Fatal(f) => return Err(f.for_consumer(&config, &e).await),
-                }
-            }
-        };
-        tracing::info!(consumer = %config.name, sink = %config.sink.sink, "egress connected");
-        let mut lag_due = Instant::now();
-        loop {
-            if crate::shutdown::is_requested(&shutdown) {
-                break 'connect;
-            }
-            // Drain: read and publish until both feeds come back empty.
-            match drain_once(&config, &mut db, &mut state, &metrics, &mut shutdown).await {
-                Ok(rows) => {
-                    // A whole round worked: the next failure starts backing off anew.
-                    backoff.reset();
-                    state.worked = true;
-                    metrics.worked();
-                    if rows > 0 {
-                        if config.lag_every_round || lag_due <= Instant::now() {
-                            update_lag(&db, &config.name, &metrics).await;
-                            lag_due = Instant::now() + LAG_INTERVAL;
-                        }
-                        progress.add(rows, rows as i32 >= config.batch_size, &metrics);
-                        continue;
-                    }
-                    // A round that found nothing to read: nothing deliverable is
-                    // pending (rows of transactions still open are not yet).
-                    metrics.lag_rows.set(0);
-                    metrics.lag_seconds.set(0.0);
-                    progress.idle();
-                }
-                Err(Failure::Database(e, during)) => {
-                    metrics.active.set(0);
-                    match failed(&metrics, &mut backoff, &mut shutdown, &e, &during, &state).await {
-                        Next::Retry => continue 'connect,
-                        Next::Stop => break 'connect,
-                        Next::Fatal(f) => return Err(f),
-                    }
-                }
-                Err(Failure::Fatal(f)) => return Err(f),
-                Err(Failure::Shutdown) => break 'connect,
-            }
-            // Sleep until the doorbell rings, the poll interval passes, or shutdown.
-            tokio::select! {
-                note = db.notifications.recv() => {
-                    if note.is_none() {
-                        tracing::warn!("LISTEN connection closed, reconnecting");
-                        continue 'connect;
-                    }
-                    // Several doorbells may be queued; one read serves them all.
-                    while db.notifications.try_recv().is_ok() {}
-                }
-                _ = tokio::time::sleep(config.poll_interval) => {}
-                _ = crate::shutdown::requested(&mut shutdown) => {}
-            }
-        }
+    let sessions = driver
+        .run(async |driver| session(&config, driver, &mut state, &mut progress).await)
+        .await;
+    if let Err(fatal) = sessions {
+        return Err(fatal.for_consumer(&config).await);
     }
     tracing::info!("egress stopped");
     Ok(())
 }
 
-/// What to do after a failure.
-enum Next {
-    Retry,
-    Stop,
-    Fatal(Fatal),
+/// One session: connects, takes the lease (standing by while another instance
+/// holds it), listens, and drains the feeds whenever the doorbell rings or the
+/// poll interval passes. Ends with `Ok` on shutdown, or when the LISTEN
+/// connection closes (to connect again at once).
+async fn session(
+    config: &EgressConfig,
+    driver: &mut Driver,
+    state: &mut State,
+    progress: &mut Progress,
+) -> Result<(), Failure> {
+    let mut db = match connect(config, driver).await {
+        Ok(Some(db)) => db,
+        Ok(None) => return Ok(()), // shutdown while standing by
+        Err(e) => {
+            driver.metrics().active.set(0);
+            return Err(Failure::Database(e, "connecting".into()));
+        }
+    };
+    tracing::info!(consumer = %config.name, sink = %config.sink.sink, "egress connected");
+    let mut lag_due = Instant::now();
+    loop {
+        if driver.stopping() {
+            return Ok(());
+        }
+        // Drain: read and publish until both feeds come back empty.
+        match drain_once(config, &mut db, state, driver).await {
+            Ok(rows) => {
+                // A whole round worked: the next failure starts backing off anew.
+                driver.worked();
+                let metrics = driver.metrics();
+                if rows > 0 {
+                    if config.lag_every_round || lag_due <= Instant::now() {
+                        update_lag(&db, &config.name, metrics).await;
+                        lag_due = Instant::now() + LAG_INTERVAL;
+                    }
+                    progress.add(rows, rows as i32 >= config.batch_size, metrics);
+                    continue;
+                }
+                // A round that found nothing to read: nothing deliverable is
+                // pending (rows of transactions still open are not yet).
+                metrics.lag_rows.set(0);
+                metrics.lag_seconds.set(0.0);
+                progress.idle();
+            }
+            Err(Failure::Shutdown) => return Ok(()),
+            Err(failure) => {
+                if let Failure::Database(..) = failure {
+                    driver.metrics().active.set(0);
+                }
+                return Err(failure);
+            }
+        }
+        // Sleep until the doorbell rings, the poll interval passes, or shutdown.
+        tokio::select! {
+            note = db.notifications.recv() => {
+                if note.is_none() {
+                    tracing::warn!("LISTEN connection closed, reconnecting");
+                    return Ok(());
+                }
+                // Several doorbells may be queued; one read serves them all.
+                while db.notifications.try_recv().is_ok() {}
+            }
+            _ = tokio::time::sleep(config.poll_interval) => {}
+            _ = crate::shutdown::requested(driver.shutdown()) => {}
+        }
+    }
 }
 
 impl Fatal {
     /// For an unknown consumer, names the ones that exist.
-    async fn for_consumer(mut self, config: &EgressConfig, error: &DbFailure) -> Fatal {
-        if error.sqlstate.as_deref() == Some("42704") && !config.register {
+    async fn for_consumer(mut self, config: &EgressConfig) -> Fatal {
+        if self.sqlstate.as_deref() == Some("42704") && !config.register {
             let known = match db::connect(&config.database_url, "envelopes-bridge egress").await {
                 Ok(db) => db
                     .client
@@ -202,48 +194,9 @@ impl Fatal {
     }
 }
 
-/// Logs and counts a database failure and waits before the next attempt: with
-/// backoff when it is transient, at the longest backoff when it is permanent. A
-/// configuration error before any round worked ends the bridge.
-async fn failed(
-    metrics: &Metrics,
-    backoff: &mut Backoff,
-    shutdown: &mut watch::Receiver<bool>,
-    error: &DbFailure,
-    during: &str,
-    state: &State,
-) -> Next {
-    metrics.error(error.class);
-    metrics.failed(format!("{during}: {error}"));
-    let stop = match error.class {
-        Class::Config if !state.worked => return Next::Fatal(Fatal::database(error)),
-        Class::Transient => {
-            tracing::warn!(sqlstate = error.code(), error = %error.message, during,
-                           retry_in_ms = backoff.peek().as_millis() as u64,
-                           "database error, reconnecting and retrying");
-            backoff.wait(shutdown).await
-        }
-        Class::Permanent | Class::Config => {
-            tracing::error!(sqlstate = error.code(), error = %error.message, during,
-                            "database refuses the bridge's statement; retrying at the longest \
-                             backoff until it is fixed (nothing is skipped)");
-            backoff.wait_longest(shutdown).await
-        }
-    };
-    if stop {
-        Next::Stop
-    } else {
-        Next::Retry
-    }
-}
-
 /// Connects, registers the consumer, waits for its lease (standing by while
 /// another instance holds it) and listens. `None` when shutdown came first.
-async fn connect(
-    config: &EgressConfig,
-    metrics: &Metrics,
-    shutdown: &mut watch::Receiver<bool>,
-) -> Result<Option<Db>, DbFailure> {
+async fn connect(config: &EgressConfig, driver: &mut Driver) -> Result<Option<Db>, DbFailure> {
     let db = db::connect(&config.database_url, "envelopes-bridge egress").await?;
     if config.register {
         db.client
@@ -253,7 +206,8 @@ async fn connect(
     let lease = Lease::Egress {
         consumer: &config.name,
     };
-    if !lease::acquire(&db, lease, metrics, shutdown).await? {
+    let metrics = driver.metrics().clone();
+    if !lease::acquire(&db, lease, &metrics, driver.shutdown()).await? {
         return Ok(None);
     }
     db.client
@@ -267,20 +221,71 @@ fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
+/// Why a round of egress ended early.
 enum Failure {
     /// The failure, and what the bridge was doing (with the rows' ids when known).
     Database(DbFailure, String),
     /// The bus refuses the bridge's configuration before any round worked.
     Fatal(Fatal),
+    /// Shutdown was asked for: the session ends (this never reaches the
+    /// driver's retries).
     Shutdown,
 }
 
-/// What the bridge keeps between batches: the sink connection, and whether a
-/// round ever worked (configuration errors end the bridge only before that).
+/// How the driver retries and reports a failed round (see [`retry::Failure`]).
+impl retry::Failure for Failure {
+    fn class(&self) -> Class {
+        match self {
+            Failure::Database(error, _) => error.class,
+            Failure::Fatal(_) => Class::Config,
+            Failure::Shutdown => Class::Transient,
+        }
+    }
+
+    fn what(&self) -> String {
+        match self {
+            Failure::Database(error, during) => format!("{during}: {error}"),
+            Failure::Fatal(fatal) => fatal.message.clone(),
+            Failure::Shutdown => "shutdown requested".into(),
+        }
+    }
+
+    fn counts_as_error(&self) -> bool {
+        matches!(self, Failure::Database(..))
+    }
+
+    fn log(&self, wait: Wait) {
+        let Failure::Database(error, during) = self else {
+            return;
+        };
+        let during = during.as_str();
+        match wait {
+            Wait::Backoff(_) => {
+                tracing::warn!(sqlstate = error.code(), error = %error.message, during,
+                               retry_in_ms = wait.millis(),
+                               "database error, reconnecting and retrying")
+            }
+            Wait::Longest => {
+                tracing::error!(sqlstate = error.code(), error = %error.message, during,
+                                "database refuses the bridge's statement; retrying at the longest \
+                                 backoff until it is fixed (nothing is skipped)")
+            }
+        }
+    }
+
+    fn fatal(&self) -> Fatal {
+        match self {
+            Failure::Database(error, _) => Fatal::database(error),
+            Failure::Fatal(fatal) => fatal.clone(),
+            Failure::Shutdown => Fatal::new("shutdown requested", "none needed"),
+        }
+    }
+}
+
+/// What the bridge keeps between batches: the sink connection.
 #[derive(Default)]
 struct State {
     sink: Option<Sink>,
-    worked: bool,
 }
 
 /// A row as read, with the position to acknowledge once it is delivered.
@@ -297,16 +302,15 @@ async fn drain_once(
     config: &EgressConfig,
     db: &mut Db,
     state: &mut State,
-    metrics: &Metrics,
-    shutdown: &mut watch::Receiver<bool>,
+    driver: &mut Driver,
 ) -> Result<usize, Failure> {
-    let mut moved = retry_dead_letters(config, db, state, metrics, shutdown).await?;
+    let mut moved = retry_dead_letters(config, db, state, driver).await?;
 
     let (outbox, positions) = read_outbox(db, config)
         .await
         .map_err(|e| Failure::Database(e, "reading the outbox".into()))?;
     if let Some(Position::Outbox(last)) = positions.last() {
-        deliver(config, db, state, &outbox, &[], metrics, shutdown).await?;
+        deliver(config, db, state, &outbox, &[], driver).await?;
         db.client
             .execute(
                 "SELECT envelopes.consumer_outbox_ack($1, $2)",
@@ -322,7 +326,7 @@ async fn drain_once(
         .await
         .map_err(|e| Failure::Database(e, "reading envelopes".into()))?;
     if !envelopes.is_empty() {
-        deliver(config, db, state, &envelopes, &[], metrics, shutdown).await?;
+        deliver(config, db, state, &envelopes, &[], driver).await?;
         let mut tops: BTreeMap<i32, i64> = BTreeMap::new();
         let mut late: Option<i64> = None;
         for p in &positions {
@@ -472,10 +476,11 @@ async fn deliver(
     state: &mut State,
     batch: &[Message],
     prior: &[u32],
-    metrics: &Metrics,
-    shutdown: &mut watch::Receiver<bool>,
+    driver: &mut Driver,
 ) -> Result<Vec<usize>, Failure> {
+    // Each batch backs off on its own, from the first delay.
     let mut backoff = Backoff::new();
+    let metrics = driver.metrics().clone();
     let mut start = 0;
     // Messages per publish: the whole rest, halved while the bus refuses a
     // request as too large, doubled again after each one it takes.
@@ -489,33 +494,19 @@ async fn deliver(
             // Still at it (the bus away, or refusing): the lag keeps growing.
             metrics.lag_seconds.set(batch_age(&batch[start..]));
             if lag_due <= Instant::now() {
-                update_lag(db, &config.name, metrics).await;
+                update_lag(db, &config.name, &metrics).await;
                 lag_due = Instant::now() + LAG_INTERVAL;
             }
         }
         if state.sink.is_none() {
             match Sink::connect(&config.sink, &config.name).await {
                 Ok(s) => state.sink = Some(s),
-                Err(e @ SinkError::Config { .. }) if !state.worked => {
-                    return Err(Failure::Fatal(Fatal {
-                        message: e.to_string(),
-                        hint: "check the sink's URL, credentials and virtual host".into(),
-                    }));
-                }
-                Err(e) => {
-                    metrics.failed(format!("connecting to the bus: {e}"));
-                    let stop = if matches!(e, SinkError::Config { .. }) {
-                        tracing::error!(error = %e, sink = %config.sink.sink,
-                                        "the bus refuses the bridge's configuration; retrying at \
-                                         the longest backoff until it is fixed");
-                        backoff.wait_longest(shutdown).await
-                    } else {
-                        tracing::warn!(error = %e, sink = %config.sink.sink, "bus unavailable, retrying");
-                        backoff.wait(shutdown).await
+                Err(error) => {
+                    let failure = SinkFailure::Connecting {
+                        error,
+                        sink: &config.sink.sink,
                     };
-                    if stop {
-                        return Err(Failure::Shutdown);
-                    }
+                    wait_out(driver, &failure, &mut backoff).await?;
                     continue;
                 }
             }
@@ -538,52 +529,12 @@ async fn deliver(
                 window = (window * 2).min(batch.len());
                 None
             }
-            Err(
-                e @ SinkError::Unavailable {
-                    retry_after,
-                    permanent,
-                    ..
-                },
-            ) => {
-                metrics.failed(format!("publishing: {e}"));
-                let (first_id, last_id) = (part[0].dedup_id(), part[part.len() - 1].dedup_id());
-                state.sink = None;
-                let stop = if permanent {
-                    tracing::error!(error = %e, first_id = %first_id, last_id = %last_id,
-                                    rows = part.len(),
-                                    "the bus refuses the request; retrying at the longest backoff \
-                                     until it is fixed (nothing is skipped)");
-                    backoff.wait_longest(shutdown).await
-                } else {
-                    tracing::warn!(error = %e, first_id = %first_id, last_id = %last_id,
-                                   rows = part.len(), retry_after_ms = retry_after.map(|d| d.as_millis() as u64),
-                                   "publish failed, retrying the batch");
-                    backoff
-                        .wait_at_least(retry_after.unwrap_or_default(), shutdown)
-                        .await
-                };
-                if stop {
-                    return Err(Failure::Shutdown);
-                }
-                None
-            }
             Err(SinkError::TooLarge { code, reason, .. }) if part.len() > 1 => {
                 // Nothing of the request counts: send it again in halves.
                 window = part.len() / 2;
                 tracing::warn!(code = %code, reason = %reason, rows = part.len(), next_rows = window,
                                first_id = %part[0].dedup_id(),
                                "the bus refuses the request as too large; publishing it in halves");
-                None
-            }
-            Err(e @ SinkError::Config { .. }) => {
-                // A sink that could connect but is then refused (it cannot be
-                // told from an outage this late): retried at the longest backoff.
-                metrics.failed(format!("publishing: {e}"));
-                tracing::error!(error = %e, "the bus refuses the bridge; retrying at the longest backoff");
-                state.sink = None;
-                if backoff.wait_longest(shutdown).await {
-                    return Err(Failure::Shutdown);
-                }
                 None
             }
             Err(SinkError::Refused {
@@ -594,13 +545,34 @@ async fn deliver(
             }) => Some((start + index.min(part.len() - 1), code, reason)),
             // A single message refused as too large.
             Err(SinkError::TooLarge { code, reason, .. }) => Some((start, code, reason)),
+            // Unavailable, or the bridge refused: nothing of the request counts;
+            // it goes again, on a new connection.
+            Err(error) => {
+                state.sink = None;
+                wait_out(
+                    driver,
+                    &SinkFailure::Publishing { error, part },
+                    &mut backoff,
+                )
+                .await?;
+                None
+            }
         };
         if let Some((index, code, reason)) = refusal {
             metrics.published(&batch[start..index]);
             // The bus took what came before the refused message: progress.
             backoff.reset();
             let attempts = prior.get(index).copied().unwrap_or(0) + 1;
-            set_aside(config, db, &batch[index], &code, &reason, attempts, metrics).await?;
+            set_aside(
+                config,
+                db,
+                &batch[index],
+                &code,
+                &reason,
+                attempts,
+                &metrics,
+            )
+            .await?;
             if index < prior.len() {
                 refused_again.push(index);
             }
@@ -614,6 +586,116 @@ async fn deliver(
     }
     crash::reached("after_publish");
     Ok(refused_again)
+}
+
+/// Waits out a failed attempt at a batch ([`Driver::failed`]); `Err` when the
+/// delivery ends instead (shutdown, or a configuration refused before any round
+/// worked).
+async fn wait_out(
+    driver: &mut Driver,
+    failure: &SinkFailure<'_>,
+    backoff: &mut Backoff,
+) -> Result<(), Failure> {
+    match driver.failed(failure, backoff).await {
+        Next::Retry => Ok(()),
+        Next::Stop => Err(Failure::Shutdown),
+        Next::Fatal(fatal) => Err(Failure::Fatal(fatal)),
+    }
+}
+
+/// A sink that failed an attempt at a batch as a whole: it could not connect,
+/// or the bus did not take the request. (A refusal of one message is no such
+/// failure: the message is set aside and the rest goes on.)
+enum SinkFailure<'a> {
+    Connecting {
+        error: SinkError,
+        sink: &'a SinkSpec,
+    },
+    Publishing {
+        error: SinkError,
+        part: &'a [Message],
+    },
+}
+
+/// How the driver retries and reports a sink's failure (see [`retry::Failure`]).
+impl retry::Failure for SinkFailure<'_> {
+    fn class(&self) -> Class {
+        match self {
+            SinkFailure::Connecting { error, .. } => Class::of_sink_connect(error),
+            SinkFailure::Publishing { error, .. } => Class::of_sink_publish(error),
+        }
+    }
+
+    fn not_before(&self) -> Duration {
+        match self {
+            SinkFailure::Publishing {
+                error:
+                    SinkError::Unavailable {
+                        retry_after: Some(after),
+                        ..
+                    },
+                ..
+            } => *after,
+            _ => Duration::ZERO,
+        }
+    }
+
+    fn what(&self) -> String {
+        match self {
+            SinkFailure::Connecting { error, .. } => format!("connecting to the bus: {error}"),
+            SinkFailure::Publishing { error, .. } => format!("publishing: {error}"),
+        }
+    }
+
+    fn log(&self, wait: Wait) {
+        match self {
+            SinkFailure::Connecting { error, sink } => match wait {
+                Wait::Longest => {
+                    tracing::error!(error = %error, sink = %sink,
+                                    "the bus refuses the bridge's configuration; retrying at \
+                                     the longest backoff until it is fixed")
+                }
+                Wait::Backoff(_) => {
+                    tracing::warn!(error = %error, sink = %sink, "bus unavailable, retrying")
+                }
+            },
+            SinkFailure::Publishing { error, part } => {
+                let first_id = part.first().map(Message::dedup_id).unwrap_or_default();
+                let last_id = part.last().map(Message::dedup_id).unwrap_or_default();
+                match error {
+                    SinkError::Unavailable {
+                        permanent: true, ..
+                    } => {
+                        tracing::error!(error = %error, first_id = %first_id, last_id = %last_id,
+                                        rows = part.len(),
+                                        "the bus refuses the request; retrying at the longest \
+                                         backoff until it is fixed (nothing is skipped)")
+                    }
+                    SinkError::Unavailable { retry_after, .. } => {
+                        tracing::warn!(error = %error, first_id = %first_id, last_id = %last_id,
+                                       rows = part.len(),
+                                       retry_after_ms = retry_after.map(|d| d.as_millis() as u64),
+                                       "publish failed, retrying the batch")
+                    }
+                    _ => {
+                        tracing::error!(error = %error,
+                                        "the bus refuses the bridge; retrying at the longest backoff")
+                    }
+                }
+            }
+        }
+    }
+
+    fn fatal(&self) -> Fatal {
+        Fatal::new(
+            match self {
+                SinkFailure::Connecting { error, .. } | SinkFailure::Publishing { error, .. } => {
+                    error
+                }
+            },
+            "check the sink's URL, credentials and virtual host",
+        )
+    }
 }
 
 /// Records a message its bus refused in `envelopes.dead_letters`, with when the
@@ -694,8 +776,7 @@ async fn retry_dead_letters(
     config: &EgressConfig,
     db: &Db,
     state: &mut State,
-    metrics: &Metrics,
-    shutdown: &mut watch::Receiver<bool>,
+    driver: &mut Driver,
 ) -> Result<usize, Failure> {
     let rows = db
         .client
@@ -764,7 +845,7 @@ async fn retry_dead_letters(
         if requested {
             state.sink = None;
         }
-        deliver(config, db, state, &batch, &prior, metrics, shutdown).await?
+        deliver(config, db, state, &batch, &prior, driver).await?
     };
     let resolved: Vec<i64> = ids
         .iter()
