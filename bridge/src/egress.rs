@@ -69,6 +69,8 @@ pub struct EgressConfig {
 
 /// How often the lag is read when not every round.
 const LAG_INTERVAL: Duration = Duration::from_secs(5);
+/// How often the progress line is logged while catching up a backlog.
+const PROGRESS_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Runs until `shutdown` turns true. Ends early, with the cause, when the
 /// configuration is refused before any round worked (see [`Class::Config`]).
@@ -923,7 +925,7 @@ impl Progress {
             self.rows = rows;
             tracing::info!("backlog detected, catching up");
         }
-        if self.catching_up && self.since.elapsed() >= Duration::from_secs(5) {
+        if self.catching_up && self.since.elapsed() >= PROGRESS_INTERVAL {
             let rate = self.rows as f64 / self.since.elapsed().as_secs_f64();
             let remaining = metrics.lag_rows.get().max(0);
             let eta_seconds = if rate > 0.0 {

@@ -42,6 +42,13 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 
+/// How long JetStream waits for a message's acknowledgement before it delivers
+/// the message again.
+const ACK_WAIT: Duration = Duration::from_secs(30);
+/// How long one pull waits for messages before it comes back with fewer (or
+/// none: an idle round).
+const FETCH_WAIT: Duration = Duration::from_millis(500);
+
 pub struct IngressConfig {
     pub database_url: String,
     pub name: String,
@@ -181,7 +188,7 @@ async fn session(config: &IngressConfig, driver: &mut Driver) -> Result<(), Fail
                 start_sequence: position as u64 + 1,
             },
             ack_policy: AckPolicy::Explicit,
-            ack_wait: Duration::from_secs(30),
+            ack_wait: ACK_WAIT,
             filter_subject: config.subject.clone(),
             ..Default::default()
         })
@@ -196,7 +203,7 @@ async fn session(config: &IngressConfig, driver: &mut Driver) -> Result<(), Fail
         let mut batch = consumer
             .fetch()
             .max_messages(config.batch_size)
-            .expires(Duration::from_millis(500))
+            .expires(FETCH_WAIT)
             .messages()
             .await
             .map_err(|e| retry(&e))?;

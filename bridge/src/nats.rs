@@ -6,6 +6,12 @@ use clap::Args;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// How long connecting to a NATS server may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a request (a JetStream API call, a publish's acknowledgement) may
+/// wait for its answer.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
 #[derive(Args)]
 #[command(next_help_heading = "NATS authentication")]
 pub struct NatsAuthArgs {
@@ -145,8 +151,8 @@ pub async fn connect_watching(
             ConnectFailure::other(format!("server address {}: {e}", crate::redact::url(url)))
         })?;
     let mut options = async_nats::ConnectOptions::new()
-        .connection_timeout(Duration::from_secs(5))
-        .request_timeout(Some(Duration::from_secs(10)))
+        .connection_timeout(CONNECT_TIMEOUT)
+        .request_timeout(Some(REQUEST_TIMEOUT))
         .event_callback(move |event| {
             let violations = violations.clone();
             async move {

@@ -3,7 +3,7 @@
 //!
 //! Bounds: a failing round waits [`FIRST_DELAY`] (100 ms) at first, twice as
 //! long after each further failure, at most [`LONGEST_DELAY`] (5 s); a failure
-//! that waiting will not cure (see [`super::Class::Permanent`]) waits the
+//! that waiting will not cure (see [`super::classify::Class::Permanent`]) waits the
 //! longest delay at once. A row its bus refused is tried again after
 //! [`FIRST_REFUSAL_DELAY`] (250 ms), doubling up to [`LONGEST_REFUSAL_DELAY`]
 //! (5 s). Jitter: every delay actually slept is the nominal one scaled by a

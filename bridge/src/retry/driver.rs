@@ -9,7 +9,8 @@
 //! fix), as vector's sinks describe theirs in a `RetryLogic`, and the driver
 //! does the rest.
 
-use super::{Backoff, Class, Fatal};
+use super::backoff::{Backoff, LONGEST_DELAY};
+use super::classify::{Class, Fatal};
 use crate::metrics::Metrics;
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,7 +31,7 @@ impl Wait {
     pub fn millis(self) -> u64 {
         match self {
             Wait::Backoff(delay) => delay.as_millis() as u64,
-            Wait::Longest => super::LONGEST_DELAY.as_millis() as u64,
+            Wait::Longest => LONGEST_DELAY.as_millis() as u64,
         }
     }
 }
@@ -157,7 +158,7 @@ impl Driver {
         }
         self.metrics.failed(failure.what());
         if failure.counts_as_error() {
-            self.metrics.error(failure.class());
+            self.metrics.error(failure.class().label());
         }
         let stop = match failure.class() {
             Class::Config if !self.worked => return Next::Fatal(failure.fatal()),
@@ -230,9 +231,9 @@ mod tests {
         ));
         assert_eq!(
             *transient.logged.lock().unwrap(),
-            [Wait::Backoff(super::super::FIRST_DELAY)]
+            [Wait::Backoff(crate::retry::FIRST_DELAY)]
         );
-        assert_eq!(backoff.peek(), super::super::FIRST_DELAY * 2);
+        assert_eq!(backoff.peek(), crate::retry::FIRST_DELAY * 2);
         driver.worked();
         tokio::time::pause();
         assert!(matches!(
@@ -240,7 +241,7 @@ mod tests {
             Next::Retry
         ));
         assert_eq!(*config.logged.lock().unwrap(), [Wait::Longest]);
-        assert_eq!(backoff.peek(), super::super::LONGEST_DELAY);
+        assert_eq!(backoff.peek(), LONGEST_DELAY);
         let text = driver.metrics().render();
         assert!(text.contains("envelopes_bridge_retried_total 3"), "{text}");
     }

@@ -10,6 +10,6 @@ mod driver;
 
 #[cfg(test)]
 pub use backoff::FIRST_DELAY;
-pub use backoff::{refusal_delay, Backoff, LONGEST_DELAY};
+pub use backoff::{refusal_delay, Backoff};
 pub use classify::{Class, DbFailure, Fatal};
 pub use driver::{Driver, Failure, Next, Wait};

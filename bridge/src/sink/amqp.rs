@@ -23,8 +23,8 @@
 //! up to 8192; when a connection attempt fails and the URL sets no `frame_max`,
 //! it is tried again at once asking for 4096, which every broker takes.
 
+use super::error::SinkError;
 use super::wire::Wire;
-use super::SinkError;
 use crate::message::Message;
 use clap::Args;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};

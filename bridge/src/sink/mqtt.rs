@@ -17,9 +17,9 @@
 //! - a topic with a wildcard, and a message larger than the maximum packet size
 //!   the broker announced in its CONNACK (if it did), found before sending.
 
+use super::error::SinkError;
 use super::subject::mqtt_topic_problem;
 use super::wire::Wire;
-use super::SinkError;
 use crate::message::Message;
 use clap::Args;
 use rumqttc::v5::mqttbytes::v5::{Packet, PubAckReason, PublishProperties};
@@ -58,6 +58,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const ACK_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pause between the event loop's attempts after a connection error.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
+/// The keep-alive interval announced to the broker (a PINGREQ after this long
+/// without traffic).
+const KEEP_ALIVE: Duration = Duration::from_secs(10);
+/// Requests (PUBLISHes) the client queues for its event loop.
+const REQUEST_QUEUE: usize = 1000;
 
 pub struct Mqtt {
     host: String,
@@ -232,11 +237,11 @@ impl Mqtt {
 
     async fn open(&self) -> Result<Session, SinkError> {
         let mut options = MqttOptions::new(&self.client_id, &self.host, self.port);
-        options.set_keep_alive(Duration::from_secs(10));
+        options.set_keep_alive(KEEP_ALIVE);
         if let Some(user) = &self.username {
             options.set_credentials(user.clone(), self.password.clone().unwrap_or_default());
         }
-        let (client, eventloop) = AsyncClient::new(options, 1000);
+        let (client, eventloop) = AsyncClient::new(options, REQUEST_QUEUE);
         let (outcome_tx, outcomes) = mpsc::unbounded_channel();
         let (err_tx, errors) = watch::channel(None);
         let (connected_tx, mut connected) = watch::channel(false);

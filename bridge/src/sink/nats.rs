@@ -9,9 +9,9 @@
 //! user may not publish to (the server reports the permissions violation only
 //! as an asynchronous error, which the sink waits for beside the ack).
 
+use super::error::SinkError;
 use super::subject::nats_subject_problem;
 use super::wire::Wire;
-use super::SinkError;
 use crate::message::Message;
 use crate::nats::NatsAuth;
 use async_nats::jetstream::{self, message::PublishMessage};

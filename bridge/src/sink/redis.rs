@@ -15,8 +15,8 @@
 //!   messages after a refused one were stored too and are published again: a
 //!   consumer sees them twice, under the same ids.
 
+use super::error::SinkError;
 use super::wire::{PayloadFormat, Wire};
-use super::SinkError;
 use crate::message::Message;
 use clap::Args;
 

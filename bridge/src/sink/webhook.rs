@@ -25,7 +25,7 @@
 //! and the start of the body, and retried at the longest backoff until someone
 //! fixes it; nothing is skipped.
 
-use super::SinkError;
+use super::error::SinkError;
 use crate::message::Message;
 use clap::Args;
 use hmac::{Hmac, Mac};
