@@ -1,8 +1,10 @@
-//! The command line: subcommands and their options, grouped by what they are
-//! for (the database, each bus, the service). Every option also reads an
-//! environment variable, and a `--config FILE` (see [`crate::config`]) may give
-//! any of them: flags win over the environment, the environment over the file,
-//! the file over the defaults.
+//! The command line: the subcommands and their own options, grouped by what
+//! they are for (the database, the service, each subcommand's own); the options
+//! of each sink come from that sink ([`crate::sink::SinkArgs`]), NATS'
+//! authentication from the NATS connection ([`crate::nats::NatsAuthArgs`]).
+//! Every option also reads an environment variable, and a `--config FILE` (see
+//! [`crate::config`]) may give any of them: flags win over the environment, the
+//! environment over the file, the file over the defaults.
 
 use crate::nats::NatsAuthArgs;
 use crate::sink::SinkArgs;

@@ -1,5 +1,5 @@
-//! Egress: committed rows -> the bus, at least once, never skipping one, and
-//! never letting one row stop the others.
+//! Egress: the loop that moves committed rows to the bus, at least once, never
+//! skipping one, and never letting one row stop the others.
 //!
 //! The loop: LISTEN on the doorbell channel; on a notification or when the poll
 //! interval passes, read the next batch after the consumer's durable positions
@@ -11,7 +11,13 @@
 //! the bus (or the consumer) drops. Reads repeat until a batch comes back empty,
 //! so one doorbell drains a whole backlog. Batches are bounded by rows and bytes.
 //!
-//! Failures, by kind:
+//! Only the instance holding its consumer's lease works ([`crate::lease`]): a
+//! second bridge under the same name stands by, connected, and takes over when
+//! the first one's database session ends.
+//!
+//! Failures, by kind (retried by the delivery driver, [`crate::retry`]: the
+//! sessions through [`Driver::run`], each batch's publishing through
+//! [`Driver::failed`]):
 //! * the bus is unavailable: the batch is published again with backoff, for as
 //!   long as it takes (an outage never sets a row aside);
 //! * the bus refuses one message (too large, a subject or key it does not take,
@@ -23,10 +29,6 @@
 //!   (counted in `dead_lettered_total`) until an operator asks for it again with
 //!   `retry_dead_letters()`. A batch the bus refuses as a whole as too large (an
 //!   HTTP 413) is published again in halves, down to single rows;
-//!
-//! Only the instance holding its consumer's lease works ([`crate::lease`]): a
-//! second bridge under the same name stands by, connected, and takes over when
-//! the first one's database session ends.
 //! * a transient database error (connection, serialization, resources): reconnect
 //!   with backoff;
 //! * a permanent database error (data, privileges, e.g. 42501 after a revoke):
