@@ -116,11 +116,12 @@ impl retry::Failure for Failure {
     fn fatal(&self) -> Fatal {
         match self {
             Failure::Permanent(e) | Failure::Config(e) => Fatal::database(e),
-            Failure::Retry(why) | Failure::BusConfig(why) => Fatal::new(
+            Failure::BusConfig(why) => Fatal::new(
                 why,
                 "check the NATS credentials (--nats-user/--nats-password, --nats-token, \
                  --nats-creds)",
             ),
+            Failure::Retry(why) => Fatal::new(why, "fix the configuration"),
         }
     }
 }
