@@ -1,16 +1,17 @@
-//! The command line: subcommands and their options, grouped by what they are
-//! for (the database, each bus, the service). Every option also reads an
-//! environment variable, and a `--config FILE` (see [`crate::config`]) may give
-//! any of them: flags win over the environment, the environment over the file,
-//! the file over the defaults.
+//! The command line: the subcommands and their own options, grouped by what
+//! they are for (the database, the service, each subcommand's own); the options
+//! of each sink come from that sink ([`crate::sink::SinkArgs`]), NATS'
+//! authentication from the NATS connection ([`crate::nats::NatsAuthArgs`]).
+//! Every option also reads an environment variable, and a `--config FILE` (see
+//! [`crate::config`]) may give any of them: flags win over the environment, the
+//! environment over the file, the file over the defaults.
 
-use crate::nats::NatsAuth;
-use crate::sink::{PayloadFormat, SinkOptions, SinkSpec, WebhookFormat};
+use crate::nats::NatsAuthArgs;
+use crate::sink::SinkArgs;
 use clap::builder::BoolishValueParser;
 use clap::{Args, Parser, Subcommand};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
 /// Forward committed pg_envelopes rows to a message bus, at least once and in
 /// commit-safe order, with a durable cursor in the database.
@@ -101,22 +102,6 @@ pub struct EgressArgs {
     #[arg(long, env = "ENVELOPES_REGISTER", value_parser = BoolishValueParser::new(),
           default_value_t = false, num_args = 0..=1, default_missing_value = "true")]
     pub register: bool,
-    /// Where to publish: stdout (JSON lines), jsonl:PATH, nats://HOST:PORT
-    /// (JetStream), redis://HOST:PORT (Redis Streams, XADD), mqtt://HOST:PORT
-    /// (MQTT 5, QoS 1), amqp://USER:PASS@HOST:PORT/VHOST (RabbitMQ) or an
-    /// http(s):// URL (a webhook). Credentials may be embedded
-    /// (mqtt://user:pass@host:port, redis://:pass@host:port) and are never logged.
-    #[arg(
-        long,
-        env = "ENVELOPES_SINK",
-        default_value = "stdout",
-        hide_env_values = true
-    )]
-    pub sink: SinkSpec,
-    /// Encoding of the messages on NATS, Redis, MQTT and RabbitMQ: CBOR, or the
-    /// JSON objects the JSONL sink writes (readable with the buses' own tools).
-    #[arg(long, env = "ENVELOPES_FORMAT", value_enum, default_value = "cbor")]
-    pub format: PayloadFormat,
     /// Rows per read and per publish.
     #[arg(long, env = "ENVELOPES_BATCH_SIZE", default_value_t = 1000,
           value_parser = clap::value_parser!(i32).range(1..=100_000))]
@@ -150,135 +135,11 @@ pub struct EgressArgs {
     #[arg(long, env = "ENVELOPES_LAG_EVERY_ROUND", value_parser = BoolishValueParser::new(),
           default_value_t = true, num_args = 0..=1, default_missing_value = "true")]
     pub lag_every_round: bool,
-    /// Subject prefix: envelopes go to PREFIX.envelope.NODE, outbox rows to
-    /// PREFIX.outbox.SUBJECT (MQTT: PREFIX/envelope/NODE ...; AMQP routing keys
-    /// as the NATS subjects).
-    #[arg(long, env = "ENVELOPES_SUBJECT_PREFIX", default_value = "envelopes")]
-    pub subject_prefix: String,
     #[command(flatten)]
     pub service: ServiceArgs,
+    // The sink and its options (each sink's own group).
     #[command(flatten)]
-    pub nats: NatsSinkArgs,
-    #[command(flatten)]
-    pub nats_auth: NatsAuthArgs,
-    #[command(flatten)]
-    pub redis: RedisArgs,
-    #[command(flatten)]
-    pub mqtt: MqttArgs,
-    #[command(flatten)]
-    pub amqp: AmqpArgs,
-    #[command(flatten)]
-    pub webhook: WebhookArgs,
-}
-
-#[derive(Args)]
-#[command(next_help_heading = "NATS JetStream sink")]
-pub struct NatsSinkArgs {
-    /// JetStream stream egress publishes into (created if missing).
-    #[arg(long, env = "ENVELOPES_NATS_STREAM", default_value = "ENVELOPES")]
-    pub nats_stream: String,
-    /// Replicas of the JetStream stream when egress creates it (3 on a
-    /// three-node cluster; an existing stream keeps its own).
-    #[arg(long, env = "ENVELOPES_NATS_REPLICAS", default_value_t = 1,
-          value_parser = clap::value_parser!(u8).range(1..=5))]
-    pub nats_replicas: u8,
-}
-
-#[derive(Args)]
-#[command(next_help_heading = "NATS authentication")]
-pub struct NatsAuthArgs {
-    /// NATS user (with --nats-password).
-    #[arg(long, env = "ENVELOPES_NATS_USER")]
-    pub nats_user: Option<String>,
-    /// NATS password.
-    #[arg(long, env = "ENVELOPES_NATS_PASSWORD", hide_env_values = true)]
-    pub nats_password: Option<String>,
-    /// NATS token.
-    #[arg(long, env = "ENVELOPES_NATS_TOKEN", hide_env_values = true)]
-    pub nats_token: Option<String>,
-    /// NATS credentials file (.creds).
-    #[arg(long, env = "ENVELOPES_NATS_CREDS")]
-    pub nats_creds: Option<PathBuf>,
-}
-
-impl NatsAuthArgs {
-    pub fn auth(&self) -> NatsAuth {
-        if let Some(path) = &self.nats_creds {
-            NatsAuth::CredsFile(path.clone())
-        } else if let Some(token) = &self.nats_token {
-            NatsAuth::Token(token.clone())
-        } else if let Some(user) = &self.nats_user {
-            NatsAuth::UserPassword(user.clone(), self.nats_password.clone().unwrap_or_default())
-        } else {
-            NatsAuth::None
-        }
-    }
-}
-
-#[derive(Args)]
-#[command(next_help_heading = "Redis sink")]
-pub struct RedisArgs {
-    /// Redis stream key.
-    #[arg(long, env = "ENVELOPES_REDIS_STREAM", default_value = "envelopes")]
-    pub redis_stream: String,
-}
-
-#[derive(Args)]
-#[command(next_help_heading = "MQTT sink")]
-pub struct MqttArgs {
-    /// MQTT client id (default: envelopes-bridge-NAME).
-    #[arg(long, env = "ENVELOPES_MQTT_CLIENT_ID")]
-    pub mqtt_client_id: Option<String>,
-}
-
-#[derive(Args)]
-#[command(next_help_heading = "RabbitMQ sink")]
-pub struct AmqpArgs {
-    /// AMQP topic exchange the messages are published to (declared durable if
-    /// missing); the routing keys are the NATS subjects.
-    #[arg(long, env = "ENVELOPES_AMQP_EXCHANGE", default_value = "envelopes")]
-    pub amqp_exchange: String,
-}
-
-#[derive(Args)]
-#[command(next_help_heading = "Webhook sink")]
-pub struct WebhookArgs {
-    /// Webhook body: a JSON array of the messages, or a CBOR array.
-    #[arg(
-        long,
-        env = "ENVELOPES_WEBHOOK_FORMAT",
-        value_enum,
-        default_value = "json"
-    )]
-    pub webhook_format: WebhookFormat,
-    /// Key of the webhook's X-Envelopes-Signature header (HMAC-SHA256 of the body).
-    #[arg(long, env = "ENVELOPES_WEBHOOK_SECRET", hide_env_values = true)]
-    pub webhook_secret: Option<String>,
-    /// Webhook request timeout, in milliseconds.
-    #[arg(long, env = "ENVELOPES_WEBHOOK_TIMEOUT_MS", default_value_t = 10_000)]
-    pub webhook_timeout_ms: u64,
-}
-
-impl EgressArgs {
-    pub fn sink_options(&self) -> SinkOptions {
-        SinkOptions {
-            nats_stream: self.nats.nats_stream.clone(),
-            nats_replicas: usize::from(self.nats.nats_replicas),
-            subject_prefix: self.subject_prefix.clone(),
-            redis_stream: self.redis.redis_stream.clone(),
-            nats_auth: self.nats_auth.auth(),
-            mqtt_client_id: self
-                .mqtt
-                .mqtt_client_id
-                .clone()
-                .unwrap_or_else(|| format!("envelopes-bridge-{}", self.name)),
-            amqp_exchange: self.amqp.amqp_exchange.clone(),
-            webhook_format: self.webhook.webhook_format,
-            webhook_secret: self.webhook.webhook_secret.clone(),
-            webhook_timeout: Duration::from_millis(self.webhook.webhook_timeout_ms),
-            format: self.format,
-        }
-    }
+    pub sink: SinkArgs,
 }
 
 #[derive(Args)]

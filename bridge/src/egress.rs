@@ -1,5 +1,5 @@
-//! Egress: committed rows -> the bus, at least once, never skipping one, and
-//! never letting one row stop the others.
+//! Egress: the loop that moves committed rows to the bus, at least once, never
+//! skipping one, and never letting one row stop the others.
 //!
 //! The loop: LISTEN on the doorbell channel; on a notification or when the poll
 //! interval passes, read the next batch after the consumer's durable positions
@@ -11,7 +11,13 @@
 //! the bus (or the consumer) drops. Reads repeat until a batch comes back empty,
 //! so one doorbell drains a whole backlog. Batches are bounded by rows and bytes.
 //!
-//! Failures, by kind:
+//! Only the instance holding its consumer's lease works ([`crate::lease`]): a
+//! second bridge under the same name stands by, connected, and takes over when
+//! the first one's database session ends.
+//!
+//! Failures, by kind (retried by the delivery driver, [`crate::retry`]: the
+//! sessions through [`Driver::run`], each batch's publishing through
+//! [`Driver::failed`]):
 //! * the bus is unavailable: the batch is published again with backoff, for as
 //!   long as it takes (an outage never sets a row aside);
 //! * the bus refuses one message (too large, a subject or key it does not take,
@@ -23,10 +29,6 @@
 //!   (counted in `dead_lettered_total`) until an operator asks for it again with
 //!   `retry_dead_letters()`. A batch the bus refuses as a whole as too large (an
 //!   HTTP 413) is published again in halves, down to single rows;
-//!
-//! Only the instance holding its consumer's lease works ([`crate::lease`]): a
-//! second bridge under the same name stands by, connected, and takes over when
-//! the first one's database session ends.
 //! * a transient database error (connection, serialization, resources): reconnect
 //!   with backoff;
 //! * a permanent database error (data, privileges, e.g. 42501 after a revoke):
@@ -38,8 +40,8 @@ use crate::db::{self, Db};
 use crate::lease::{self, Lease};
 use crate::message::{Envelope, Message, OutboxMessage};
 use crate::metrics::Metrics;
-use crate::retry::{self, Backoff, Class, DbFailure, Fatal};
-use crate::sink::{Sink, SinkError, SinkOptions, SinkSpec};
+use crate::retry::{self, Backoff, Class, DbFailure, Driver, Fatal, Next, Wait};
+use crate::sink::{Sink, SinkArgs, SinkError, SinkSpec};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -48,8 +50,8 @@ use tokio::sync::watch;
 pub struct EgressConfig {
     pub database_url: String,
     pub name: String,
-    pub sink: SinkSpec,
-    pub sink_options: SinkOptions,
+    /// The sink, with its own options.
+    pub sink: SinkArgs,
     pub batch_size: i32,
     /// Bytes of topics, envelopes and payloads per batch (at least one row).
     pub batch_bytes: i64,
@@ -69,107 +71,101 @@ pub struct EgressConfig {
 
 /// How often the lag is read when not every round.
 const LAG_INTERVAL: Duration = Duration::from_secs(5);
+/// How often the progress line is logged while catching up a backlog.
+const PROGRESS_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Runs until `shutdown` turns true. Ends early, with the cause, when the
 /// configuration is refused before any round worked (see [`Class::Config`]).
 pub async fn run(
     config: EgressConfig,
     metrics: Arc<Metrics>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) -> Result<(), Fatal> {
-    let mut backoff = Backoff::new();
+    let mut driver = Driver::new(metrics, shutdown);
     let mut state = State::default();
     let mut progress = Progress::new();
-    'connect: while !crate::shutdown::is_requested(&shutdown) {
-        let mut db = match connect(&config, &metrics, &mut shutdown).await {
-            Ok(Some(db)) => db,
-            Ok(None) => break, // shutdown while standing by
-            Err(e) => {
-                metrics.active.set(0);
-                match failed(
-                    &metrics,
-                    &mut backoff,
-                    &mut shutdown,
-                    &e,
-                    "connecting",
-                    &state,
-                )
-                .await
-                {
-                    Next::Retry => continue,
-                    Next::Stop => break,
-                    Next::Fatal(f) => return Err(f.for_consumer(&config, &e).await),
-                }
-            }
-        };
-        tracing::info!(consumer = %config.name, sink = %config.sink, "egress connected");
-        let mut lag_due = Instant::now();
-        loop {
-            if crate::shutdown::is_requested(&shutdown) {
-                break 'connect;
-            }
-            // Drain: read and publish until both feeds come back empty.
-            match drain_once(&config, &mut db, &mut state, &metrics, &mut shutdown).await {
-                Ok(rows) => {
-                    // A whole round worked: the next failure starts backing off anew.
-                    backoff.reset();
-                    state.worked = true;
-                    metrics.worked();
-                    if rows > 0 {
-                        if config.lag_every_round || lag_due <= Instant::now() {
-                            update_lag(&db, &config.name, &metrics).await;
-                            lag_due = Instant::now() + LAG_INTERVAL;
-                        }
-                        progress.add(rows, rows as i32 >= config.batch_size, &metrics);
-                        continue;
-                    }
-                    // A round that found nothing to read: nothing deliverable is
-                    // pending (rows of transactions still open are not yet).
-                    metrics.lag_rows.set(0);
-                    metrics.lag_seconds.set(0.0);
-                    progress.idle();
-                }
-                Err(Failure::Database(e, during)) => {
-                    metrics.active.set(0);
-                    match failed(&metrics, &mut backoff, &mut shutdown, &e, &during, &state).await {
-                        Next::Retry => continue 'connect,
-                        Next::Stop => break 'connect,
-                        Next::Fatal(f) => return Err(f),
-                    }
-                }
-                Err(Failure::Fatal(f)) => return Err(f),
-                Err(Failure::Shutdown) => break 'connect,
-            }
-            // Sleep until the doorbell rings, the poll interval passes, or shutdown.
-            tokio::select! {
-                note = db.notifications.recv() => {
-                    if note.is_none() {
-                        tracing::warn!("LISTEN connection closed, reconnecting");
-                        continue 'connect;
-                    }
-                    // Several doorbells may be queued; one read serves them all.
-                    while db.notifications.try_recv().is_ok() {}
-                }
-                _ = tokio::time::sleep(config.poll_interval) => {}
-                _ = crate::shutdown::requested(&mut shutdown) => {}
-            }
-        }
+    let sessions = driver
+        .run(async |driver| session(&config, driver, &mut state, &mut progress).await)
+        .await;
+    if let Err(fatal) = sessions {
+        return Err(fatal.for_consumer(&config).await);
     }
     tracing::info!("egress stopped");
     Ok(())
 }
 
-/// What to do after a failure.
-enum Next {
-    Retry,
-    Stop,
-    Fatal(Fatal),
+/// One session: connects, takes the lease (standing by while another instance
+/// holds it), listens, and drains the feeds whenever the doorbell rings or the
+/// poll interval passes. Ends with `Ok` on shutdown, or when the LISTEN
+/// connection closes (to connect again at once).
+async fn session(
+    config: &EgressConfig,
+    driver: &mut Driver,
+    state: &mut State,
+    progress: &mut Progress,
+) -> Result<(), Failure> {
+    let mut db = match connect(config, driver).await {
+        Ok(Some(db)) => db,
+        Ok(None) => return Ok(()), // shutdown while standing by
+        Err(e) => {
+            driver.metrics().active.set(0);
+            return Err(Failure::Database(e, "connecting".into()));
+        }
+    };
+    tracing::info!(consumer = %config.name, sink = %config.sink.sink, "egress connected");
+    let mut lag_due = Instant::now();
+    loop {
+        if driver.stopping() {
+            return Ok(());
+        }
+        // Drain: read and publish until both feeds come back empty.
+        match drain_once(config, &mut db, state, driver).await {
+            Ok(rows) => {
+                // A whole round worked: the next failure starts backing off anew.
+                driver.worked();
+                let metrics = driver.metrics();
+                if rows > 0 {
+                    if config.lag_every_round || lag_due <= Instant::now() {
+                        update_lag(&db, &config.name, metrics).await;
+                        lag_due = Instant::now() + LAG_INTERVAL;
+                    }
+                    progress.add(rows, rows as i32 >= config.batch_size, metrics);
+                    continue;
+                }
+                // A round that found nothing to read: nothing deliverable is
+                // pending (rows of transactions still open are not yet).
+                metrics.lag_rows.set(0);
+                metrics.lag_seconds.set(0.0);
+                progress.idle();
+            }
+            Err(Failure::Shutdown) => return Ok(()),
+            Err(failure) => {
+                if let Failure::Database(..) = failure {
+                    driver.metrics().active.set(0);
+                }
+                return Err(failure);
+            }
+        }
+        // Sleep until the doorbell rings, the poll interval passes, or shutdown.
+        tokio::select! {
+            note = db.notifications.recv() => {
+                if note.is_none() {
+                    tracing::warn!("LISTEN connection closed, reconnecting");
+                    return Ok(());
+                }
+                // Several doorbells may be queued; one read serves them all.
+                while db.notifications.try_recv().is_ok() {}
+            }
+            _ = tokio::time::sleep(config.poll_interval) => {}
+            _ = crate::shutdown::requested(driver.shutdown()) => {}
+        }
+    }
 }
 
 impl Fatal {
     /// For an unknown consumer, names the ones that exist.
-    async fn for_consumer(mut self, config: &EgressConfig, error: &DbFailure) -> Fatal {
-        if error.sqlstate.as_deref() == Some("42704") && !config.register {
+    async fn for_consumer(mut self, config: &EgressConfig) -> Fatal {
+        if self.sqlstate.as_deref() == Some("42704") && !config.register {
             let known = match db::connect(&config.database_url, "envelopes-bridge egress").await {
                 Ok(db) => db
                     .client
@@ -202,48 +198,9 @@ impl Fatal {
     }
 }
 
-/// Logs and counts a database failure and waits before the next attempt: with
-/// backoff when it is transient, at the longest backoff when it is permanent. A
-/// configuration error before any round worked ends the bridge.
-async fn failed(
-    metrics: &Metrics,
-    backoff: &mut Backoff,
-    shutdown: &mut watch::Receiver<bool>,
-    error: &DbFailure,
-    during: &str,
-    state: &State,
-) -> Next {
-    metrics.error(error.class);
-    metrics.failed(format!("{during}: {error}"));
-    let stop = match error.class {
-        Class::Config if !state.worked => return Next::Fatal(Fatal::database(error)),
-        Class::Transient => {
-            tracing::warn!(sqlstate = error.code(), error = %error.message, during,
-                           retry_in_ms = backoff.peek().as_millis() as u64,
-                           "database error, reconnecting and retrying");
-            backoff.wait(shutdown).await
-        }
-        Class::Permanent | Class::Config => {
-            tracing::error!(sqlstate = error.code(), error = %error.message, during,
-                            "database refuses the bridge's statement; retrying at the longest \
-                             backoff until it is fixed (nothing is skipped)");
-            backoff.wait_longest(shutdown).await
-        }
-    };
-    if stop {
-        Next::Stop
-    } else {
-        Next::Retry
-    }
-}
-
 /// Connects, registers the consumer, waits for its lease (standing by while
 /// another instance holds it) and listens. `None` when shutdown came first.
-async fn connect(
-    config: &EgressConfig,
-    metrics: &Metrics,
-    shutdown: &mut watch::Receiver<bool>,
-) -> Result<Option<Db>, DbFailure> {
+async fn connect(config: &EgressConfig, driver: &mut Driver) -> Result<Option<Db>, DbFailure> {
     let db = db::connect(&config.database_url, "envelopes-bridge egress").await?;
     if config.register {
         db.client
@@ -253,7 +210,8 @@ async fn connect(
     let lease = Lease::Egress {
         consumer: &config.name,
     };
-    if !lease::acquire(&db, lease, metrics, shutdown).await? {
+    let metrics = driver.metrics().clone();
+    if !lease::acquire(&db, lease, &metrics, driver.shutdown()).await? {
         return Ok(None);
     }
     db.client
@@ -267,20 +225,71 @@ fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
+/// Why a round of egress ended early.
 enum Failure {
     /// The failure, and what the bridge was doing (with the rows' ids when known).
     Database(DbFailure, String),
     /// The bus refuses the bridge's configuration before any round worked.
     Fatal(Fatal),
+    /// Shutdown was asked for: the session ends (this never reaches the
+    /// driver's retries).
     Shutdown,
 }
 
-/// What the bridge keeps between batches: the sink connection, and whether a
-/// round ever worked (configuration errors end the bridge only before that).
+/// How the driver retries and reports a failed round (see [`retry::Failure`]).
+impl retry::Failure for Failure {
+    fn class(&self) -> Class {
+        match self {
+            Failure::Database(error, _) => error.class,
+            Failure::Fatal(_) => Class::Config,
+            Failure::Shutdown => Class::Transient,
+        }
+    }
+
+    fn what(&self) -> String {
+        match self {
+            Failure::Database(error, during) => format!("{during}: {error}"),
+            Failure::Fatal(fatal) => fatal.message.clone(),
+            Failure::Shutdown => "shutdown requested".into(),
+        }
+    }
+
+    fn counts_as_error(&self) -> bool {
+        matches!(self, Failure::Database(..))
+    }
+
+    fn log(&self, wait: Wait) {
+        let Failure::Database(error, during) = self else {
+            return;
+        };
+        let during = during.as_str();
+        match wait {
+            Wait::Backoff(_) => {
+                tracing::warn!(sqlstate = error.code(), error = %error.message, during,
+                               retry_in_ms = wait.millis(),
+                               "database error, reconnecting and retrying")
+            }
+            Wait::Longest => {
+                tracing::error!(sqlstate = error.code(), error = %error.message, during,
+                                "database refuses the bridge's statement; retrying at the longest \
+                                 backoff until it is fixed (nothing is skipped)")
+            }
+        }
+    }
+
+    fn fatal(&self) -> Fatal {
+        match self {
+            Failure::Database(error, _) => Fatal::database(error),
+            Failure::Fatal(fatal) => fatal.clone(),
+            Failure::Shutdown => Fatal::new("shutdown requested", "none needed"),
+        }
+    }
+}
+
+/// What the bridge keeps between batches: the sink connection.
 #[derive(Default)]
 struct State {
     sink: Option<Sink>,
-    worked: bool,
 }
 
 /// A row as read, with the position to acknowledge once it is delivered.
@@ -297,16 +306,15 @@ async fn drain_once(
     config: &EgressConfig,
     db: &mut Db,
     state: &mut State,
-    metrics: &Metrics,
-    shutdown: &mut watch::Receiver<bool>,
+    driver: &mut Driver,
 ) -> Result<usize, Failure> {
-    let mut moved = retry_dead_letters(config, db, state, metrics, shutdown).await?;
+    let mut moved = retry_dead_letters(config, db, state, driver).await?;
 
     let (outbox, positions) = read_outbox(db, config)
         .await
         .map_err(|e| Failure::Database(e, "reading the outbox".into()))?;
     if let Some(Position::Outbox(last)) = positions.last() {
-        deliver(config, db, state, &outbox, &[], metrics, shutdown).await?;
+        deliver(config, db, state, &outbox, &[], driver).await?;
         db.client
             .execute(
                 "SELECT envelopes.consumer_outbox_ack($1, $2)",
@@ -322,7 +330,7 @@ async fn drain_once(
         .await
         .map_err(|e| Failure::Database(e, "reading envelopes".into()))?;
     if !envelopes.is_empty() {
-        deliver(config, db, state, &envelopes, &[], metrics, shutdown).await?;
+        deliver(config, db, state, &envelopes, &[], driver).await?;
         let mut tops: BTreeMap<i32, i64> = BTreeMap::new();
         let mut late: Option<i64> = None;
         for p in &positions {
@@ -472,10 +480,11 @@ async fn deliver(
     state: &mut State,
     batch: &[Message],
     prior: &[u32],
-    metrics: &Metrics,
-    shutdown: &mut watch::Receiver<bool>,
+    driver: &mut Driver,
 ) -> Result<Vec<usize>, Failure> {
+    // Each batch backs off on its own, from the first delay.
     let mut backoff = Backoff::new();
+    let metrics = driver.metrics().clone();
     let mut start = 0;
     // Messages per publish: the whole rest, halved while the bus refuses a
     // request as too large, doubled again after each one it takes.
@@ -489,33 +498,19 @@ async fn deliver(
             // Still at it (the bus away, or refusing): the lag keeps growing.
             metrics.lag_seconds.set(batch_age(&batch[start..]));
             if lag_due <= Instant::now() {
-                update_lag(db, &config.name, metrics).await;
+                update_lag(db, &config.name, &metrics).await;
                 lag_due = Instant::now() + LAG_INTERVAL;
             }
         }
         if state.sink.is_none() {
-            match Sink::connect(&config.sink, &config.sink_options).await {
+            match Sink::connect(&config.sink, &config.name).await {
                 Ok(s) => state.sink = Some(s),
-                Err(e @ SinkError::Config { .. }) if !state.worked => {
-                    return Err(Failure::Fatal(Fatal {
-                        message: e.to_string(),
-                        hint: "check the sink's URL, credentials and virtual host".into(),
-                    }));
-                }
-                Err(e) => {
-                    metrics.failed(format!("connecting to the bus: {e}"));
-                    let stop = if matches!(e, SinkError::Config { .. }) {
-                        tracing::error!(error = %e, sink = %config.sink,
-                                        "the bus refuses the bridge's configuration; retrying at \
-                                         the longest backoff until it is fixed");
-                        backoff.wait_longest(shutdown).await
-                    } else {
-                        tracing::warn!(error = %e, sink = %config.sink, "bus unavailable, retrying");
-                        backoff.wait(shutdown).await
+                Err(error) => {
+                    let failure = SinkFailure::Connecting {
+                        error,
+                        sink: &config.sink.sink,
                     };
-                    if stop {
-                        return Err(Failure::Shutdown);
-                    }
+                    wait_out(driver, &failure, &mut backoff).await?;
                     continue;
                 }
             }
@@ -538,52 +533,12 @@ async fn deliver(
                 window = (window * 2).min(batch.len());
                 None
             }
-            Err(
-                e @ SinkError::Unavailable {
-                    retry_after,
-                    permanent,
-                    ..
-                },
-            ) => {
-                metrics.failed(format!("publishing: {e}"));
-                let (first_id, last_id) = (part[0].dedup_id(), part[part.len() - 1].dedup_id());
-                state.sink = None;
-                let stop = if permanent {
-                    tracing::error!(error = %e, first_id = %first_id, last_id = %last_id,
-                                    rows = part.len(),
-                                    "the bus refuses the request; retrying at the longest backoff \
-                                     until it is fixed (nothing is skipped)");
-                    backoff.wait_longest(shutdown).await
-                } else {
-                    tracing::warn!(error = %e, first_id = %first_id, last_id = %last_id,
-                                   rows = part.len(), retry_after_ms = retry_after.map(|d| d.as_millis() as u64),
-                                   "publish failed, retrying the batch");
-                    backoff
-                        .wait_at_least(retry_after.unwrap_or_default(), shutdown)
-                        .await
-                };
-                if stop {
-                    return Err(Failure::Shutdown);
-                }
-                None
-            }
             Err(SinkError::TooLarge { code, reason, .. }) if part.len() > 1 => {
                 // Nothing of the request counts: send it again in halves.
                 window = part.len() / 2;
                 tracing::warn!(code = %code, reason = %reason, rows = part.len(), next_rows = window,
                                first_id = %part[0].dedup_id(),
                                "the bus refuses the request as too large; publishing it in halves");
-                None
-            }
-            Err(e @ SinkError::Config { .. }) => {
-                // A sink that could connect but is then refused (it cannot be
-                // told from an outage this late): retried at the longest backoff.
-                metrics.failed(format!("publishing: {e}"));
-                tracing::error!(error = %e, "the bus refuses the bridge; retrying at the longest backoff");
-                state.sink = None;
-                if backoff.wait_longest(shutdown).await {
-                    return Err(Failure::Shutdown);
-                }
                 None
             }
             Err(SinkError::Refused {
@@ -594,13 +549,34 @@ async fn deliver(
             }) => Some((start + index.min(part.len() - 1), code, reason)),
             // A single message refused as too large.
             Err(SinkError::TooLarge { code, reason, .. }) => Some((start, code, reason)),
+            // Unavailable, or the bridge refused: nothing of the request counts;
+            // it goes again, on a new connection.
+            Err(error) => {
+                state.sink = None;
+                wait_out(
+                    driver,
+                    &SinkFailure::Publishing { error, part },
+                    &mut backoff,
+                )
+                .await?;
+                None
+            }
         };
         if let Some((index, code, reason)) = refusal {
             metrics.published(&batch[start..index]);
             // The bus took what came before the refused message: progress.
             backoff.reset();
             let attempts = prior.get(index).copied().unwrap_or(0) + 1;
-            set_aside(config, db, &batch[index], &code, &reason, attempts, metrics).await?;
+            set_aside(
+                config,
+                db,
+                &batch[index],
+                &code,
+                &reason,
+                attempts,
+                &metrics,
+            )
+            .await?;
             if index < prior.len() {
                 refused_again.push(index);
             }
@@ -614,6 +590,116 @@ async fn deliver(
     }
     crash::reached("after_publish");
     Ok(refused_again)
+}
+
+/// Waits out a failed attempt at a batch ([`Driver::failed`]); `Err` when the
+/// delivery ends instead (shutdown, or a configuration refused before any round
+/// worked).
+async fn wait_out(
+    driver: &mut Driver,
+    failure: &SinkFailure<'_>,
+    backoff: &mut Backoff,
+) -> Result<(), Failure> {
+    match driver.failed(failure, backoff).await {
+        Next::Retry => Ok(()),
+        Next::Stop => Err(Failure::Shutdown),
+        Next::Fatal(fatal) => Err(Failure::Fatal(fatal)),
+    }
+}
+
+/// A sink that failed an attempt at a batch as a whole: it could not connect,
+/// or the bus did not take the request. (A refusal of one message is no such
+/// failure: the message is set aside and the rest goes on.)
+enum SinkFailure<'a> {
+    Connecting {
+        error: SinkError,
+        sink: &'a SinkSpec,
+    },
+    Publishing {
+        error: SinkError,
+        part: &'a [Message],
+    },
+}
+
+/// How the driver retries and reports a sink's failure (see [`retry::Failure`]).
+impl retry::Failure for SinkFailure<'_> {
+    fn class(&self) -> Class {
+        match self {
+            SinkFailure::Connecting { error, .. } => Class::of_sink_connect(error),
+            SinkFailure::Publishing { error, .. } => Class::of_sink_publish(error),
+        }
+    }
+
+    fn not_before(&self) -> Duration {
+        match self {
+            SinkFailure::Publishing {
+                error:
+                    SinkError::Unavailable {
+                        retry_after: Some(after),
+                        ..
+                    },
+                ..
+            } => *after,
+            _ => Duration::ZERO,
+        }
+    }
+
+    fn what(&self) -> String {
+        match self {
+            SinkFailure::Connecting { error, .. } => format!("connecting to the bus: {error}"),
+            SinkFailure::Publishing { error, .. } => format!("publishing: {error}"),
+        }
+    }
+
+    fn log(&self, wait: Wait) {
+        match self {
+            SinkFailure::Connecting { error, sink } => match wait {
+                Wait::Longest => {
+                    tracing::error!(error = %error, sink = %sink,
+                                    "the bus refuses the bridge's configuration; retrying at \
+                                     the longest backoff until it is fixed")
+                }
+                Wait::Backoff(_) => {
+                    tracing::warn!(error = %error, sink = %sink, "bus unavailable, retrying")
+                }
+            },
+            SinkFailure::Publishing { error, part } => {
+                let first_id = part.first().map(Message::dedup_id).unwrap_or_default();
+                let last_id = part.last().map(Message::dedup_id).unwrap_or_default();
+                match error {
+                    SinkError::Unavailable {
+                        permanent: true, ..
+                    } => {
+                        tracing::error!(error = %error, first_id = %first_id, last_id = %last_id,
+                                        rows = part.len(),
+                                        "the bus refuses the request; retrying at the longest \
+                                         backoff until it is fixed (nothing is skipped)")
+                    }
+                    SinkError::Unavailable { retry_after, .. } => {
+                        tracing::warn!(error = %error, first_id = %first_id, last_id = %last_id,
+                                       rows = part.len(),
+                                       retry_after_ms = retry_after.map(|d| d.as_millis() as u64),
+                                       "publish failed, retrying the batch")
+                    }
+                    _ => {
+                        tracing::error!(error = %error,
+                                        "the bus refuses the bridge; retrying at the longest backoff")
+                    }
+                }
+            }
+        }
+    }
+
+    fn fatal(&self) -> Fatal {
+        Fatal::new(
+            match self {
+                SinkFailure::Connecting { error, .. } | SinkFailure::Publishing { error, .. } => {
+                    error
+                }
+            },
+            "check the sink's URL, credentials and virtual host",
+        )
+    }
 }
 
 /// Records a message its bus refused in `envelopes.dead_letters`, with when the
@@ -694,8 +780,7 @@ async fn retry_dead_letters(
     config: &EgressConfig,
     db: &Db,
     state: &mut State,
-    metrics: &Metrics,
-    shutdown: &mut watch::Receiver<bool>,
+    driver: &mut Driver,
 ) -> Result<usize, Failure> {
     let rows = db
         .client
@@ -764,7 +849,7 @@ async fn retry_dead_letters(
         if requested {
             state.sink = None;
         }
-        deliver(config, db, state, &batch, &prior, metrics, shutdown).await?
+        deliver(config, db, state, &batch, &prior, driver).await?
     };
     let resolved: Vec<i64> = ids
         .iter()
@@ -842,7 +927,7 @@ impl Progress {
             self.rows = rows;
             tracing::info!("backlog detected, catching up");
         }
-        if self.catching_up && self.since.elapsed() >= Duration::from_secs(5) {
+        if self.catching_up && self.since.elapsed() >= PROGRESS_INTERVAL {
             let rate = self.rows as f64 / self.since.elapsed().as_secs_f64();
             let remaining = metrics.lag_rows.get().max(0);
             let eta_seconds = if rate > 0.0 {

@@ -35,12 +35,19 @@ use crate::lease::{self, Lease};
 use crate::message::Envelope;
 use crate::metrics::Metrics;
 use crate::nats::NatsAuth;
-use crate::retry::{Backoff, Class, DbFailure, Fatal};
+use crate::retry::{self, Class, DbFailure, Driver, Fatal, Wait};
 use async_nats::jetstream::{self, consumer::pull, consumer::AckPolicy, consumer::DeliverPolicy};
 use futures_util::StreamExt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
+
+/// How long JetStream waits for a message's acknowledgement before it delivers
+/// the message again.
+const ACK_WAIT: Duration = Duration::from_secs(30);
+/// How long one pull waits for messages before it comes back with fewer (or
+/// none: an idle round).
+const FETCH_WAIT: Duration = Duration::from_millis(500);
 
 pub struct IngressConfig {
     pub database_url: String,
@@ -54,6 +61,7 @@ pub struct IngressConfig {
     pub batch_size: usize,
 }
 
+/// Why a session of ingress ended.
 enum Failure {
     /// Anything from the bus, and transient database errors: reconnect.
     Retry(String),
@@ -66,70 +74,74 @@ enum Failure {
     BusConfig(String),
 }
 
+/// How the driver retries and reports a failed session (see
+/// [`retry::Failure`]): every failure counts in `errors_total`, as transient
+/// or permanent.
+impl retry::Failure for Failure {
+    fn class(&self) -> Class {
+        match self {
+            Failure::Retry(_) => Class::Transient,
+            Failure::Permanent(_) => Class::Permanent,
+            Failure::Config(_) | Failure::BusConfig(_) => Class::Config,
+        }
+    }
+
+    fn what(&self) -> String {
+        match self {
+            Failure::Retry(why) | Failure::BusConfig(why) => why.clone(),
+            Failure::Permanent(e) | Failure::Config(e) => e.message.clone(),
+        }
+    }
+
+    fn counts_as_error(&self) -> bool {
+        true
+    }
+
+    fn log(&self, wait: Wait) {
+        match self {
+            Failure::Retry(why) => {
+                tracing::warn!(error = %why, retry_in_ms = wait.millis(),
+                               "ingress interrupted, reconnecting")
+            }
+            Failure::Permanent(e) | Failure::Config(e) => {
+                tracing::error!(sqlstate = e.code(), error = %e.message,
+                                "database refuses the ingress; retrying at the longest backoff")
+            }
+            Failure::BusConfig(why) => {
+                tracing::error!(error = %why, "NATS refuses the ingress; retrying at the longest backoff")
+            }
+        }
+    }
+
+    fn fatal(&self) -> Fatal {
+        match self {
+            Failure::Permanent(e) | Failure::Config(e) => Fatal::database(e),
+            Failure::BusConfig(why) => Fatal::new(
+                why,
+                "check the NATS credentials (--nats-user/--nats-password, --nats-token, \
+                 --nats-creds)",
+            ),
+            Failure::Retry(why) => Fatal::new(why, "fix the configuration"),
+        }
+    }
+}
+
 /// Runs until `shutdown` turns true. Ends early, with the cause, when the
 /// configuration is refused before any batch went through.
 pub async fn run(
     config: IngressConfig,
     metrics: Arc<Metrics>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) -> Result<(), Fatal> {
-    let mut backoff = Backoff::new();
-    let mut worked = false;
-    while !crate::shutdown::is_requested(&shutdown) {
-        let result = session(&config, &metrics, &mut shutdown, &mut backoff, &mut worked).await;
-        match &result {
-            Err(Failure::Retry(why) | Failure::BusConfig(why)) => metrics.failed(why),
-            Err(Failure::Permanent(e) | Failure::Config(e)) => metrics.failed(&e.message),
-            Ok(()) => {}
-        }
-        match result {
-            Ok(()) => break,
-            Err(Failure::Config(e)) if !worked => return Err(Fatal::database(&e)),
-            Err(Failure::BusConfig(why)) if !worked => {
-                return Err(Fatal {
-                    message: why,
-                    hint: "check the NATS credentials (--nats-user/--nats-password, --nats-token, \
-                           --nats-creds)"
-                        .into(),
-                })
-            }
-            Err(Failure::BusConfig(why)) => {
-                metrics.error(Class::Permanent);
-                tracing::error!(error = %why, "NATS refuses the ingress; retrying at the longest backoff");
-                if backoff.wait_longest(&mut shutdown).await {
-                    break;
-                }
-            }
-            Err(Failure::Retry(why)) => {
-                metrics.error(Class::Transient);
-                tracing::warn!(error = %why, retry_in_ms = backoff.peek().as_millis() as u64,
-                               "ingress interrupted, reconnecting");
-                if backoff.wait(&mut shutdown).await {
-                    break;
-                }
-            }
-            Err(Failure::Permanent(e) | Failure::Config(e)) => {
-                metrics.error(Class::Permanent);
-                tracing::error!(sqlstate = e.code(), error = %e.message,
-                                "database refuses the ingress; retrying at the longest backoff");
-                if backoff.wait_longest(&mut shutdown).await {
-                    break;
-                }
-            }
-        }
-    }
+    Driver::new(metrics, shutdown)
+        .run(async |driver| session(&config, driver).await)
+        .await?;
     tracing::info!("ingress stopped");
     Ok(())
 }
 
 /// One connected session: runs until shutdown (Ok) or a failure to retry.
-async fn session(
-    config: &IngressConfig,
-    metrics: &Metrics,
-    shutdown: &mut watch::Receiver<bool>,
-    backoff: &mut Backoff,
-    worked: &mut bool,
-) -> Result<(), Failure> {
+async fn session(config: &IngressConfig, driver: &mut Driver) -> Result<(), Failure> {
     let retry = |e: &dyn std::fmt::Display| Failure::Retry(e.to_string());
     let mut db = db::connect(&config.database_url, "envelopes-bridge ingress")
         .await
@@ -139,7 +151,8 @@ async fn session(
         consumer: &config.name,
         stream: &config.stream,
     };
-    let active = lease::acquire(&db, lease, metrics, shutdown)
+    let metrics = driver.metrics().clone();
+    let active = lease::acquire(&db, lease, &metrics, driver.shutdown())
         .await
         .map_err(database)?;
     if !active {
@@ -176,7 +189,7 @@ async fn session(
                 start_sequence: position as u64 + 1,
             },
             ack_policy: AckPolicy::Explicit,
-            ack_wait: Duration::from_secs(30),
+            ack_wait: ACK_WAIT,
             filter_subject: config.subject.clone(),
             ..Default::default()
         })
@@ -185,13 +198,13 @@ async fn session(
     tracing::info!(consumer = %config.name, stream = %config.stream, position, "ingress connected");
 
     loop {
-        if crate::shutdown::is_requested(shutdown) {
+        if driver.stopping() {
             return Ok(());
         }
         let mut batch = consumer
             .fetch()
             .max_messages(config.batch_size)
-            .expires(Duration::from_millis(500))
+            .expires(FETCH_WAIT)
             .messages()
             .await
             .map_err(|e| retry(&e))?;
@@ -200,9 +213,7 @@ async fn session(
             messages.push(message.map_err(|e| retry(&e))?);
         }
         if messages.is_empty() {
-            backoff.reset(); // a whole round worked
-            *worked = true;
-            metrics.worked();
+            driver.worked(); // a whole round worked
             continue;
         }
         let mut good = Vec::with_capacity(messages.len());
@@ -268,8 +279,7 @@ async fn session(
             Err(e) => return Err(database(e)),
         };
         metrics.ingested.inc_by(stored as u64);
-        *worked = true;
-        metrics.worked();
+        driver.worked();
         crash::reached("after_commit");
         // The position is committed: now the bus may forget the batch's messages
         // (each its own ack: a consumer another instance may have shared before

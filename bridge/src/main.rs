@@ -1,20 +1,14 @@
 //! envelopes-bridge: moves committed pg_envelopes rows to message buses (egress)
-//! and envelopes from a bus into the store (ingress), without losing any.
-//!
-//! Exit codes: 0 stopped cleanly (SIGTERM/SIGINT: the batch in hand finished);
-//! 1 a failure at start (the metrics address taken, the runtime); 2 a usage
-//! error (an option, a sink or source URL the bridge does not serve); 78
-//! (EX_CONFIG) a configuration the servers refuse before the bridge ever worked
-//! (a wrong password, a missing database, role or extension, an unknown
-//! consumer, a refused AMQP login or vhost, a bad --config file); 128 + the
-//! signal's number on a second SIGTERM/SIGINT (exit at once). Never 101: no
-//! failed write to stdout or stderr panics.
+//! and envelopes from a bus into the store (ingress), without losing any. This
+//! file declares the modules, starts the runtime and runs the subcommand the
+//! command line names; the exit codes are in [`exit`].
 
 mod cli;
 mod config;
 mod crash;
 mod db;
 mod egress;
+mod exit;
 mod ingress;
 mod lease;
 mod logging;
@@ -22,6 +16,7 @@ mod message;
 mod metrics;
 mod nats;
 mod redact;
+mod register;
 mod retry;
 mod shutdown;
 mod sink;
@@ -35,11 +30,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A failure at start.
-pub const EXIT_FAILURE: i32 = 1;
-/// A configuration the servers refuse (sysexits.h's EX_CONFIG): restarting does
-/// not help; a service manager should not (`RestartPreventExitStatus=78`).
-pub const EXIT_CONFIG: i32 = 78;
+/// How long the runtime waits, at exit, for tasks still waiting on a bus or the
+/// database; they are not waited for longer.
+const RUNTIME_SHUTDOWN_WAIT: Duration = Duration::from_millis(100);
 
 fn main() -> ExitCode {
     // The configuration file goes into the environment before anything else
@@ -48,7 +41,7 @@ fn main() -> ExitCode {
         Ok(args) => args,
         Err(e) => {
             logging::err(format!("envelopes-bridge: {e}"));
-            return ExitCode::from(EXIT_CONFIG as u8);
+            return ExitCode::from(exit::CONFIG as u8);
         }
     };
     let cli = Cli::parse_from(args);
@@ -60,12 +53,11 @@ fn main() -> ExitCode {
         Ok(r) => r,
         Err(e) => {
             logging::err(format!("envelopes-bridge: cannot start the runtime: {e}"));
-            return ExitCode::from(EXIT_FAILURE as u8);
+            return ExitCode::from(exit::FAILURE as u8);
         }
     };
     let code = runtime.block_on(run(cli.command));
-    // Tasks still waiting on a bus or the database are not waited for.
-    runtime.shutdown_timeout(Duration::from_millis(100));
+    runtime.shutdown_timeout(RUNTIME_SHUTDOWN_WAIT);
     ExitCode::from(code as u8)
 }
 
@@ -77,20 +69,20 @@ async fn run(command: Command) -> i32 {
             if let Err(code) = serve_metrics(args.service.metrics_addr, &metrics).await {
                 return code;
             }
-            tracing::info!(database = %redact::url(&args.database.database_url), sink = %args.sink,
+            tracing::info!(database = %redact::url(&args.database.database_url), sink = %args.sink.sink,
                            consumer = %args.name, "starting egress");
+            let args = *args;
             let config = egress::EgressConfig {
-                database_url: args.database.database_url.clone(),
-                sink_options: args.sink_options(),
-                name: args.name.clone(),
+                database_url: args.database.database_url,
+                name: args.name,
                 register: args.register,
-                sink: args.sink.clone(),
+                sink: args.sink,
                 batch_size: args.batch_size,
                 batch_bytes: args.batch_bytes,
                 poll_interval: Duration::from_millis(args.poll_interval_ms.max(1)),
-                channel: args.channel.clone(),
+                channel: args.channel,
                 dead_letter_after: args.dead_letter_after,
-                outbox_scope: args.outbox_scope.clone(),
+                outbox_scope: args.outbox_scope,
                 lag_every_round: args.lag_every_round,
             };
             finish(egress::run(config, metrics, shutdown::on_signal()).await)
@@ -123,27 +115,27 @@ async fn run(command: Command) -> i32 {
             // config::apply replaced `run` by the file's command; reaching this
             // means there was none.
             logging::err("envelopes-bridge run: --config FILE with a `command` key is needed");
-            EXIT_CONFIG
+            exit::CONFIG
         }
-        Command::Register(args) => match status::register(args).await {
+        Command::Register(args) => match register::run(args).await {
             Ok(()) => 0,
             Err(e) => {
                 logging::err(format!("envelopes-bridge register: {e}"));
-                EXIT_FAILURE
+                exit::FAILURE
             }
         },
         Command::Watch(args) => match watch::run(args).await {
             Ok(()) => 0,
             Err(e) => {
                 logging::err(format!("envelopes-bridge watch: {e}"));
-                EXIT_FAILURE
+                exit::FAILURE
             }
         },
         Command::Status(args) => match status::run(args).await {
             Ok(()) => 0,
             Err(e) => {
                 logging::err(format!("envelopes-bridge status: {e}"));
-                EXIT_FAILURE
+                exit::FAILURE
             }
         },
     }
@@ -156,7 +148,7 @@ async fn serve_metrics(
     if let Some(addr) = addr {
         if let Err(e) = metrics::serve(addr, metrics.clone()).await {
             tracing::error!(error = %e, %addr, "cannot serve metrics");
-            return Err(EXIT_FAILURE);
+            return Err(exit::FAILURE);
         }
     }
     Ok(())
@@ -173,7 +165,7 @@ fn finish(result: Result<(), retry::Fatal>) -> i32 {
                 "envelopes-bridge: {} ({})",
                 fatal.message, fatal.hint
             ));
-            EXIT_CONFIG
+            exit::CONFIG
         }
     }
 }

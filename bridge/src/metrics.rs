@@ -42,6 +42,10 @@ pub struct Metrics {
     ready_after: Duration,
 }
 
+/// How long `status` waits for another bridge's metrics: to connect, and to
+/// read the answer.
+const SCRAPE_TIMEOUT: Duration = Duration::from_secs(3);
+
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -185,13 +189,10 @@ impl Metrics {
         self.refused.get_or_create(&KindLabel { kind }).inc();
     }
 
-    /// Counts a database error of this class.
-    pub fn error(&self, class: crate::retry::Class) {
-        self.errors
-            .get_or_create(&KindLabel {
-                kind: class.label(),
-            })
-            .inc();
+    /// Counts an error of this kind (`transient` or `permanent`, see
+    /// `retry::Class::label`).
+    pub fn error(&self, kind: &'static str) {
+        self.errors.get_or_create(&KindLabel { kind }).inc();
     }
 
     pub fn published(&self, batch: &[Message]) {
@@ -265,19 +266,16 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<(
 /// Reads the metrics another bridge serves (for `envelopes-bridge status`).
 pub async fn scrape(addr: SocketAddr) -> std::io::Result<String> {
     let connect = tokio::net::TcpStream::connect(addr);
-    let mut stream = tokio::time::timeout(std::time::Duration::from_secs(3), connect)
+    let mut stream = tokio::time::timeout(SCRAPE_TIMEOUT, connect)
         .await
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
     stream
         .write_all(b"GET /metrics HTTP/1.1\r\nHost: bridge\r\nConnection: close\r\n\r\n")
         .await?;
     let mut response = Vec::new();
-    tokio::time::timeout(
-        std::time::Duration::from_secs(3),
-        stream.read_to_end(&mut response),
-    )
-    .await
-    .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "read timed out"))??;
+    tokio::time::timeout(SCRAPE_TIMEOUT, stream.read_to_end(&mut response))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "read timed out"))??;
     let text = String::from_utf8_lossy(&response);
     Ok(text
         .split_once("\r\n\r\n")

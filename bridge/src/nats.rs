@@ -1,7 +1,47 @@
-//! The NATS connection shared by egress (the JetStream sink) and ingress (the
-//! JetStream source): authentication and connect options in one place.
+//! The NATS connection shared by egress (the JetStream sink), ingress (the
+//! JetStream source) and `watch`: its authentication options and its connect in
+//! one place.
 
+use clap::Args;
+use std::path::PathBuf;
 use std::time::Duration;
+
+/// How long connecting to a NATS server may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a request (a JetStream API call, a publish's acknowledgement) may
+/// wait for its answer.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Args)]
+#[command(next_help_heading = "NATS authentication")]
+pub struct NatsAuthArgs {
+    /// NATS user (with --nats-password).
+    #[arg(long, env = "ENVELOPES_NATS_USER")]
+    pub nats_user: Option<String>,
+    /// NATS password.
+    #[arg(long, env = "ENVELOPES_NATS_PASSWORD", hide_env_values = true)]
+    pub nats_password: Option<String>,
+    /// NATS token.
+    #[arg(long, env = "ENVELOPES_NATS_TOKEN", hide_env_values = true)]
+    pub nats_token: Option<String>,
+    /// NATS credentials file (.creds).
+    #[arg(long, env = "ENVELOPES_NATS_CREDS")]
+    pub nats_creds: Option<PathBuf>,
+}
+
+impl NatsAuthArgs {
+    pub fn auth(&self) -> NatsAuth {
+        if let Some(path) = &self.nats_creds {
+            NatsAuth::CredsFile(path.clone())
+        } else if let Some(token) = &self.nats_token {
+            NatsAuth::Token(token.clone())
+        } else if let Some(user) = &self.nats_user {
+            NatsAuth::UserPassword(user.clone(), self.nats_password.clone().unwrap_or_default())
+        } else {
+            NatsAuth::None
+        }
+    }
+}
 
 /// How the bridge authenticates to NATS.
 #[derive(Clone, Default)]
@@ -10,7 +50,7 @@ pub enum NatsAuth {
     None,
     UserPassword(String, String),
     Token(String),
-    CredsFile(std::path::PathBuf),
+    CredsFile(PathBuf),
 }
 
 impl std::fmt::Debug for NatsAuth {
@@ -111,8 +151,8 @@ pub async fn connect_watching(
             ConnectFailure::other(format!("server address {}: {e}", crate::redact::url(url)))
         })?;
     let mut options = async_nats::ConnectOptions::new()
-        .connection_timeout(Duration::from_secs(5))
-        .request_timeout(Some(Duration::from_secs(10)))
+        .connection_timeout(CONNECT_TIMEOUT)
+        .request_timeout(Some(REQUEST_TIMEOUT))
         .event_callback(move |event| {
             let violations = violations.clone();
             async move {

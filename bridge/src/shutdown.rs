@@ -31,7 +31,7 @@ pub fn on_signal() -> watch::Receiver<bool> {
             crate::logging::err(format!(
                 "envelopes-bridge: cannot install the signal handlers: {error}"
             ));
-            std::process::exit(crate::EXIT_FAILURE);
+            std::process::exit(crate::exit::FAILURE);
         }
     };
     tokio::spawn(async move {

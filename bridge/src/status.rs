@@ -127,24 +127,3 @@ pub async fn run(args: StatusArgs) -> Result<(), String> {
     }
     Ok(())
 }
-
-/// `envelopes-bridge register NAME [--from-end]`.
-pub async fn register(args: crate::cli::RegisterArgs) -> Result<(), String> {
-    args.database.apply();
-    let db = crate::db::connect(&args.database.database_url, "envelopes-bridge register")
-        .await
-        .map_err(|e| DbFailure::from(e).to_string())?;
-    db.client
-        .execute(
-            "SELECT envelopes.consumer_register($1, $2)",
-            &[&args.name, &!args.from_end],
-        )
-        .await
-        .map_err(|e| DbFailure::new(&e).to_string())?;
-    out(format!(
-        "consumer {:?} registered (at the {} of every feed)",
-        args.name,
-        if args.from_end { "end" } else { "beginning" }
-    ));
-    Ok(())
-}

@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::kill9::Kill9;
+use common::target::{jsonl_ids, Bus, Target};
 use common::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,169 +14,42 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-fn insert(c: &mut impl postgres::GenericClient, node: i32, seq: i64) -> i64 {
-    c.query_one(
-        "SELECT envelopes.insert_gateway_envelope($1, $2, '\\x01', '\\x0203')",
-        &[&node, &seq],
-    )
-    .expect("insert")
-    .get(0)
-}
-
-fn jsonl_ids(path: &std::path::Path) -> Vec<String> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|v| v["id"].as_str().map(str::to_owned))
-        .collect()
-}
-
-fn missing<'a>(committed: &'a BTreeSet<String>, delivered: &BTreeSet<String>) -> Vec<&'a String> {
-    committed
-        .iter()
-        .filter(|id| !delivered.contains(*id))
-        .collect()
-}
-
-/// A sink the test can read back: JSONL (a file) or JetStream (a stream).
-#[derive(Clone, Copy, Debug)]
-enum Bus {
-    Jsonl,
-    JetStream,
-}
-
-struct Target {
-    bus: Bus,
-    sink: String,
-    args: Vec<String>,
-    path: std::path::PathBuf,
-    stream: String,
-}
-
-impl Target {
-    fn new(bus: Bus) -> Target {
-        let path = std::env::temp_dir().join(format!("{}.jsonl", unique("late")));
-        let stream = unique("LATE");
-        let (sink, args) = match bus {
-            Bus::Jsonl => (format!("jsonl:{}", path.display()), vec![]),
-            Bus::JetStream => (
-                nats_url(),
-                vec![
-                    "--nats-stream".into(),
-                    stream.clone(),
-                    "--subject-prefix".into(),
-                    unique("late"),
-                ],
-            ),
-        };
-        Target {
-            bus,
-            sink,
-            args,
-            path,
-            stream,
-        }
-    }
-
-    fn args(&self) -> Vec<&str> {
-        let mut a: Vec<&str> = self.args.iter().map(String::as_str).collect();
-        a.extend(["--batch-size", "20"]);
-        a
-    }
-
-    /// Dedup ids delivered so far, with repeats.
-    fn delivered(&self) -> Vec<String> {
-        match self.bus {
-            Bus::Jsonl => jsonl_ids(&self.path),
-            Bus::JetStream => {
-                let rt = tokio::runtime::Runtime::new().unwrap();
-                rt.block_on(read_stream(&nats_url(), &self.stream))
-                    .into_iter()
-                    .map(|(id, _)| id)
-                    .collect()
-            }
-        }
-    }
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-        if let Bus::JetStream = self.bus {
-            let rt = tokio::runtime::Runtime::new().unwrap();
-            rt.block_on(delete_stream(&nats_url(), &self.stream));
-        }
-    }
-}
-
 /// The retried-insert shape, over and over, while the bridge is killed with
 /// SIGKILL at random moments: seq k fails and rolls back, k+1..k+9 commit (and
 /// are forwarded), then the retried k commits. Every committed envelope reaches
 /// the bus; JetStream stores each once.
 fn late_arrivals_survive_kill_9(bus: Bus) {
-    let db = TestDb::new("late_kill");
     let target = Target::new(bus);
-    db.client()
-        .execute("SELECT envelopes.consumer_register('late')", &[])
-        .unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let writer = {
-        let conninfo = db.conninfo();
-        let stop = stop.clone();
-        thread::spawn(move || {
-            let mut c = postgres::Client::connect(&conninfo, postgres::NoTls).unwrap();
-            let mut base = 1i64;
-            while !stop.load(Ordering::Relaxed) || base < 200 {
-                {
-                    let mut tx = c.transaction().unwrap();
-                    insert(&mut tx, 7, base);
-                    tx.rollback().unwrap();
-                }
-                for seq in base + 1..base + 10 {
-                    insert(&mut c, 7, seq);
-                    thread::sleep(Duration::from_millis(3));
-                }
-                thread::sleep(Duration::from_millis(30)); // let the bridge forward them
-                assert_eq!(insert(&mut c, 7, base), 1); // the retry lands late
-                base += 10;
-            }
-        })
-    };
-    let mut rng = fastrand::Rng::with_seed(7);
-    for _ in 0..8 {
-        let mut bridge = Bridge::egress(&db, "late", &target.sink, &target.args(), &[]);
-        thread::sleep(Duration::from_millis(rng.u64(150..700)));
-        bridge.kill9();
+    let outcome = Kill9 {
+        label: "late_kill",
+        consumer: "late",
+        node: 7,
+        with_outbox: false,
+        until: 200,
+        pause: Duration::from_millis(30),
+        kills: 8,
+        seed: 7,
+        lifetime_ms: 150..700,
+        drain: Duration::from_secs(60),
+        settle: Duration::ZERO,
     }
-    stop.store(true, Ordering::Relaxed);
-    writer.join().unwrap();
-    let mut bridge = Bridge::egress(&db, "late", &target.sink, &target.args(), &[]);
-    wait_until("the backlog to drain", Duration::from_secs(60), || {
-        lag(&db, "late") == 0
-    });
-    bridge.terminate();
-
-    let committed = committed_ids(&db);
-    let delivered = target.delivered();
-    let delivered_set: BTreeSet<String> = delivered.iter().cloned().collect();
-    let lost = missing(&committed, &delivered_set);
+    .run(&target);
+    let lost = outcome.lost();
     assert!(
         lost.is_empty(),
         "{bus:?}: {} of {} lost: {lost:?}",
         lost.len(),
-        committed.len()
+        outcome.committed.len()
     );
     assert!(
-        db.int8("SELECT count(*) FROM envelopes.late_envelopes") >= 19,
+        outcome
+            .db
+            .int8("SELECT count(*) FROM envelopes.late_envelopes")
+            >= 19,
         "the retries did not arrive late"
     );
     if let Bus::JetStream = bus {
-        assert_eq!(
-            delivered.len(),
-            delivered_set.len(),
-            "JetStream kept duplicates"
-        );
+        assert_eq!(outcome.duplicates(), 0, "JetStream kept duplicates");
     }
 }
 

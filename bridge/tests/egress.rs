@@ -10,14 +10,6 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-fn insert(c: &mut impl postgres::GenericClient, node: i32, seq: i64) {
-    c.query_one(
-        "SELECT envelopes.insert_gateway_envelope($1, $2, '\\x01', '\\x0203')",
-        &[&node, &seq],
-    )
-    .expect("insert");
-}
-
 fn publish(c: &mut impl postgres::GenericClient, subject: &str) -> i64 {
     c.query_one("SELECT envelopes.publish($1, '\\x7b7d')", &[&subject])
         .expect("publish")

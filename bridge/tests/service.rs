@@ -14,14 +14,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-fn insert(c: &mut postgres::Client, node: i32, seq: i64) {
-    c.execute(
-        "SELECT envelopes.insert_gateway_envelope($1, $2, '\\x01', '\\x0203')",
-        &[&node, &seq],
-    )
-    .expect("insert");
-}
-
 /// `count` envelopes of `node` from `first` in one statement.
 fn bulk(db: &TestDb, node: i32, first: i64, count: i64) {
     db.client()

@@ -12,188 +12,14 @@
 mod common;
 
 use common::buses::*;
+use common::kill9::Kill9;
+use common::target::{Bus, Target, WEBHOOK_SECRET};
 use common::*;
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
-
-const WEBHOOK_SECRET: &str = "conformance-secret";
-
-/// The buses of the suite.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Bus {
-    Jsonl,
-    JetStream,
-    Redis,
-    Mqtt,
-    Amqp,
-    Webhook,
-}
-
-/// A sink under test and a way to read back what reached it.
-struct Target {
-    bus: Bus,
-    sink: String,
-    args: Vec<String>,
-    path: std::path::PathBuf,
-    name: String,
-    receiver: Option<Receiver>,
-    mqtt_ids: Arc<Mutex<Vec<String>>>,
-    runtime: tokio::runtime::Runtime,
-    amqp: Option<(lapin::Connection, lapin::Channel)>,
-}
-
-impl Target {
-    fn new(bus: Bus) -> Target {
-        let name = unique("conf");
-        let path = std::env::temp_dir().join(format!("{name}.jsonl"));
-        let runtime = tokio::runtime::Runtime::new().unwrap();
-        let mut target = Target {
-            bus,
-            sink: String::new(),
-            args: vec!["--subject-prefix".into(), name.clone()],
-            path,
-            name,
-            receiver: None,
-            mqtt_ids: Arc::new(Mutex::new(Vec::new())),
-            runtime,
-            amqp: None,
-        };
-        match bus {
-            Bus::Jsonl => target.sink = format!("jsonl:{}", target.path.display()),
-            Bus::JetStream => {
-                target.sink = nats_url();
-                target
-                    .args
-                    .extend(["--nats-stream".into(), target.name.to_uppercase()]);
-            }
-            Bus::Redis => {
-                target.sink = redis_url();
-                target
-                    .args
-                    .extend(["--redis-stream".into(), target.name.clone()]);
-            }
-            Bus::Mqtt => {
-                target.sink = mqtt_url();
-                target.subscribe_mqtt();
-            }
-            Bus::Amqp => {
-                target.sink = amqp_url();
-                target
-                    .args
-                    .extend(["--amqp-exchange".into(), target.name.clone()]);
-                target.bind_amqp_queue();
-            }
-            Bus::Webhook => {
-                let receiver = Receiver::start();
-                target.sink = receiver.url();
-                target.receiver = Some(receiver);
-                target
-                    .args
-                    .extend(["--webhook-secret".into(), WEBHOOK_SECRET.into()]);
-            }
-        }
-        target
-    }
-
-    fn args(&self) -> Vec<&str> {
-        let mut a: Vec<&str> = self.args.iter().map(String::as_str).collect();
-        a.extend(["--batch-size", "20"]);
-        a
-    }
-
-    /// An MQTT subscription to PREFIX/# at QoS 1, made before the bridge publishes
-    /// (the broker keeps nothing for a subscriber that was not there).
-    fn subscribe_mqtt(&mut self) {
-        self.mqtt_ids = mqtt_subscribe(&mqtt_url(), &self.name, false);
-    }
-
-    /// A queue bound to the exchange for every routing key under the prefix,
-    /// declared before the bridge publishes.
-    fn bind_amqp_queue(&mut self) {
-        let (url, name) = (amqp_url(), self.name.clone());
-        let (connection, channel) = self.runtime.block_on(async move {
-            let (connection, channel) = connect_amqp(&url).await;
-            declare_bound_queue(&channel, &name).await;
-            (connection, channel)
-        });
-        self.amqp = Some((connection, channel));
-    }
-
-    /// Dedup ids delivered so far, with repeats, read with the bus's own client.
-    fn delivered(&self) -> Vec<String> {
-        match self.bus {
-            Bus::Jsonl => std::fs::read_to_string(&self.path)
-                .unwrap_or_default()
-                .lines()
-                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-                .filter_map(|v| v["id"].as_str().map(str::to_owned))
-                .collect(),
-            Bus::JetStream => self
-                .runtime
-                .block_on(read_stream(&nats_url(), &self.name.to_uppercase()))
-                .into_iter()
-                .map(|(id, _)| id)
-                .collect(),
-            Bus::Redis => redis_ids(&self.runtime, &redis_url(), &self.name),
-            Bus::Mqtt => self.mqtt_ids.lock().unwrap().clone(),
-            Bus::Amqp => {
-                let (_, channel) = self.amqp.as_ref().unwrap();
-                self.runtime.block_on(take_ids(channel, &self.name))
-            }
-            Bus::Webhook => self.receiver.as_ref().unwrap().acknowledged_ids(),
-        }
-    }
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-        match self.bus {
-            Bus::JetStream => {
-                let stream = self.name.to_uppercase();
-                self.runtime.block_on(delete_stream(&nats_url(), &stream));
-            }
-            Bus::Redis => {
-                if let Ok(client) = redis::Client::open(redis_url()) {
-                    let key = self.name.clone();
-                    self.runtime.block_on(async move {
-                        if let Ok(mut c) = client.get_multiplexed_async_connection().await {
-                            let _: Result<i64, _> =
-                                redis::cmd("DEL").arg(&key).query_async(&mut c).await;
-                        }
-                    });
-                }
-            }
-            Bus::Amqp => {
-                if let Some((_, channel)) = self.amqp.take() {
-                    let name = self.name.clone();
-                    self.runtime.block_on(async move {
-                        use lapin::options::*;
-                        let _ = channel
-                            .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
-                            .await;
-                        let _ = channel
-                            .exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default())
-                            .await;
-                    });
-                }
-            }
-            _ => {}
-        }
-    }
-}
-
-fn insert(c: &mut impl postgres::GenericClient, node: i32, seq: i64) -> i64 {
-    c.query_one(
-        "SELECT envelopes.insert_gateway_envelope($1, $2, '\\x01', '\\x0203')",
-        &[&node, &seq],
-    )
-    .expect("insert")
-    .get(0)
-}
 
 /// Envelopes (each tenth arriving late) and outbox rows in the same transactions
 /// are written while the bridge is killed with SIGKILL at random moments; then a
@@ -201,59 +27,23 @@ fn insert(c: &mut impl postgres::GenericClient, node: i32, seq: i64) -> i64 {
 /// dedup id; JetStream (which deduplicates) holds each once; the others hold at
 /// most the unconfirmed batches twice.
 fn survives_kill_9(bus: Bus) {
-    let db = TestDb::new("conformance");
     let target = Target::new(bus);
-    db.client()
-        .execute("SELECT envelopes.consumer_register('conf')", &[])
-        .unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let writer = {
-        let conninfo = db.conninfo();
-        let stop = stop.clone();
-        thread::spawn(move || {
-            let mut c = postgres::Client::connect(&conninfo, postgres::NoTls).unwrap();
-            let mut base = 1i64;
-            while !stop.load(Ordering::Relaxed) || base < 150 {
-                {
-                    let mut tx = c.transaction().unwrap();
-                    insert(&mut tx, 3, base);
-                    tx.rollback().unwrap();
-                }
-                for seq in base + 1..base + 10 {
-                    let mut tx = c.transaction().unwrap();
-                    insert(&mut tx, 3, seq);
-                    tx.execute("SELECT envelopes.publish('conf.created', '\\x01')", &[])
-                        .unwrap();
-                    tx.commit().unwrap();
-                    thread::sleep(Duration::from_millis(3));
-                }
-                thread::sleep(Duration::from_millis(20));
-                assert_eq!(insert(&mut c, 3, base), 1); // arrives late
-                base += 10;
-            }
-        })
-    };
-    let mut rng = fastrand::Rng::with_seed(17);
     let kills = 6;
-    for _ in 0..kills {
-        let mut bridge = Bridge::egress(&db, "conf", &target.sink, &target.args(), &[]);
-        thread::sleep(Duration::from_millis(rng.u64(200..800)));
-        bridge.kill9();
+    let outcome = Kill9 {
+        label: "conformance",
+        consumer: "conf",
+        node: 3,
+        with_outbox: true,
+        until: 150,
+        pause: Duration::from_millis(20),
+        kills,
+        seed: 17,
+        lifetime_ms: 200..800,
+        drain: Duration::from_secs(90),
+        settle: Duration::from_millis(500),
     }
-    stop.store(true, Ordering::Relaxed);
-    writer.join().unwrap();
-    let mut bridge = Bridge::egress(&db, "conf", &target.sink, &target.args(), &[]);
-    wait_until("the backlog to drain", Duration::from_secs(90), || {
-        lag(&db, "conf") == 0
-    });
-    // What the last batch published reaches a subscriber a moment later.
-    thread::sleep(Duration::from_millis(500));
-    bridge.terminate();
-
-    let committed = committed_ids(&db);
-    let delivered = target.delivered();
-    let set: BTreeSet<String> = delivered.iter().cloned().collect();
-    let lost: Vec<&String> = committed.iter().filter(|id| !set.contains(*id)).collect();
+    .run(&target);
+    let (committed, lost) = (&outcome.committed, outcome.lost());
     assert!(
         lost.is_empty(),
         "{bus:?}: {} of {} committed rows lost: {:?}",
@@ -262,7 +52,7 @@ fn survives_kill_9(bus: Bus) {
         &lost[..lost.len().min(20)]
     );
     assert!(committed.len() > 250, "{bus:?}: too little was written");
-    let duplicates = delivered.len() - set.len();
+    let duplicates = outcome.duplicates();
     if bus == Bus::JetStream {
         assert_eq!(duplicates, 0, "JetStream kept duplicates");
     } else {

@@ -23,18 +23,29 @@
 //! up to 8192; when a connection attempt fails and the URL sets no `frame_max`,
 //! it is tried again at once asking for 4096, which every broker takes.
 
-use super::{subject, SinkError, SinkOptions};
+use super::error::SinkError;
+use super::wire::Wire;
 use crate::message::Message;
+use clap::Args;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::uri::AMQPUri;
 use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties, ExchangeKind};
 
+/// The RabbitMQ sink's own options.
+#[derive(Args)]
+#[command(next_help_heading = "RabbitMQ sink")]
+pub struct AmqpArgs {
+    /// AMQP topic exchange the messages are published to (declared durable if
+    /// missing); the routing keys are the NATS subjects.
+    #[arg(long, env = "ENVELOPES_AMQP_EXCHANGE", default_value = "envelopes")]
+    pub amqp_exchange: String,
+}
+
 pub struct Amqp {
     url: String,
     exchange: ShortString,
-    prefix: String,
-    format: super::PayloadFormat,
+    wire: Wire,
     session: Option<Session>,
     /// The broker's `max_message_size`, once a refusal named it.
     max_message_size: Option<usize>,
@@ -102,8 +113,8 @@ struct Session {
 const SINK: &str = "amqp";
 
 impl Amqp {
-    pub async fn connect(url: &str, options: &SinkOptions) -> Result<Amqp, SinkError> {
-        let exchange = ShortString::try_new(options.amqp_exchange.clone()).map_err(|_| {
+    pub async fn connect(url: &str, args: &AmqpArgs, wire: &Wire) -> Result<Amqp, SinkError> {
+        let exchange = ShortString::try_new(args.amqp_exchange.clone()).map_err(|_| {
             SinkError::permanent(
                 SINK,
                 "the exchange name is longer than AMQP's 255-byte limit",
@@ -112,8 +123,7 @@ impl Amqp {
         let mut amqp = Amqp {
             url: url.to_owned(),
             exchange,
-            prefix: options.subject_prefix.clone(),
-            format: options.format,
+            wire: wire.clone(),
             session: None,
             max_message_size: None,
         };
@@ -230,7 +240,7 @@ impl Amqp {
 
     async fn try_publish(&mut self, batch: &[Message]) -> Result<(), Failed> {
         let exchange = self.exchange.clone();
-        let prefix = self.prefix.clone();
+        let wire = self.wire.clone();
         let max_message_size = self.max_message_size;
         // What the broker would refuse is found before sending: the batch goes up
         // to that message, and the refusal is reported after the rest is confirmed.
@@ -238,8 +248,8 @@ impl Amqp {
         let mut prepared = Vec::with_capacity(batch.len());
         for (index, message) in batch.iter().enumerate() {
             let id = message.dedup_id();
-            let (key, whole_key) = routing_key(subject(&prefix, '.', message));
-            let payload = self.format.encode(message);
+            let (key, whole_key) = routing_key(wire.subject('.', message));
+            let payload = wire.format.encode(message);
             let refusal = if id.len() > 255 {
                 Some((
                     "MESSAGE_ID_TOO_LONG",
@@ -272,7 +282,7 @@ impl Amqp {
             };
             prepared.push((message, key, id, payload, whole_key));
         }
-        let content_type = self.format.content_type();
+        let content_type = wire.format.content_type();
         let session = self.session().await?;
         let error = |e: lapin::Error| SinkError::new(SINK, e);
         // Every message of the batch is handed to the connection before any is

@@ -1,7 +1,7 @@
 //! The human-facing sinks: one JSON object a line, to stdout or appended to a file.
 //! Written and flushed (the file also synced) before the batch counts as delivered.
 
-use super::SinkError;
+use super::error::SinkError;
 use crate::message::Message;
 use std::path::Path;
 use tokio::fs::{File, OpenOptions};

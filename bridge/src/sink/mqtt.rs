@@ -17,8 +17,11 @@
 //! - a topic with a wildcard, and a message larger than the maximum packet size
 //!   the broker announced in its CONNACK (if it did), found before sending.
 
-use super::{mqtt_topic_problem, subject, SinkError, SinkOptions};
+use super::error::SinkError;
+use super::subject::mqtt_topic_problem;
+use super::wire::Wire;
 use crate::message::Message;
+use clap::Args;
 use rumqttc::v5::mqttbytes::v5::{Packet, PubAckReason, PublishProperties};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::{
@@ -31,12 +34,35 @@ use tokio::sync::{mpsc, watch};
 
 const SINK: &str = "mqtt";
 
+/// The MQTT sink's own options.
+#[derive(Args)]
+#[command(next_help_heading = "MQTT sink")]
+pub struct MqttArgs {
+    /// MQTT client id (default: envelopes-bridge-NAME).
+    #[arg(long, env = "ENVELOPES_MQTT_CLIENT_ID")]
+    pub mqtt_client_id: Option<String>,
+}
+
+impl MqttArgs {
+    /// The client id: the one given, or one named after the consumer.
+    pub fn client_id(&self, consumer: &str) -> String {
+        self.mqtt_client_id
+            .clone()
+            .unwrap_or_else(|| format!("envelopes-bridge-{consumer}"))
+    }
+}
+
 /// How long a connection attempt may take until the broker's CONNACK.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the broker may take to answer every PUBLISH of a batch.
 const ACK_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pause between the event loop's attempts after a connection error.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
+/// The keep-alive interval announced to the broker (a PINGREQ after this long
+/// without traffic).
+const KEEP_ALIVE: Duration = Duration::from_secs(10);
+/// Requests (PUBLISHes) the client queues for its event loop.
+const REQUEST_QUEUE: usize = 1000;
 
 pub struct Mqtt {
     host: String,
@@ -44,8 +70,7 @@ pub struct Mqtt {
     username: Option<String>,
     password: Option<String>,
     client_id: String,
-    prefix: String,
-    format: super::PayloadFormat,
+    wire: Wire,
     session: Option<Session>,
     /// The smallest payload the broker refused as too large (0x95): larger ones
     /// are refused before sending (each 0x95 costs the connection). Learned anew
@@ -193,16 +218,16 @@ impl Mqtt {
         port: u16,
         username: Option<String>,
         password: Option<String>,
-        options: &SinkOptions,
+        client_id: String,
+        wire: &Wire,
     ) -> Result<Mqtt, SinkError> {
         let mut mqtt = Mqtt {
             host: host.to_owned(),
             port,
             username,
             password,
-            client_id: options.mqtt_client_id.clone(),
-            prefix: options.subject_prefix.clone(),
-            format: options.format,
+            client_id,
+            wire: wire.clone(),
             session: None,
             refused_size: None,
         };
@@ -212,11 +237,11 @@ impl Mqtt {
 
     async fn open(&self) -> Result<Session, SinkError> {
         let mut options = MqttOptions::new(&self.client_id, &self.host, self.port);
-        options.set_keep_alive(Duration::from_secs(10));
+        options.set_keep_alive(KEEP_ALIVE);
         if let Some(user) = &self.username {
             options.set_credentials(user.clone(), self.password.clone().unwrap_or_default());
         }
-        let (client, eventloop) = AsyncClient::new(options, 1000);
+        let (client, eventloop) = AsyncClient::new(options, REQUEST_QUEUE);
         let (outcome_tx, outcomes) = mpsc::unbounded_channel();
         let (err_tx, errors) = watch::channel(None);
         let (connected_tx, mut connected) = watch::channel(false);
@@ -271,7 +296,7 @@ impl Mqtt {
     /// Publishes on the open session; the second value says whether the
     /// connection broke meanwhile.
     async fn publish_on_session(&mut self, batch: &[Message]) -> (Result<(), SinkError>, bool) {
-        let prefix = self.prefix.clone();
+        let wire = self.wire.clone();
         let refused_size = self.refused_size;
         let Some(session) = self.session.as_mut() else {
             return (Err(SinkError::new(SINK, "not connected")), true);
@@ -282,8 +307,8 @@ impl Mqtt {
         let mut local = None;
         let mut sent = 0usize;
         for (index, message) in batch.iter().enumerate() {
-            let topic = subject(&prefix, '/', message);
-            let payload = self.format.encode(message);
+            let topic = wire.subject('/', message);
+            let payload = wire.format.encode(message);
             let id = message.dedup_id();
             if let Some(problem) = mqtt_topic_problem(&topic) {
                 local = Some(SinkError::refused(
@@ -322,7 +347,7 @@ impl Mqtt {
             sizes.push(payload.len());
             let properties = PublishProperties {
                 user_properties: vec![("id".into(), id.clone())],
-                content_type: Some(self.format.content_type().into()),
+                content_type: Some(wire.format.content_type().into()),
                 ..Default::default()
             };
             if let Ok(mut order) = session.order.lock() {

@@ -9,16 +9,34 @@
 //! user may not publish to (the server reports the permissions violation only
 //! as an asynchronous error, which the sink waits for beside the ack).
 
-use super::{nats_subject_problem, subject, SinkError, SinkOptions};
+use super::error::SinkError;
+use super::subject::nats_subject_problem;
+use super::wire::Wire;
 use crate::message::Message;
+use crate::nats::NatsAuth;
 use async_nats::jetstream::{self, message::PublishMessage};
+use clap::Args;
 use std::sync::Arc;
+
+/// The JetStream sink's own options (its authentication is NATS',
+/// [`crate::nats::NatsAuthArgs`]).
+#[derive(Args)]
+#[command(next_help_heading = "NATS JetStream sink")]
+pub struct NatsSinkArgs {
+    /// JetStream stream egress publishes into (created if missing).
+    #[arg(long, env = "ENVELOPES_NATS_STREAM", default_value = "ENVELOPES")]
+    pub nats_stream: String,
+    /// Replicas of the JetStream stream when egress creates it (3 on a
+    /// three-node cluster; an existing stream keeps its own).
+    #[arg(long, env = "ENVELOPES_NATS_REPLICAS", default_value_t = 1,
+          value_parser = clap::value_parser!(u8).range(1..=5))]
+    pub nats_replicas: u8,
+}
 
 pub struct Nats {
     client: async_nats::Client,
     jetstream: jetstream::Context,
-    prefix: String,
-    format: super::PayloadFormat,
+    wire: Wire,
     violations: Arc<crate::nats::Violations>,
 }
 
@@ -26,36 +44,39 @@ pub struct Nats {
 const STREAM_MESSAGE_EXCEEDS_MAXIMUM: u64 = 10054;
 
 impl Nats {
-    pub async fn connect(url: &str, options: &SinkOptions) -> Result<Nats, SinkError> {
+    pub async fn connect(
+        url: &str,
+        args: &NatsSinkArgs,
+        auth: &NatsAuth,
+        wire: &Wire,
+    ) -> Result<Nats, SinkError> {
         let violations = Arc::new(crate::nats::Violations::default());
-        let client =
-            crate::nats::connect_watching(url, &options.nats_auth, Some(violations.clone()))
-                .await
-                .map_err(|e| {
-                    if e.refused {
-                        SinkError::Config {
-                            sink: "nats",
-                            message: e.message,
-                        }
-                    } else {
-                        SinkError::new("nats", e)
+        let client = crate::nats::connect_watching(url, auth, Some(violations.clone()))
+            .await
+            .map_err(|e| {
+                if e.refused {
+                    SinkError::Config {
+                        sink: "nats",
+                        message: e.message,
                     }
-                })?;
+                } else {
+                    SinkError::new("nats", e)
+                }
+            })?;
         let jetstream = jetstream::new(client.clone());
         jetstream
             .get_or_create_stream(jetstream::stream::Config {
-                name: options.nats_stream.clone(),
-                subjects: vec![format!("{}.>", options.subject_prefix)],
-                num_replicas: options.nats_replicas,
+                name: args.nats_stream.clone(),
+                subjects: vec![format!("{}.>", wire.subject_prefix)],
+                num_replicas: usize::from(args.nats_replicas),
                 ..Default::default()
             })
             .await
-            .map_err(|e| SinkError::new("nats", format!("stream {}: {e}", options.nats_stream)))?;
+            .map_err(|e| SinkError::new("nats", format!("stream {}: {e}", args.nats_stream)))?;
         Ok(Nats {
             client,
             jetstream,
-            prefix: options.subject_prefix.clone(),
-            format: options.format,
+            wire: wire.clone(),
             violations,
         })
     }
@@ -88,8 +109,8 @@ impl Nats {
         let mut pending = Vec::with_capacity(batch.len());
         let mut refused = None;
         for (index, message) in batch.iter().enumerate() {
-            let subject = subject(&self.prefix, '.', message);
-            let payload = self.format.encode(message);
+            let subject = self.wire.subject('.', message);
+            let payload = self.wire.format.encode(message);
             let id = message.dedup_id();
             if let Some((code, reason)) = self.refusal(&subject, &payload, &id) {
                 refused = Some(SinkError::refused(

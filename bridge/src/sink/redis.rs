@@ -15,10 +15,21 @@
 //!   messages after a refused one were stored too and are published again: a
 //!   consumer sees them twice, under the same ids.
 
-use super::{SinkError, SinkOptions};
+use super::error::SinkError;
+use super::wire::{PayloadFormat, Wire};
 use crate::message::Message;
+use clap::Args;
 
 const SINK: &str = "redis";
+
+/// The Redis sink's own options.
+#[derive(Args)]
+#[command(next_help_heading = "Redis sink")]
+pub struct RedisArgs {
+    /// Redis stream key.
+    #[arg(long, env = "ENVELOPES_REDIS_STREAM", default_value = "envelopes")]
+    pub redis_stream: String,
+}
 
 /// Redis' own default for `proto-max-bulk-len`.
 const DEFAULT_MAX_BULK: usize = 512 * 1024 * 1024;
@@ -26,7 +37,7 @@ const DEFAULT_MAX_BULK: usize = 512 * 1024 * 1024;
 pub struct Redis {
     connection: redis::aio::MultiplexedConnection,
     stream: String,
-    format: super::PayloadFormat,
+    format: PayloadFormat,
     /// The largest bulk argument the server takes.
     max_bulk: usize,
 }
@@ -56,7 +67,7 @@ pub fn classify(code: &str) -> Reply {
 }
 
 impl Redis {
-    pub async fn connect(url: &str, options: &SinkOptions) -> Result<Redis, SinkError> {
+    pub async fn connect(url: &str, args: &RedisArgs, wire: &Wire) -> Result<Redis, SinkError> {
         let client = redis::Client::open(url).map_err(|e| SinkError::new(SINK, e))?;
         let mut connection = client
             .get_multiplexed_async_connection()
@@ -89,8 +100,8 @@ impl Redis {
         };
         Ok(Redis {
             connection,
-            stream: options.redis_stream.clone(),
-            format: options.format,
+            stream: args.redis_stream.clone(),
+            format: wire.format,
             max_bulk,
         })
     }

@@ -25,11 +25,32 @@
 //! and the start of the body, and retried at the longest backoff until someone
 //! fixes it; nothing is skipped.
 
-use super::SinkError;
+use super::error::SinkError;
 use crate::message::Message;
+use clap::Args;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use std::time::Duration;
+
+/// The webhook sink's own options.
+#[derive(Args)]
+#[command(next_help_heading = "Webhook sink")]
+pub struct WebhookArgs {
+    /// Webhook body: a JSON array of the messages, or a CBOR array.
+    #[arg(
+        long,
+        env = "ENVELOPES_WEBHOOK_FORMAT",
+        value_enum,
+        default_value = "json"
+    )]
+    pub webhook_format: WebhookFormat,
+    /// Key of the webhook's X-Envelopes-Signature header (HMAC-SHA256 of the body).
+    #[arg(long, env = "ENVELOPES_WEBHOOK_SECRET", hide_env_values = true)]
+    pub webhook_secret: Option<String>,
+    /// Webhook request timeout, in milliseconds.
+    #[arg(long, env = "ENVELOPES_WEBHOOK_TIMEOUT_MS", default_value_t = 10_000)]
+    pub webhook_timeout_ms: u64,
+}
 
 /// The body's encoding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -83,12 +104,8 @@ pub struct Webhook {
 }
 
 impl Webhook {
-    pub fn new(
-        url: &str,
-        format: WebhookFormat,
-        secret: Option<&str>,
-        timeout: Duration,
-    ) -> Result<Webhook, SinkError> {
+    pub fn new(url: &str, args: &WebhookArgs) -> Result<Webhook, SinkError> {
+        let timeout = Duration::from_millis(args.webhook_timeout_ms);
         let client = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout)
@@ -98,8 +115,8 @@ impl Webhook {
         Ok(Webhook {
             client,
             url: url.to_owned(),
-            format,
-            secret: secret.map(|s| s.as_bytes().to_vec()),
+            format: args.webhook_format,
+            secret: args.webhook_secret.as_ref().map(|s| s.as_bytes().to_vec()),
             refused_body: None,
         })
     }

@@ -1,13 +1,18 @@
-//! Harness for the bridge's end-to-end tests: a fresh database per test in the
-//! throwaway cluster started by scripts/test.sh (`ENVELOPES_TEST_PG`), the bridge
-//! binary started and killed as a real process, and the real buses
+//! The one harness of the bridge's end-to-end tests: a fresh database per test
+//! in the throwaway cluster started by scripts/test.sh (`ENVELOPES_TEST_PG`),
+//! the bridge binary started and killed as a real process, and the real buses
 //! (`ENVELOPES_TEST_NATS`, `ENVELOPES_TEST_REDIS`, `ENVELOPES_TEST_MQTT`, with the
-//! local defaults) under names unique to each run.
+//! local defaults) under names unique to each run. Beside it: the buses as
+//! their own clients see them ([`buses`]), a sink under test read back
+//! ([`target`]), the kill -9 scenario ([`kill9`]) and a private Postgres server
+//! ([`cluster`]).
 
 #![allow(dead_code)]
 
 pub mod buses;
 pub mod cluster;
+pub mod kill9;
+pub mod target;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -369,6 +374,28 @@ pub fn metric(text: &str, sample: &str) -> f64 {
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0)
+}
+
+/// Inserts envelope (`node`, `seq`) with a small topic and blob; returns what
+/// `insert_gateway_envelope` returns (1 inserted, 0 already there).
+pub fn insert(c: &mut impl postgres::GenericClient, node: i32, seq: i64) -> i64 {
+    c.query_one(
+        "SELECT envelopes.insert_gateway_envelope($1, $2, '\\x01', '\\x0203')",
+        &[&node, &seq],
+    )
+    .expect("insert")
+    .get(0)
+}
+
+/// The committed ids that were not delivered.
+pub fn missing<'a>(
+    committed: &'a BTreeSet<String>,
+    delivered: &BTreeSet<String>,
+) -> Vec<&'a String> {
+    committed
+        .iter()
+        .filter(|id| !delivered.contains(*id))
+        .collect()
 }
 
 /// Dedup ids of every committed row: "node:seq" and "outbox:id".

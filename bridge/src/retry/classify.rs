@@ -1,5 +1,6 @@
-//! When and how to try again: the backoff between attempts, and which errors are
-//! worth retrying at all.
+//! Which failures are worth retrying, and how: database errors by their
+//! SQLSTATE class, a sink's failures by what the bus said, and the cause and
+//! fix of a configuration the servers refuse.
 //!
 //! Database errors are sorted by their SQLSTATE class. Connection, transaction,
 //! resource and operator classes (08, 40, 53, 55, 57) and anything without a
@@ -8,85 +9,11 @@
 //! will fail the same way until someone changes the data, the schema or the
 //! grants. Egress retries those too, at the longest backoff, because skipping a
 //! row is never an option; ingress sets the offending message aside instead
-//! (see `ingress.rs`). Other classes are treated as transient.
+//! (see `ingress.rs`). Other classes are treated as transient. A wrong password
+//! or role, a missing database, extension or consumer is *config*.
 
+use crate::sink::SinkError;
 use std::fmt;
-use std::time::Duration;
-use tokio::sync::watch;
-
-/// The first delay.
-pub const FIRST_DELAY: Duration = Duration::from_millis(100);
-/// The longest delay, also the pace at which permanent errors are retried.
-pub const LONGEST_DELAY: Duration = Duration::from_secs(5);
-
-/// The first delay before the bridge tries a row its bus refused once more (the
-/// row is set aside meanwhile: nothing else waits for it).
-pub const FIRST_REFUSAL_DELAY: Duration = Duration::from_millis(250);
-/// The longest delay between two attempts of a refused row.
-pub const LONGEST_REFUSAL_DELAY: Duration = Duration::from_secs(5);
-
-/// How long after its `attempts`-th refusal (1 for the first) a refused row is
-/// tried again: 250 ms doubling up to 5 s, with jitter.
-pub fn refusal_delay(attempts: u32) -> Duration {
-    let doublings = attempts.saturating_sub(1).min(16);
-    jittered((FIRST_REFUSAL_DELAY * 2u32.pow(doublings)).min(LONGEST_REFUSAL_DELAY))
-}
-
-/// `delay` scaled by a random factor in [0.8, 1.2), so that bridges (or rows)
-/// that failed together do not all try again at the same instant.
-pub fn jittered(delay: Duration) -> Duration {
-    delay.mul_f64(0.8 + 0.4 * fastrand::f64())
-}
-
-/// Exponential backoff between retries: 100 ms doubling up to 5 s, each sleep
-/// jittered by ±20% ([`jittered`]). It goes back
-/// to the first delay only when the caller says an attempt *succeeded*
-/// ([`Backoff::reset`]), not when a connection merely opened: a bridge whose
-/// every session fails right after connecting keeps backing off.
-#[derive(Default)]
-pub struct Backoff {
-    next: Duration,
-}
-
-impl Backoff {
-    pub fn new() -> Backoff {
-        Backoff::default()
-    }
-
-    pub fn reset(&mut self) {
-        self.next = Duration::ZERO;
-    }
-
-    /// The delay the next [`Backoff::wait`] will sleep.
-    pub fn peek(&self) -> Duration {
-        self.next.max(FIRST_DELAY)
-    }
-
-    /// Sleeps for the next delay; returns true if shutdown was requested meanwhile.
-    pub async fn wait(&mut self, shutdown: &mut watch::Receiver<bool>) -> bool {
-        let delay = self.peek();
-        self.next = (delay * 2).min(LONGEST_DELAY);
-        crate::shutdown::sleep(jittered(delay), shutdown).await
-    }
-
-    /// Sleeps for the next delay, or for `floor` if that is longer (a bus's own
-    /// `Retry-After`); returns true if shutdown was requested meanwhile.
-    pub async fn wait_at_least(
-        &mut self,
-        floor: Duration,
-        shutdown: &mut watch::Receiver<bool>,
-    ) -> bool {
-        let delay = jittered(self.peek()).max(floor);
-        self.next = (self.peek() * 2).min(LONGEST_DELAY);
-        crate::shutdown::sleep(delay, shutdown).await
-    }
-
-    /// Sleeps the longest delay (and stays there); for permanent errors.
-    pub async fn wait_longest(&mut self, shutdown: &mut watch::Receiver<bool>) -> bool {
-        self.next = LONGEST_DELAY;
-        crate::shutdown::sleep(jittered(LONGEST_DELAY), shutdown).await
-    }
-}
 
 /// Whether an error is worth retrying as it is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,6 +41,34 @@ impl Class {
         }
     }
 
+    /// How a sink's failure to connect is retried: a bus that refuses the
+    /// bridge's configuration (credentials, virtual host) is [`Class::Config`];
+    /// anything else, however the sink calls it, is the bus being unavailable.
+    pub fn of_sink_connect(error: &SinkError) -> Class {
+        match error {
+            SinkError::Config { .. } => Class::Config,
+            _ => Class::Transient,
+        }
+    }
+
+    /// How a failed publish of a whole batch is retried: a request the bus
+    /// refuses as such (an HTTP 4xx), or a bus that refuses the bridge after it
+    /// had connected (which cannot be told from an outage this late, so it never
+    /// ends the bridge), is [`Class::Permanent`]; an outage is transient. (A
+    /// refusal of one message, or of the request as too large, is no failure of
+    /// the batch: the caller sets the message aside, or sends the batch in
+    /// halves.)
+    pub fn of_sink_publish(error: &SinkError) -> Class {
+        match error {
+            SinkError::Unavailable {
+                permanent: true, ..
+            }
+            | SinkError::Config { .. } => Class::Permanent,
+            _ => Class::Transient,
+        }
+    }
+
+    /// The `kind` label of `errors_total`.
     pub fn label(self) -> &'static str {
         match self {
             Class::Transient => "transient",
@@ -124,13 +79,23 @@ impl Class {
 
 /// A configuration the servers refuse, found before the bridge ever worked:
 /// the process ends (exit 78) with the cause and what to do about it.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Fatal {
     pub message: String,
     pub hint: String,
+    /// The SQLSTATE, when the database refused.
+    pub sqlstate: Option<String>,
 }
 
 impl Fatal {
+    pub fn new(message: impl ToString, hint: impl ToString) -> Fatal {
+        Fatal {
+            message: message.to_string(),
+            hint: hint.to_string(),
+            sqlstate: None,
+        }
+    }
+
     /// For a database failure of class [`Class::Config`].
     pub fn database(error: &DbFailure) -> Fatal {
         let hint = match error.sqlstate.as_deref() {
@@ -151,6 +116,7 @@ impl Fatal {
         Fatal {
             message: error.to_string(),
             hint: hint.to_owned(),
+            sqlstate: error.sqlstate.clone(),
         }
     }
 }
@@ -243,29 +209,19 @@ mod tests {
         assert_eq!(Class::of_sqlstate(None), Class::Transient);
     }
 
-    #[tokio::test]
-    async fn backoff_grows_and_only_a_success_resets_it() {
-        let (_tx, mut rx) = watch::channel(false);
-        let mut b = Backoff::new();
-        assert_eq!(b.peek(), FIRST_DELAY);
-        b.wait(&mut rx).await;
-        b.wait(&mut rx).await;
-        assert_eq!(b.peek(), FIRST_DELAY * 4);
-        b.reset();
-        assert_eq!(b.peek(), FIRST_DELAY);
-        b.next = LONGEST_DELAY;
-        assert_eq!(b.peek(), LONGEST_DELAY);
-    }
-
     #[test]
-    fn refused_rows_are_tried_again_soon_and_then_at_most_every_five_seconds() {
-        for _ in 0..100 {
-            let first = refusal_delay(1);
-            assert!(first >= Duration::from_millis(200) && first < Duration::from_millis(300));
-            let third = refusal_delay(3);
-            assert!(third >= Duration::from_millis(800) && third < Duration::from_millis(1200));
-            assert!(refusal_delay(50) < Duration::from_secs(6));
-            assert!(refusal_delay(u32::MAX) < Duration::from_secs(6));
-        }
+    fn sink_failures_are_sorted_by_what_the_bus_said() {
+        let config = SinkError::Config {
+            sink: "amqp",
+            message: "ACCESS_REFUSED".into(),
+        };
+        let permanent = SinkError::permanent("webhook", "HTTP 400");
+        let outage = SinkError::new("nats", "connection refused");
+        assert_eq!(Class::of_sink_connect(&config), Class::Config);
+        assert_eq!(Class::of_sink_connect(&permanent), Class::Transient);
+        assert_eq!(Class::of_sink_connect(&outage), Class::Transient);
+        assert_eq!(Class::of_sink_publish(&config), Class::Permanent);
+        assert_eq!(Class::of_sink_publish(&permanent), Class::Permanent);
+        assert_eq!(Class::of_sink_publish(&outage), Class::Transient);
     }
 }
