@@ -20,8 +20,8 @@ use crate::feed::clock;
 use crate::feed::markers::{Drawn, MarkerError};
 use crate::feed::{Gate, Sample};
 use crate::partition::{self, PartitionError};
+use crate::pg::scan::{Range, Scan};
 use crate::read::{self, Blobs, EnvelopeRow, Flow};
-use crate::scan::{Range, Scan};
 use pgrx::datum::{DatumWithOid, JsonB, TimestampWithTimeZone};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -469,9 +469,9 @@ fn envelope_batch(
     batch_bytes: Option<i64>,
 ) -> Result<Vec<BatchRow>, ConsumerError> {
     let (consumer, mut budget) = check_batch_args(consumer, batch_size, batch_bytes)?;
-    // SAFETY: plain call into the invalidation machinery: the originator list and
-    // partition cache then reflect every partition attached so far.
-    unsafe { pg_sys::AcceptInvalidationMessages() };
+    // The originator list and partition cache then reflect every partition
+    // attached so far.
+    crate::pg::invalidation::accept();
     let sample = Sample::take()?;
     let nodes = partition::originators()?;
     with_consumer(consumer, Access::Act, |known| {
@@ -599,7 +599,7 @@ fn read_in_order(
     node: i32,
     after: i64,
     gate: &Gate,
-    before: &crate::feed::snapshot::Fresh,
+    before: &crate::pg::snapshot::Fresh,
     budget: &mut Budget,
     out: &mut Vec<BatchRow>,
 ) -> Result<Pass, ConsumerError> {
@@ -749,8 +749,8 @@ fn envelopes_pending(
     consumer: Option<&str>,
 ) -> Result<(i64, Option<TimestampWithTimeZone>), ConsumerError> {
     let consumer = consumer.ok_or(ConsumerError::Null("consumer"))?;
-    // SAFETY: plain call into the invalidation machinery, as for a batch.
-    unsafe { pg_sys::AcceptInvalidationMessages() };
+    // As for a batch.
+    crate::pg::invalidation::accept();
     let sample = Sample::take()?;
     let nodes = partition::originators()?;
     with_consumer(consumer, Access::Look, |known| {
@@ -1003,7 +1003,7 @@ fn envelope_ack(
         return Ok(0);
     }
     // Count what the acknowledgement covers, for the delivery log.
-    let snapshot = crate::feed::snapshot::Latest::take();
+    let snapshot = crate::pg::snapshot::Latest::take();
     let mut acked = Acknowledged::default();
     for &(node, old, new) in &moved {
         read::originator_rows(node, old, new, snapshot.as_ptr(), Blobs::None, |row| {

@@ -21,7 +21,7 @@
 //! session-level heavyweight locks: nothing here outlives the session.
 
 use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
-use crate::locks;
+use crate::pg::locks;
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::prelude::*;

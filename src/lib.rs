@@ -10,26 +10,21 @@
 use pgrx::prelude::*;
 
 mod consumer;
-mod definer;
 mod error;
-mod executor;
 mod feed;
 mod gucs;
 mod insert;
 mod lease;
-mod locks;
 mod lookup;
 mod outbox;
 mod partition;
+mod pg;
 mod read;
-mod scan;
+mod results;
 mod select;
 mod shapes;
-mod srf;
 #[cfg(any(test, feature = "pg_test"))]
 mod testing;
-mod tuple;
-mod xact;
 
 ::pgrx::pg_module_magic!(name, version);
 

@@ -21,17 +21,18 @@
 //!   `originator_envelope` from such a role;
 //! - **row-level security**: where it applies to blob for the role the lookup
 //!   reads as (`check_enable_rls`), the lookup is a query through the executor
-//!   as that role ([`crate::executor`]), which applies the policies; otherwise
+//!   as that role ([`crate::pg::executor`]), which applies the policies; otherwise
 //!   the index probe.
 //!
 //! `envelope_of` is not executable by PUBLIC: `grant_reader` grants it with the
 //! view.
 
 use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
-use crate::executor::{self, Param};
 use crate::partition::{self, band::Table, PartitionError};
+use crate::pg::executor::{self, Param};
+use crate::pg::rel::Rel;
+use crate::pg::scan::Reading;
 use crate::read;
-use crate::scan::Reading;
 use crate::select;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -133,26 +134,24 @@ unsafe fn right_on(relid: pg_sys::Oid, user: pg_sys::Oid) -> Option<Right> {
 /// The view's owner, and whether it is `security_invoker` (its tables are then
 /// read with the caller's rights); `None` when there is no view.
 fn view_of(blob_root: pg_sys::Oid) -> Option<(pg_sys::Oid, pg_sys::Oid, bool)> {
-    // SAFETY: syscache lookups by oid and name (InvalidOid when missing); the
-    // relcache reference taken by RelationIdGetRelation is dropped by
-    // RelationClose; rd_options of a view is its ViewOptions (or NULL when it
-    // has none).
-    unsafe {
+    // SAFETY: syscache lookups by oid and name (InvalidOid when missing).
+    let view = unsafe {
         let schema = pg_sys::get_rel_namespace(blob_root);
-        let view = pg_sys::get_relname_relid(c"gateway_envelopes_view".as_ptr(), schema);
-        if view == pg_sys::InvalidOid {
-            return None;
-        }
-        let rel = pg_sys::RelationIdGetRelation(view);
-        if rel.is_null() {
-            return None;
-        }
+        pg_sys::get_relname_relid(c"gateway_envelopes_view".as_ptr(), schema)
+    };
+    if view == pg_sys::InvalidOid {
+        return None;
+    }
+    let rel = Rel::reference(view)?;
+    // SAFETY: the relcache entry is read while the guard holds the reference;
+    // rd_options of a view is its ViewOptions (or NULL when it has none).
+    unsafe {
+        let rel = rel.as_ptr();
         let owner = (*(*rel).rd_rel).relowner;
         let options = (*rel).rd_options.cast::<pg_sys::ViewOptions>();
         let invoker = (*(*rel).rd_rel).relkind as u8 == pg_sys::RELKIND_VIEW
             && !options.is_null()
             && (*options).security_invoker;
-        pg_sys::RelationClose(rel);
         Some((view, owner, invoker))
     }
 }
@@ -177,8 +176,7 @@ fn access(blob_root: pg_sys::Oid) -> Result<Access, LookupError> {
     // A new statement: take in the catalog changes committed since (a transaction
     // that holds its locks already would otherwise read the privileges as they
     // were when it last took one).
-    // SAFETY: plain call into the invalidation machinery, no arguments.
-    unsafe { pg_sys::AcceptInvalidationMessages() };
+    crate::pg::invalidation::accept();
     let user = now.0;
     // SAFETY: right_on accepts any oid.
     let on_blob = unsafe { right_on(blob_root, user) };

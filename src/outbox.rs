@@ -55,7 +55,7 @@ pub enum OutboxError {
     #[error("{0}")]
     Marker(#[from] MarkerError),
     #[error("{0}")]
-    NotWritable(#[from] crate::xact::NotWritable),
+    NotWritable(#[from] crate::pg::xact::NotWritable),
     #[error("SPI error in the outbox: {0}")]
     Spi(#[from] pgrx::spi::SpiError),
 }
@@ -128,7 +128,7 @@ fn publish_row(
     payload: Option<&[u8]>,
     headers: Option<JsonB>,
 ) -> Result<i64, OutboxError> {
-    crate::xact::check_writable("publish")?;
+    crate::pg::xact::check_writable("publish")?;
     let subject = check_subject(subject)?;
     let payload = payload.ok_or(OutboxError::Null("payload"))?;
     let max = gucs::max_publish_bytes();

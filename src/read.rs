@@ -9,7 +9,7 @@
 
 use crate::partition::band::{RangeBound, Table};
 use crate::partition::{self, PartitionError};
-use crate::scan::{Range, Reading, Scan, Seeker};
+use crate::pg::scan::{Range, Reading, Scan, Seeker};
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys::{self, Oid};
 
@@ -308,8 +308,7 @@ pub fn blob_envelope(
     let reading = reading.into();
     for fresh in [false, true] {
         if fresh {
-            // SAFETY: plain call into the invalidation machinery, no arguments.
-            unsafe { pg_sys::AcceptInvalidationMessages() };
+            crate::pg::invalidation::accept();
         }
         let Some(blob) = partition::originator_parts(Table::Blob, node)? else {
             continue;

@@ -16,10 +16,10 @@
 
 use crate::error::{PgSqlErrorCode, SqlError};
 use crate::partition::{self, PartitionError};
+use crate::pg::scan::Reading;
+use crate::pg::srf::Materialized;
 use crate::read;
-use crate::scan::Reading;
-use crate::srf::Materialized;
-use pgrx::datum::TimestampWithTimeZone;
+use crate::results::EnvelopeResults;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::collections::HashMap;
@@ -59,17 +59,6 @@ impl SqlError for SelectError {
         }
     }
 }
-
-/// One envelope as the selector returns it.
-pub type Row = (
-    i32,
-    i64,
-    TimestampWithTimeZone,
-    Vec<u8>,
-    Option<i32>,
-    Option<i64>,
-    Vec<u8>,
-);
 
 /// Reads the elements of an array argument, rejecting NULL elements.
 pub fn elements<T>(
@@ -142,19 +131,6 @@ pub fn statement_snapshot() -> Result<pg_sys::Snapshot, SelectError> {
             Err(SelectError::NoSnapshot)
         }
     }
-}
-
-/// The row as the read functions return it.
-pub fn as_row(row: read::EnvelopeRow) -> Row {
-    (
-        row.node,
-        row.seq,
-        row.gateway_time,
-        row.topic,
-        row.payer_id,
-        row.expiry,
-        row.envelope,
-    )
 }
 
 /// Reads into `out` the rows of one originator with `after < seq <= upto`, in
@@ -240,13 +216,13 @@ fn select(
 
 // `select_gateway_envelopes` (sql/reads.sql): envelopes after a vector-clock
 // cursor, ordered by (originator_node_id, originator_sequence_id), at most
-// row_limit of them, in materialize mode (crate::srf).
-crate::srf::materialized_srf!(
+// row_limit of them, in materialize mode (crate::pg::srf).
+crate::pg::srf::materialized_srf!(
     select_gateway_envelopes_wrapper,
     pg_finfo_select_gateway_envelopes_wrapper,
     // SAFETY: sql/reads.sql declares the five arguments with these types.
     |fcinfo, out| unsafe {
-        use crate::srf::arg;
+        use crate::pg::srf::arg;
         select(
             arg(fcinfo, 0),
             arg(fcinfo, 1),

@@ -14,7 +14,7 @@
 //! form samples the feed's sequences, which only the owner may read.
 //!
 //! The SQL definitions are in `sql/reads.sql`; the functions return their rows
-//! in one call (materialize mode, `crate::srf`).
+//! in one call (materialize mode, `crate::pg::srf`).
 //!
 //! The shapes with a cursor take `commit_safe`: when true, each originator is
 //! read no further than its ceiling (`originator_ceilings()`), with a snapshot
@@ -25,10 +25,11 @@ use crate::error::{PgSqlErrorCode, SqlError};
 use crate::feed::markers::MarkerError;
 use crate::feed::Gate;
 use crate::partition::PartitionError;
+use crate::pg::scan::Reading;
+use crate::pg::srf::{arg, materialized_srf, Materialized};
 use crate::read::{self, TopicEntry};
-use crate::scan::Reading;
+use crate::results::EnvelopeResults;
 use crate::select::{self, elements, statement_snapshot, SelectError};
-use crate::srf::{arg, materialized_srf, Materialized};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -357,7 +358,7 @@ fn newest_by_topic(
             }
         }
         if let Some(row) = newest {
-            out.put_envelope(select::as_row(row));
+            out.put_envelope(crate::results::as_row(row));
         }
     }
     Ok(())
@@ -400,7 +401,7 @@ fn maxima(
 }
 
 // The SQL functions (sql/reads.sql) over the bodies above, in materialize mode
-// (crate::srf).
+// (crate::pg::srf).
 
 materialized_srf!(
     select_by_topic_cursors_wrapper,

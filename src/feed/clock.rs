@@ -10,10 +10,10 @@
 //! has started writing to that originator since, and its next read would return
 //! nothing: the consumer skips it without touching a table (see `consumer.rs`).
 //!
-//! The counters live in shared memory ([`super::shmem`]); without room for them,
+//! The counters live in shared memory ([`crate::pg::shmem`]); without room for them,
 //! consumers read every originator each time (correct, only slower).
 
-use std::cell::Cell;
+use crate::pg::shmem::Lazy;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Number of originator buckets.
@@ -31,38 +31,14 @@ struct Clocks {
 /// ever does.
 const SHMEM_NAME: &std::ffi::CStr = c"pg_envelopes change clocks v1";
 
-/// Where this backend found the clocks.
-#[derive(Clone, Copy)]
-enum Attached {
-    NotYet,
-    Unavailable,
-    At(*const Clocks),
-}
-
 thread_local! {
-    static CLOCKS: Cell<Attached> = const { Cell::new(Attached::NotYet) };
+    static CLOCKS: Lazy<Clocks> = const { Lazy::new() };
 }
 
 fn shared() -> Option<&'static Clocks> {
-    let mut attached = CLOCKS.with(Cell::get);
-    if let Attached::NotYet = attached {
-        attached = attach();
-        CLOCKS.with(|c| c.set(attached));
-    }
-    match attached {
-        // SAFETY: ptr points at a Clocks in the main shared memory segment, mapped
-        // for the whole life of the backend; its fields are atomics, safe to share.
-        Attached::At(ptr) => Some(unsafe { &*ptr }),
-        _ => None,
-    }
-}
-
-fn attach() -> Attached {
-    // SAFETY: Clocks is atomics only, valid when zero; this module is its only user.
-    match unsafe { super::shmem::attach::<Clocks>(SHMEM_NAME) } {
-        Some(ptr) => Attached::At(ptr),
-        None => Attached::Unavailable,
-    }
+    // SAFETY: Clocks is atomics only, valid when zero; this module is its only
+    // user.
+    CLOCKS.with(|clocks| unsafe { clocks.get(SHMEM_NAME) })
 }
 
 /// Bucket of originator `node`.

@@ -1,5 +1,5 @@
 //! High-water marks: per originator, an upper bound of every sequence id that has
-//! been committed or is being inserted, in shared memory ([`super::shmem`]), so
+//! been committed or is being inserted, in shared memory ([`crate::pg::shmem`]), so
 //! that the insert path can tell in a few nanoseconds that a row cannot arrive
 //! late — the common case, each originator's ids rising — and pays for the exact
 //! lateness check (an index scan, [`super::late`]) only when it might.
@@ -30,8 +30,8 @@
 //! The table has [`SLOTS`] slots; an originator that finds no free slot takes the
 //! exact check every time.
 
+use crate::pg::shmem::Lazy;
 use pgrx::pg_sys;
-use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Slots of the table (16 bytes each).
@@ -69,34 +69,14 @@ struct Table {
 
 const SHMEM_NAME: &std::ffi::CStr = c"pg_envelopes high-water marks v3";
 
-#[derive(Clone, Copy)]
-enum Attached {
-    NotYet,
-    Unavailable,
-    At(*const Table),
-}
-
 thread_local! {
-    static TABLE: Cell<Attached> = const { Cell::new(Attached::NotYet) };
+    static TABLE: Lazy<Table> = const { Lazy::new() };
 }
 
 fn shared() -> Option<&'static Table> {
-    let mut attached = TABLE.with(Cell::get);
-    if let Attached::NotYet = attached {
-        // SAFETY: Table is atomics (and padding) only, valid when zero; this module
-        // is its only user.
-        attached = match unsafe { super::shmem::attach::<Table>(SHMEM_NAME) } {
-            Some(ptr) => Attached::At(ptr),
-            None => Attached::Unavailable,
-        };
-        TABLE.with(|t| t.set(attached));
-    }
-    match attached {
-        // SAFETY: the table lives in the main shared memory segment, mapped for
-        // the backend's life; its fields are atomics, safe to share.
-        Attached::At(ptr) => Some(unsafe { &*ptr }),
-        _ => None,
-    }
+    // SAFETY: Table is atomics (and padding) only, valid when zero; this module
+    // is its only user.
+    TABLE.with(|table| unsafe { table.get(SHMEM_NAME) })
 }
 
 /// The current database's oid.

@@ -14,10 +14,10 @@
 //! originator's newest bands backwards with a fresh snapshot.
 
 use super::highwater::{self, Noted};
-use super::snapshot::Latest;
 use crate::partition::PartitionError;
+use crate::pg::scan::Reading;
+use crate::pg::snapshot::Latest;
 use crate::read;
-use crate::scan::Reading;
 use pgrx::pg_sys;
 
 /// What [`committed_above`] found for rows about to be inserted.
@@ -41,9 +41,9 @@ pub fn committed_above(node: i32, lo: i64, hi: i64) -> Result<Lateness, Partitio
         Noted::NotLate { fresh } => return Ok(Lateness { above: None, fresh }),
         Noted::Check(ready) => ready,
     };
-    // SAFETY: plain call into the invalidation machinery, no arguments: a band
-    // attached by a transaction that has finished is then in the partition cache.
-    unsafe { pg_sys::AcceptInvalidationMessages() };
+    // A band attached by a transaction that has finished is then in the
+    // partition cache.
+    crate::pg::invalidation::accept();
     let snapshot = Latest::take();
     // SAFETY: only reads this backend's transaction state.
     let own = unsafe { pg_sys::GetTopFullTransactionIdIfAny() }.value;

@@ -75,7 +75,7 @@ impl SqlError for MarkerError {
 
 fn acquire(field1: u32, value: i64, subid: u16) {
     let value = value.max(0) as u64;
-    let tag = crate::locks::advisory_tag(field1, (value >> 32) as u32, value as u32, subid);
+    let tag = crate::pg::locks::advisory_tag(field1, (value >> 32) as u32, value as u32, subid);
     // SAFETY: the tag is a fully initialised advisory LOCKTAG on the stack, which
     // LockAcquire copies. A transaction-level share lock that nobody waits for;
     // the lock manager releases it at commit or abort. Errors (out of shared
@@ -282,7 +282,7 @@ impl Markers {
             let data = pg_sys::GetLockStatusData();
             let my_pid = pg_sys::MyProcPid;
             let my_database = pg_sys::MyDatabaseId.to_u32();
-            let locks = super::snapshot::raw_slice((*data).locks, (*data).nelements as usize);
+            let locks = crate::pg::snapshot::raw_slice((*data).locks, (*data).nelements as usize);
             for lock in locks {
                 let tag = &lock.locktag;
                 if tag.locktag_type != pg_sys::LockTagType::LOCKTAG_ADVISORY as u8

@@ -57,16 +57,14 @@ pub mod clock;
 pub mod highwater;
 pub mod late;
 pub mod markers;
-mod shmem;
-pub mod snapshot;
 
 use crate::error::SqlError;
 use crate::partition::PartitionError;
+use crate::pg::scan::Reading;
+use crate::pg::snapshot::Fresh;
 use crate::read;
-use crate::scan::Reading;
 use markers::{Drawn, MarkerError, Markers};
 use pgrx::prelude::*;
-use snapshot::Fresh;
 
 thread_local! {
     /// Set while an insert function executes its statement.

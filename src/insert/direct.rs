@@ -31,7 +31,8 @@
 
 use crate::partition::band::Table;
 use crate::partition::cache::Route;
-use crate::scan::Path;
+use crate::pg::rel::Rel;
+use crate::pg::scan::Path;
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -569,14 +570,15 @@ impl Writer {
             // is closed before it goes out of scope.
             let mut dirty: pg_sys::SnapshotData = unsafe { std::mem::zeroed() };
             dirty.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
-            let range = crate::scan::Range::Envelope {
+            let range = crate::pg::scan::Range::Envelope {
                 node,
                 after: seq - 1,
                 upto: i64::MAX,
             };
             // None cannot happen for a locked leaf with its primary key; probing
             // is then the safe answer.
-            let Some(mut scan) = crate::scan::Scan::open(leaf.oid, &raw mut dirty, range, false)
+            let Some(mut scan) =
+                crate::pg::scan::Scan::open(leaf.oid, &raw mut dirty, range, false)
             else {
                 leaf.taken = None;
                 return true;
@@ -956,7 +958,8 @@ unsafe fn leaf_is_plain(rel: pg_sys::Relation, expected: &Columns) -> bool {
 unsafe fn heap_table(rel: pg_sys::Relation) -> bool {
     // SAFETY: the caller's promise.
     unsafe {
-        crate::scan::index_path_can_read(rel) && (*(*rel).rd_rel).relam == pg_sys::HEAP_TABLE_AM_OID
+        crate::pg::scan::index_path_can_read(rel)
+            && (*(*rel).rd_rel).relam == pg_sys::HEAP_TABLE_AM_OID
     }
 }
 
@@ -964,18 +967,12 @@ unsafe fn heap_table(rel: pg_sys::Relation) -> bool {
 /// path runs no rewriter, and the SQL path's `INSERT ... ON CONFLICT` is refused
 /// by Postgres on such a table, so no insert function could honour it.
 fn refuse_insert_rules(relid: pg_sys::Oid) -> Result<(), DirectError> {
-    // SAFETY: the relation is locked by the caller (the feed table, in
-    // open_late); RelationIdGetRelation takes a relcache reference that
-    // RelationClose drops.
-    unsafe {
-        let rel = pg_sys::RelationIdGetRelation(relid);
-        if rel.is_null() {
-            return Ok(());
-        }
-        let refused = insert_rule(rel);
-        pg_sys::RelationClose(rel);
-        refused
-    }
+    // The relation is locked by the caller (the feed table, in open_late).
+    let Some(rel) = Rel::reference(relid) else {
+        return Ok(());
+    };
+    // SAFETY: the reference is held while the guard lives.
+    unsafe { insert_rule(rel.as_ptr()) }
 }
 
 /// [`DirectError::Rule`] when the open relation has an INSERT rule that fires in
@@ -1013,19 +1010,15 @@ fn root_triggers_allow(
     root: pg_sys::Oid,
     doorbell_allowed: bool,
 ) -> Result<Option<bool>, DirectError> {
-    // SAFETY: the root is locked (partition::route); RelationIdGetRelation takes a
-    // relcache reference that RelationClose drops. The rules and the trigger
-    // descriptor belong to the relcache entry and are read while the reference is
-    // held.
+    // The root is locked (partition::route).
+    let Some(guard) = Rel::reference(root) else {
+        return Ok(None);
+    };
+    let rel = guard.as_ptr();
+    // SAFETY: the rules and the trigger descriptor belong to the relcache entry
+    // and are read while the guard holds the reference.
     unsafe {
-        let rel = pg_sys::RelationIdGetRelation(root);
-        if rel.is_null() {
-            return Ok(None);
-        }
-        if let Err(refused) = insert_rule(rel) {
-            pg_sys::RelationClose(rel);
-            return Err(refused);
-        }
+        insert_rule(rel)?;
         let form = (*rel).rd_rel;
         let mut answer = if (*form).relrowsecurity && (*form).relforcerowsecurity {
             None // row security forced on the owner: the SQL path applies it
@@ -1050,7 +1043,6 @@ fn root_triggers_allow(
                 }
             }
         }
-        pg_sys::RelationClose(rel);
         Ok(answer)
     }
 }

@@ -69,7 +69,7 @@ pub enum InsertError {
     #[error("{0}")]
     Direct(#[from] direct::DirectError),
     #[error("{0}")]
-    NotWritable(#[from] crate::xact::NotWritable),
+    NotWritable(#[from] crate::pg::xact::NotWritable),
     #[error("SPI error while inserting envelopes: {0}")]
     Spi(#[from] pgrx::spi::SpiError),
 }
@@ -286,7 +286,7 @@ impl Plan {
 /// Runs one of the two insert plans, preparing it on first use, and returns the
 /// number of rows it inserted into the blob table (= new envelopes).
 fn execute(plan: Plan, args: &[DatumWithOid<'_>]) -> Result<i64, InsertError> {
-    crate::definer::pinned(|| execute_pinned(plan, args))
+    crate::pg::definer::pinned(|| execute_pinned(plan, args))
 }
 
 fn execute_pinned(plan: Plan, args: &[DatumWithOid<'_>]) -> Result<i64, InsertError> {
@@ -315,7 +315,7 @@ fn execute_pinned(plan: Plan, args: &[DatumWithOid<'_>]) -> Result<i64, InsertEr
 /// partitions are created first.
 ///
 /// `SECURITY DEFINER` without a `SET search_path` clause: the hot path runs no
-/// SQL, and what does run SQL pins the path itself (see [`crate::definer`]).
+/// SQL, and what does run SQL pins the path itself (see [`crate::pg::definer`]).
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[allow(clippy::too_many_arguments)]
 fn insert_gateway_envelope(
@@ -327,7 +327,7 @@ fn insert_gateway_envelope(
     gateway_time: default!(Option<TimestampWithTimeZone>, "now()"),
     expiry: default!(Option<i64>, "NULL"),
 ) -> i64 {
-    crate::xact::check_writable("insert_gateway_envelope")
+    crate::pg::xact::check_writable("insert_gateway_envelope")
         .map_err(InsertError::from)
         .and_then(|()| {
             insert_one(
@@ -431,7 +431,7 @@ fn check_len(name: &'static str, len: Option<usize>, expected: usize) -> Result<
 /// `expiries` may be NULL as a whole; NULL elements mean no payer, now(), never.
 ///
 /// `SECURITY DEFINER` without a `SET search_path` clause: the hot path runs no
-/// SQL, and what does run SQL pins the path itself (see [`crate::definer`]).
+/// SQL, and what does run SQL pins the path itself (see [`crate::pg::definer`]).
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[allow(clippy::too_many_arguments)]
 fn insert_gateway_envelopes(
@@ -443,7 +443,7 @@ fn insert_gateway_envelopes(
     gateway_times: default!(Option<Array<'_, TimestampWithTimeZone>>, "NULL"),
     expiries: default!(Option<Array<'_, i64>>, "NULL"),
 ) -> i64 {
-    crate::xact::check_writable("insert_gateway_envelopes")
+    crate::pg::xact::check_writable("insert_gateway_envelopes")
         .map_err(InsertError::from)
         .and_then(|()| {
             insert_many(
@@ -485,7 +485,7 @@ fn insert_gateway_envelopes_packed(
 }
 
 fn insert_packed(node: Option<i32>, packed: Option<&str>) -> Result<i64, InsertError> {
-    crate::xact::check_writable("insert_gateway_envelopes_packed")?;
+    crate::pg::xact::check_writable("insert_gateway_envelopes_packed")?;
     let node = partition::check_node(node)?;
     let packed = decode_base64(packed.ok_or(InsertError::Null("packed_rows"))?)?;
     insert_batch(unpack(node, &packed)?)
@@ -505,7 +505,7 @@ fn insert_gateway_envelope_packed(
 }
 
 fn insert_packed_row(node: Option<i32>, packed: Option<&str>) -> Result<i64, InsertError> {
-    crate::xact::check_writable("insert_gateway_envelope_packed")?;
+    crate::pg::xact::check_writable("insert_gateway_envelope_packed")?;
     let node = partition::check_node(node)?;
     let packed = decode_base64(packed.ok_or(InsertError::Null("packed_row"))?)?;
     let row = unpack(node, &packed)?;

@@ -10,7 +10,7 @@
 //! lock names a partition that cannot be dropped until this transaction ends.
 
 use super::band::{RangeBound, Table};
-use crate::scan::Path;
+use crate::pg::scan::Path;
 use pgrx::pg_sys::{self, Oid};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -112,26 +112,19 @@ fn with_known<R>(f: impl FnOnce(&mut Known) -> R) -> R {
     })
 }
 
-/// Relcache invalidation callback. Runs inside Postgres' invalidation processing,
-/// so it must not raise an error: it only edits Rust collections.
-unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid: Oid) {
+/// Told about every relcache invalidation ([`crate::pg::invalidation::on_relation`]):
+/// forgets what it concerns. Runs inside Postgres' invalidation processing, so it
+/// must not raise an error: it only edits Rust collections.
+fn forget_relation(relid: Oid) {
     KNOWN.with(|known| match known.try_borrow_mut() {
         Ok(mut known) => known.forget(relid),
         Err(_) => STALE.set(true),
     });
 }
 
-/// Registers the invalidation callback. Called once per process from `_PG_init`.
+/// Registers [`forget_relation`]. Called once per process from `_PG_init`.
 pub fn register_invalidation_callback() {
-    // SAFETY: called once per backend from _PG_init on the main thread; the callback
-    // is a plain function with the signature Postgres expects and lives for the
-    // whole process, as a loaded extension library does.
-    unsafe {
-        pg_sys::CacheRegisterRelcacheCallback(
-            Some(on_relcache_invalidation),
-            pg_sys::Datum::from(0usize),
-        );
-    }
+    crate::pg::invalidation::on_relation(forget_relation);
 }
 
 pub fn roots() -> Option<[Oid; 2]> {

@@ -15,7 +15,8 @@
 use super::band::{self, Band, RangeBound, Table};
 use super::cache::OriginatorParts;
 use super::PartitionError;
-use crate::scan;
+use crate::pg::rel::Rel;
+use crate::pg::scan;
 use pgrx::pg_sys::{self, Oid};
 use pgrx::spi::{quote_identifier, Spi};
 
@@ -123,7 +124,7 @@ pub fn load_originator(
 }
 
 /// What a band's table lacks for the direct paths: the insert functions' direct
-/// write path and the read paths' index scans (`crate::scan`), which need a plain
+/// write path and the read paths' index scans (`crate::pg::scan`), which need a plain
 /// heap table with the store's btree indexes. A band that lacks something is
 /// served through the executor instead (SQL inserts through the roots, queries on
 /// the band), whatever the owner made of it.
@@ -152,17 +153,11 @@ pub enum Lacks {
 /// paths that dereference a band check what they dereference once they hold
 /// its lock.
 pub fn band_lacks(relid: Oid, table: Table) -> Option<Lacks> {
-    // SAFETY: RelationIdGetRelation builds (or finds) the relcache entry and takes
-    // a reference, dropped by RelationClose; NULL when the relation is gone.
-    unsafe {
-        let rel = pg_sys::RelationIdGetRelation(relid);
-        if rel.is_null() {
-            return Some(Lacks::Gone);
-        }
-        let lacks = direct_lacks(rel, table);
-        pg_sys::RelationClose(rel);
-        lacks
-    }
+    let Some(rel) = Rel::reference(relid) else {
+        return Some(Lacks::Gone);
+    };
+    // SAFETY: the reference is held while the guard lives.
+    unsafe { direct_lacks(rel.as_ptr(), table) }
 }
 
 /// [`band_lacks`] of an open relation.
@@ -193,13 +188,8 @@ pub unsafe fn direct_lacks(rel: pg_sys::Relation, table: Table) -> Option<Lacks>
             return Some(Lacks::AccessMethod(name));
         }
         let serves = |index: Oid, columns: &[&str]| {
-            let index_rel = pg_sys::RelationIdGetRelation(index);
-            if index_rel.is_null() {
-                return false;
-            }
-            let serves = scan::index_serves(rel, index_rel, columns);
-            pg_sys::RelationClose(index_rel);
-            serves
+            Rel::reference(index)
+                .is_some_and(|index| scan::index_serves(rel, index.as_ptr(), columns))
         };
         let pk = pg_sys::RelationGetPrimaryKeyIndex(rel);
         if pk == pg_sys::InvalidOid || !serves(pk, scan::ENVELOPE_KEY) {
@@ -278,17 +268,18 @@ fn partition_parents(child: Oid) -> Result<Vec<Oid>, PartitionError> {
 /// parallel mode).
 fn inherits_rows(index: u32, attnum: pg_sys::AttrNumber, key: Oid) -> Vec<(Oid, Oid)> {
     let mut rows = Vec::new();
-    // SAFETY: the standard system-catalog index scan: the catalog is opened and
-    // closed with AccessShareLock, the latest snapshot is registered for the scan
+    // SAFETY: the standard system-catalog index scan: the catalog is open (with
+    // AccessShareLock) while `catalog` lives, the latest snapshot is registered for the scan
     // and unregistered after it (with a NULL one systable_beginscan registers and
     // systable_endscan unregisters the catalog snapshot), and each returned tuple
     // is a pg_inherits row whose first two fixed-width, never-null columns are
     // inhrelid and inhparent (Oids), read before the next call.
+    let catalog = Rel::open(
+        Oid::from(INHERITS_RELATION_ID),
+        pg_sys::AccessShareLock as pg_sys::LOCKMODE,
+    );
     unsafe {
-        let rel = pg_sys::table_open(
-            Oid::from(INHERITS_RELATION_ID),
-            pg_sys::AccessShareLock as pg_sys::LOCKMODE,
-        );
+        let rel = catalog.as_ptr();
         let mut scan_key = pg_sys::ScanKeyData::default();
         pg_sys::ScanKeyInit(
             &mut scan_key,
@@ -323,8 +314,8 @@ fn inherits_rows(index: u32, attnum: pg_sys::AttrNumber, key: Oid) -> Vec<(Oid, 
         if !parallel {
             pg_sys::UnregisterSnapshot(snapshot);
         }
-        pg_sys::table_close(rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
     }
+    drop(catalog);
     rows
 }
 

@@ -1,14 +1,32 @@
 //! Creating a missing band: under the per-database creation lock, in the caller's
-//! transaction or in a background worker ([`super::worker`]), both through
-//! [`create_locked`], which looks once more under the lock and creates only what
-//! is still missing.
+//! transaction or in a background worker, both through [`create_locked`], which
+//! looks once more under the lock and creates only what is still missing.
+//!
+//! Created in the caller's transaction, a partition's DDL locks (the creation
+//! advisory lock, SHARE UPDATE EXCLUSIVE on the parent) would be held until the
+//! caller commits, so one caller that keeps its transaction open stalls every
+//! other session that needs a new partition. Instead the inserting backend hands
+//! the creation to a worker ([`crate::pg::worker`]) that connects to the same
+//! database as the same role, creates the partitions under the creation lock in
+//! a transaction of its own and commits; the caller waits on its latch
+//! (interruptibly, with a deadline) and then uses the new tables. A partition
+//! created this way stays even if the caller later rolls back, which is
+//! harmless: it is empty. The worker retries DDL that hits `lock_timeout`, and
+//! before committing checks that the caller's transaction is still alive. When
+//! no worker slot is free, the caller waits for one (workers live for
+//! milliseconds, so slots free up quickly) up to
+//! `envelopes.partition_worker_timeout`, and only then falls back to creating in
+//! its own transaction, and logs it.
 
 use super::band::{Band, Table};
-use super::{cache, catalog, catch_up, roots, worker, PartitionError};
-use crate::locks;
+use super::{cache, catalog, catch_up, roots, PartitionError};
+use crate::gucs;
+use crate::pg::locks;
+use crate::pg::worker::{self, Header, Segment, Stop};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::Cell;
+use std::time::{Duration, Instant};
 
 /// How many times a session waits for another session's worker creating the same
 /// band, looking again after each, before starting a worker of its own.
@@ -42,11 +60,11 @@ fn create_in_one_worker(
     node: i32,
     seq: i64,
     width: i64,
-) -> Result<Result<(), worker::Fallback>, PartitionError> {
+) -> Result<Result<(), Fallback>, PartitionError> {
     let start = Band::containing(seq, width)?.start;
     for _ in 0..SHARED_WORKER_WAITS {
         if locks::try_lock_band_launch(node, start) {
-            let result = worker::create_in_worker(node, seq, width);
+            let result = create_in_worker(node, seq, width);
             locks::unlock_band_launch(node, start);
             return result;
         }
@@ -55,7 +73,122 @@ fn create_in_one_worker(
             return Ok(Ok(()));
         }
     }
-    worker::create_in_worker(node, seq, width)
+    create_in_worker(node, seq, width)
+}
+
+/// The job a creation worker runs, in shared memory.
+#[repr(C)]
+struct Job {
+    header: Header,
+    node: i32,
+    seq: i64,
+    width: i64,
+    lock_timeout_ms: i32,
+    attempts: i32,
+}
+
+/// Why the caller should create in its own transaction instead.
+#[derive(Debug)]
+pub enum Fallback {
+    /// No background worker slot was free.
+    NoSlot,
+    /// The worker stopped without reporting (it could not connect, e.g. the role
+    /// cannot log in).
+    NoReport,
+}
+
+/// Creates the partitions for `(node, seq)` in a background worker and waits for
+/// it. `Ok(Err(fallback))` asks the caller to create them itself.
+fn create_in_worker(
+    node: i32,
+    seq: i64,
+    width: i64,
+) -> Result<Result<(), Fallback>, PartitionError> {
+    let segment = Segment::create(std::mem::size_of::<Job>());
+    // SAFETY: the segment is mapped, of Job's size and suitably aligned (dsm
+    // segments are page-aligned); the Job is plain data written before the
+    // worker starts, and read back after it stopped.
+    let job = unsafe {
+        let job = segment.address() as *mut Job;
+        job.write(Job {
+            header: Header::of_caller(),
+            node,
+            seq,
+            width,
+            lock_timeout_ms: gucs::partition_lock_timeout_ms(),
+            attempts: gucs::partition_lock_attempts(),
+        });
+        &*job
+    };
+    // No slot free: slots free up as other workers finish (each of ours runs for
+    // milliseconds), so wait a moment for one before giving up (see SLOT_WAIT).
+    let wait = gucs::partition_worker_timeout();
+    let Some(running) = worker::launch(
+        "pg_envelopes partition creator",
+        "envelopes_partition_worker",
+        segment.handle(),
+        wait.min(worker::SLOT_WAIT),
+    ) else {
+        segment.close();
+        return Ok(Err(Fallback::NoSlot));
+    };
+    match worker::wait_for(running, Some(Instant::now() + wait)) {
+        Stop::Stopped => {}
+        Stop::PostmasterDied => {
+            return Err(PartitionError::WorkerLost("the postmaster died".into()));
+        }
+        Stop::TimedOut => return Err(PartitionError::WorkerTimeout(wait)),
+    }
+    let outcome = match job.header.outcome.get() {
+        Some(Ok(())) => Ok(Ok(())),
+        Some(Err((sqlstate, message))) => Err(PartitionError::WorkerFailed { sqlstate, message }),
+        None => Ok(Err(Fallback::NoReport)),
+    };
+    segment.close();
+    outcome
+}
+
+/// Entry point of the creation worker.
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn envelopes_partition_worker(arg: pg_sys::Datum) {
+    worker::install_sigterm();
+    let Some(segment) = worker::Attached::from_argument(arg) else {
+        return;
+    };
+    // SAFETY: the segment holds the Job the caller wrote before starting us and
+    // stays mapped while `segment` lives.
+    let job = unsafe { &mut *(segment.address() as *mut Job) };
+    job.header.connect();
+    let mut result = Err((0, String::new()));
+    for attempt in 1..=job.attempts.max(1) {
+        result = worker::in_own_transaction(|| create_once(job));
+        let lock_timeout = PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE as i32;
+        if !matches!(&result, Err((code, _)) if *code == lock_timeout) || attempt == job.attempts {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20 * u64::from(attempt as u32)));
+    }
+    job.header.outcome.set(result);
+    drop(segment);
+}
+
+/// One attempt, in a transaction of its own (see [`worker::in_own_transaction`]):
+/// create what is missing under the creation lock, and commit only if the caller
+/// is still waiting for it.
+fn create_once(job: &Job) {
+    Spi::run(&format!(
+        "SET LOCAL lock_timeout = {}",
+        job.lock_timeout_ms.max(1)
+    ))
+    .unwrap_or_else(|e| error!("could not set lock_timeout: {e}"));
+    locks::lock_partition_creation();
+    if let Err(e) = create_locked(job.node, job.seq, job.width) {
+        crate::error::OrRaise::or_raise(Err::<(), _>(e));
+    }
+    if job.header.caller_ended() {
+        error!("the session that asked for this partition is gone; not creating it");
+    }
 }
 
 /// Creates the partitions in the caller's transaction, under the creation lock,
@@ -90,7 +223,7 @@ fn create_in_transaction(node: i32, seq: i64, width: i64) -> Result<(), Partitio
 
 /// With the creation lock held: looks again, and creates what is still missing.
 /// Shared by the caller's-transaction path and the worker.
-pub(super) fn create_locked(node: i32, seq: i64, width: i64) -> Result<(), PartitionError> {
+fn create_locked(node: i32, seq: i64, width: i64) -> Result<(), PartitionError> {
     if catch_up(node, seq)? {
         return Ok(());
     }

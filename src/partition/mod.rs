@@ -5,7 +5,7 @@
 //! [`route`] on the hot path and [`ensure_band`] when a row has nowhere to go yet.
 //!
 //! Creation happens under one advisory lock per database (see
-//! [`crate::locks::lock_partition_creation`]), then re-reads the catalog, so
+//! [`crate::pg::locks::lock_partition_creation`]), then re-reads the catalog, so
 //! sessions racing to create the same band all end up using the one that won: no
 //! 42P07 (duplicate table) or 40P01 (deadlock) reaches a caller. A single lock for
 //! all originators, rather than one per originator, is deliberate: ATTACH takes
@@ -18,10 +18,9 @@ pub mod cache;
 mod catalog;
 mod create;
 pub mod prune;
-mod worker;
 
 use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
-use crate::locks;
+use crate::pg::locks;
 use band::{Band, BandError, Table};
 use cache::Route;
 use pgrx::pg_sys;
@@ -66,7 +65,7 @@ pub enum PartitionError {
     )]
     BandWidthNotAllowed,
     #[error("{0}")]
-    NotWritable(#[from] crate::xact::NotWritable),
+    NotWritable(#[from] crate::pg::xact::NotWritable),
     #[error("SPI error while managing partitions: {0}")]
     Spi(#[from] pgrx::spi::SpiError),
 }
@@ -219,7 +218,7 @@ pub fn route(node: i32, seq: i64, width: i64) -> Result<[Route; 2], PartitionErr
     for _ in 0..ROUTE_ATTEMPTS {
         let Some(routes) = cached_routes(node, seq) else {
             // The insert functions pin search_path only around what runs SQL.
-            crate::definer::pinned(|| ensure_band(node, seq, width))?;
+            crate::pg::definer::pinned(|| ensure_band(node, seq, width))?;
             continue;
         };
         lock_routes(&routes);
@@ -247,8 +246,7 @@ const ROUTE_ATTEMPTS: usize = 5;
 /// seen, and cached routes name partitions that still exist), then re-reads the
 /// originator from the catalog: whether both tables now have a band for `seq`.
 fn catch_up(node: i32, seq: i64) -> Result<bool, PartitionError> {
-    // SAFETY: plain call into the invalidation machinery, no arguments.
-    unsafe { pg_sys::AcceptInvalidationMessages() };
+    crate::pg::invalidation::accept();
     refresh(node, seq)
 }
 
@@ -277,9 +275,8 @@ pub fn check_new_bands(keys: &[(i32, i64)], width: i64) -> Result<(), PartitionE
     if keys.len() <= max {
         return Ok(()); // one row creates at most one band
     }
-    // SAFETY: plain call into the invalidation machinery, no arguments. After it
-    // the cache does not remember bands that other sessions dropped.
-    unsafe { pg_sys::AcceptInvalidationMessages() };
+    // Then the cache does not remember bands that other sessions dropped.
+    crate::pg::invalidation::accept();
     let mut count = 0;
     for run in keys.chunk_by(|a, b| a.0 == b.0) {
         let node = run[0].0;
@@ -317,9 +314,8 @@ pub fn check_new_bands(keys: &[(i32, i64)], width: i64) -> Result<(), PartitionE
 /// originator level and the band when missing. Idempotent and safe to race.
 pub fn ensure_band(node: i32, seq: i64, width: i64) -> Result<(), PartitionError> {
     Band::containing(seq, width)?;
-    // SAFETY: plain call into the invalidation machinery, no arguments. After it,
-    // a cached route names partitions that still exist.
-    unsafe { pg_sys::AcceptInvalidationMessages() };
+    // Then a cached route names partitions that still exist.
+    crate::pg::invalidation::accept();
     if cached_routes(node, seq).is_some() || refresh(node, seq)? {
         return Ok(());
     }
@@ -335,8 +331,7 @@ pub fn ensure_band(node: i32, seq: i64, width: i64) -> Result<(), PartitionError
             continue;
         };
         locks::hold_off_prune(node, start);
-        // SAFETY: plain call into the invalidation machinery, no arguments.
-        unsafe { pg_sys::AcceptInvalidationMessages() };
+        crate::pg::invalidation::accept();
         if covering_band_start(node, seq)? == Some(start) {
             return Ok(());
         }
@@ -379,7 +374,7 @@ fn ensure_gateway_parts(
     band_width: default!(Option<i64>, "NULL"),
 ) {
     let ensure = || {
-        crate::xact::check_writable("ensure_gateway_parts")?;
+        crate::pg::xact::check_writable("ensure_gateway_parts")?;
         let node = check_node(originator_node_id)?;
         let seq = check_sequence(originator_sequence_id)?;
         let setting = crate::gucs::band_width();

@@ -17,7 +17,7 @@
 //! look at it; then ACCESS EXCLUSIVE on the meta originator partition, the blob
 //! originator partition, the meta leaf and the blob leaf (parents before children,
 //! the order in which inserts and DDL take them), then the prune guard
-//! ([`crate::locks::try_lock_for_prune`]). When any is refused, it releases what it
+//! ([`crate::pg::locks::try_lock_for_prune`]). When any is refused, it releases what it
 //! took, pauses a moment and tries again until the band's `lock_timeout_ms` has
 //! passed; then the band is skipped (`dropped = false`) and left for the next run.
 //! A session that waits while holding nothing cannot close a wait cycle, so
@@ -38,12 +38,12 @@
 //! deletes match rows by `tableoid` and `ctid`, which alone repeats across
 //! sub-partitions).
 
-use super::worker;
 use super::PartitionError;
 use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
-use crate::feed::snapshot::Latest;
-use crate::locks;
-use crate::scan::{Range, Scan};
+use crate::pg::locks;
+use crate::pg::scan::{Range, Scan};
+use crate::pg::snapshot::Latest;
+use crate::pg::worker::{self, Header, Segment};
 use pgrx::pg_sys::{self, Oid};
 use pgrx::prelude::*;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -63,7 +63,7 @@ pub enum PruneError {
     #[error("{0}")]
     Partition(#[from] PartitionError),
     #[error("{0}")]
-    NotWritable(#[from] crate::xact::NotWritable),
+    NotWritable(#[from] crate::pg::xact::NotWritable),
     #[error("SPI error while pruning: {0}")]
     Spi(#[from] pgrx::spi::SpiError),
 }
@@ -119,20 +119,16 @@ struct Entry {
     deleted: i64,
 }
 
-/// The worker's job: a header followed by `count` entries.
+/// The worker's job: its fixed part followed by `count` entries.
 #[repr(C)]
 struct Job {
-    database: Oid,
-    role: Oid,
-    caller_backend: i32,
-    caller_lxid: u32,
+    header: Header,
     cutoff: i64,
     lock_timeout_ms: i32,
     /// `envelopes.late_envelopes`, looked up once by the caller.
     late: Oid,
     count: u32,
     processed: AtomicU32,
-    outcome: worker::Outcome,
 }
 
 /// Deletes envelopes whose `expiry` (unix seconds) is before `as_of` (default:
@@ -168,7 +164,7 @@ fn prune(
     lock_timeout_ms: Option<i32>,
     in_transaction: bool,
 ) -> Result<Vec<Row>, PruneError> {
-    crate::xact::check_writable("prune_expired")?;
+    crate::pg::xact::check_writable("prune_expired")?;
     let lock_timeout_ms = match lock_timeout_ms {
         Some(ms) if ms > 0 => ms,
         other => return Err(PruneError::BadLockTimeout(other.unwrap_or(0))),
@@ -556,43 +552,33 @@ fn run_in_worker(
     late: Oid,
 ) -> Result<Result<(), &'static str>, PruneError> {
     let header = std::mem::size_of::<Job>();
-    let size = header + std::mem::size_of_val(entries);
-    // SAFETY: dsm_create returns a mapped segment of that size (or raises an
-    // ERROR); it belongs to the current resource owner, so an error below detaches
-    // it. The header and the entries are plain data written before the worker
-    // starts; Job's size is a multiple of 8, so the entries that follow it are
-    // aligned.
-    let (segment, job, shared) = unsafe {
-        let segment = pg_sys::dsm_create(size, 0);
-        let base = pg_sys::dsm_segment_address(segment) as *mut u8;
+    let segment = Segment::create(header + std::mem::size_of_val(entries));
+    // SAFETY: the segment is mapped, of that size and page-aligned. The job and
+    // the entries are plain data written before the worker starts; Job's size is
+    // a multiple of 8, so the entries that follow it are aligned.
+    let (job, shared) = unsafe {
+        let base = segment.address();
         let job = base as *mut Job;
         job.write(Job {
-            database: pg_sys::MyDatabaseId,
-            role: pg_sys::GetUserId(),
-            caller_backend: pg_sys::MyBackendId,
-            caller_lxid: (*pg_sys::MyProc).lxid,
+            header: Header::of_caller(),
             cutoff,
             lock_timeout_ms,
             late,
             count: entries.len() as u32,
             processed: AtomicU32::new(0),
-            outcome: worker::Outcome::new(),
         });
         let shared = base.add(header) as *mut Entry;
         std::ptr::copy_nonoverlapping(entries.as_ptr(), shared, entries.len());
-        (segment, &*job, shared)
+        (&*job, shared)
     };
     const _: () = assert!(std::mem::size_of::<Job>().is_multiple_of(std::mem::align_of::<Entry>()));
-    // SAFETY: the handle identifies the segment created above.
-    let handle = unsafe { pg_sys::dsm_segment_handle(segment) };
     let Some(running) = worker::launch(
         "pg_envelopes pruner",
         "envelopes_prune_worker",
-        handle,
+        segment.handle(),
         crate::gucs::partition_worker_timeout(),
     ) else {
-        // SAFETY: detaching the segment created above.
-        unsafe { pg_sys::dsm_detach(segment) };
+        segment.close();
         return Ok(Err("no background worker slot was free"));
     };
     if let worker::Stop::PostmasterDied = worker::wait_for(running, None) {
@@ -604,7 +590,7 @@ fn run_in_worker(
     let processed = job.processed.load(Ordering::Acquire);
     // SAFETY: the worker has stopped; the entries it wrote are read back once.
     unsafe { std::ptr::copy_nonoverlapping(shared, entries.as_mut_ptr(), entries.len()) };
-    let outcome = match job.outcome.get() {
+    let outcome = match job.header.outcome.get() {
         Some(Ok(())) => Ok(Ok(())),
         Some(Err((sqlstate, message))) => Err(PruneError::WorkerFailed { sqlstate, message }),
         None if processed == 0 => Ok(Err("the worker stopped before it started")),
@@ -613,7 +599,7 @@ fn run_in_worker(
             total: job.count,
         }),
     };
-    worker::close(segment);
+    segment.close();
     outcome
 }
 
@@ -623,18 +609,14 @@ fn run_in_worker(
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn envelopes_prune_worker(arg: pg_sys::Datum) {
     worker::install_sigterm();
-    let handle = arg.value() as pg_sys::dsm_handle;
-    // SAFETY: attaching the caller's segment by handle; NULL if it is already gone
-    // (the caller gave up), in which case there is nothing to do.
-    let segment = unsafe { pg_sys::dsm_attach(handle) };
-    if segment.is_null() {
+    let Some(segment) = worker::Attached::from_argument(arg) else {
         return;
-    }
+    };
     // SAFETY: the segment holds the Job and `count` entries the caller wrote
-    // before starting us; it stays mapped until we detach it, and the caller reads
-    // the entries only after we stopped.
+    // before starting us; it stays mapped while `segment` lives, and the caller
+    // reads the entries only after we stopped.
     let (job, entries) = unsafe {
-        let base = pg_sys::dsm_segment_address(segment) as *mut u8;
+        let base = segment.address();
         let job = &mut *(base as *mut Job);
         let entries = std::slice::from_raw_parts_mut(
             base.add(std::mem::size_of::<Job>()) as *mut Entry,
@@ -642,13 +624,10 @@ pub extern "C-unwind" fn envelopes_prune_worker(arg: pg_sys::Datum) {
         );
         (job, entries)
     };
-    pgrx::bgworkers::BackgroundWorker::connect_worker_to_spi_by_oid(
-        Some(job.database),
-        Some(job.role),
-    );
+    job.header.connect();
     let mut failure = None;
     for entry in entries.iter_mut() {
-        if worker::caller_ended(job.caller_backend, job.caller_lxid) {
+        if job.header.caller_ended() {
             failure = Some((
                 PgSqlErrorCode::ERRCODE_QUERY_CANCELED as i32,
                 "the session that asked for pruning is gone".to_owned(),
@@ -683,9 +662,8 @@ pub extern "C-unwind" fn envelopes_prune_worker(arg: pg_sys::Datum) {
         }
         job.processed.fetch_add(1, Ordering::Release);
     }
-    job.outcome.set(failure.map_or(Ok(()), Err));
-    // SAFETY: done with the segment.
-    unsafe { pg_sys::dsm_detach(segment) };
+    job.header.outcome.set(failure.map_or(Ok(()), Err));
+    drop(segment);
 }
 
 /// The settings of each of the worker's transactions: a pinned search_path (its

@@ -1,6 +1,6 @@
 //! Read-only queries through the executor, with a snapshot the caller chooses.
 //!
-//! The read paths scan band leaves through their indexes ([`crate::scan`]), which
+//! The read paths scan band leaves through their indexes ([`crate::pg::scan`]), which
 //! only works for what they were written for: a heap table with its btree
 //! indexes. A table that is something else — a band the owner partitioned further,
 //! another access method, an index that is not there — is read with an ordinary
@@ -79,7 +79,7 @@ pub fn select(
             )
         };
     }
-    let result = crate::definer::pinned(|| {
+    let result = crate::pg::definer::pinned(|| {
         // SAFETY: a balanced SPI session: connect, prepare the NUL-terminated text
         // with as many argument types as values, execute read-only with the
         // caller's registered (or active) MVCC snapshot, read SPI_tuptable's

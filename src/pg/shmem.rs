@@ -11,6 +11,7 @@
 
 use pgrx::pg_sys;
 use pgrx::PgTryBuilder;
+use std::cell::Cell;
 use std::ffi::CStr;
 
 /// The structure `T` named `name` in shared memory, allocated (zeroed) by the
@@ -38,4 +39,53 @@ pub unsafe fn attach<T>(name: &'static CStr) -> Option<*const T> {
         None
     })
     .execute()
+}
+
+/// Where this backend found a structure of shared memory: looked up at first use
+/// ([`attach`]) and remembered for the backend's life, found or not. Held in a
+/// `thread_local!` by the structure's one user module.
+pub struct Lazy<T: 'static>(Cell<Attached<T>>);
+
+enum Attached<T: 'static> {
+    NotYet,
+    Unavailable,
+    At(&'static T),
+}
+
+impl<T> Clone for Attached<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Attached<T> {}
+
+impl<T: 'static> Lazy<T> {
+    pub const fn new() -> Lazy<T> {
+        Lazy(Cell::new(Attached::NotYet))
+    }
+
+    /// The structure named `name`, attached at the first call; `None` when the
+    /// segment had no room for it.
+    ///
+    /// # Safety
+    /// As for [`attach`]: `T` is valid when all its bytes are zero and safe to
+    /// share between processes, and every caller uses the same `T` for `name`.
+    pub unsafe fn get(&self, name: &'static CStr) -> Option<&'static T> {
+        if let Attached::NotYet = self.0.get() {
+            // SAFETY: as the caller guarantees; the structure lives in the main
+            // shared memory segment, mapped for the whole life of the backend.
+            let found = unsafe {
+                match attach::<T>(name) {
+                    Some(ptr) => Attached::At(&*ptr),
+                    None => Attached::Unavailable,
+                }
+            };
+            self.0.set(found);
+        }
+        match self.0.get() {
+            Attached::At(shared) => Some(shared),
+            _ => None,
+        }
+    }
 }

@@ -528,8 +528,9 @@ mod tests {
             .unwrap();
         // SAFETY: the table made above, scanned with a registered snapshot;
         // each tuple stays pinned until the next heap_getnext.
+        let table = crate::pg::rel::Rel::open(oid, pg_sys::AccessShareLock as i32);
         unsafe {
-            let rel = pg_sys::table_open(oid, pg_sys::AccessShareLock as i32);
+            let rel = table.as_ptr();
             let desc = (*rel).rd_att;
             // A snapshot taken now: the function's own predates the rows.
             let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
@@ -546,7 +547,6 @@ mod tests {
             assert_eq!(seen, 4);
             pg_sys::table_endscan(scan);
             pg_sys::UnregisterSnapshot(snapshot);
-            pg_sys::table_close(rel, pg_sys::AccessShareLock as i32);
         }
         // The values read back whole; the large one was stored out of line.
         assert_eq!(

@@ -20,7 +20,7 @@
 //! partitioned further, a foreign table, another access method, an index that is
 //! missing or being rebuilt) is read by the executor path instead: the same rows,
 //! in the same order, with the same snapshot, fetched by queries a chunk at a time
-//! ([`crate::executor`]). The caller says which path a table takes (the partition
+//! ([`crate::pg::executor`]). The caller says which path a table takes (the partition
 //! catalog checks each band when it loads it); whatever it says, a table whose
 //! relation or index lacks what the index path dereferences is never read by it.
 //!
@@ -28,8 +28,9 @@
 //! keeps it until the transaction ends (the read functions, as a query does) or
 //! gives it back when the scan closes (the feed's own reads).
 
-use crate::executor::{self, Param};
-use crate::tuple;
+use crate::pg::executor::{self, Param};
+use crate::pg::rel::Rel;
+use crate::pg::tuple;
 use pgrx::pg_sys::{self, Datum, Oid};
 use pgrx::{FromDatum, PgMemoryContexts};
 use std::ffi::CStr;
@@ -1137,10 +1138,10 @@ pub unsafe fn primary_key_on(heap: pg_sys::Relation, columns: &[&str]) -> Oid {
         let on = match KEYS_ON.with(|k| k.borrow().get(&key).copied()) {
             Some(on) => on,
             None => {
-                let index = pg_sys::index_open(oid, lock);
+                let index = Rel::open_index(oid, lock);
+                let index = index.as_ptr();
                 let on = (*(*index).rd_rel).relam == pg_sys::BTREE_AM_OID
                     && index_is_on(heap, index, columns);
-                pg_sys::index_close(index, lock);
                 KEYS_ON.with(|k| k.borrow_mut().insert(key, on));
                 on
             }
@@ -1189,9 +1190,7 @@ pub unsafe fn topic_index(heap: pg_sys::Relation) -> Oid {
         let mut found = pg_sys::InvalidOid;
         for cell in cells {
             let oid = cell.oid_value;
-            let index = pg_sys::index_open(oid, lock);
-            let matches = index_serves(heap, index, TOPIC_KEY);
-            pg_sys::index_close(index, lock);
+            let matches = index_serves(heap, Rel::open_index(oid, lock).as_ptr(), TOPIC_KEY);
             if matches {
                 found = oid;
                 break;

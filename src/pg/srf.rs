@@ -9,19 +9,16 @@
 //! definitions are in `sql/reads.sql`; [`materialized_srf!`] declares the
 //! C-callable symbols those definitions name.
 
-use crate::partition::PartitionError;
-use crate::read::{missing, At, Flow};
-use crate::select::Row;
-use crate::tuple::Former;
+use crate::pg::tuple::Former;
 use pgrx::pg_sys::{self, Datum};
-use pgrx::{IntoDatum, PgMemoryContexts};
+use pgrx::PgMemoryContexts;
 
 /// The result set of the current call, as a tuplestore.
 pub struct Materialized {
     rsinfo: *mut pg_sys::ReturnSetInfo,
     /// Rows stored so far.
     pub len: usize,
-    /// Where an owned row's datums are built ([`Materialized::put_envelope`]);
+    /// Where an owned row's datums are built ([`Materialized::put_built`]);
     /// reset after the row is stored (the tuplestore keeps its own copy). Made
     /// at the first such row: rows stored from the scans need none.
     scratch: Option<PgMemoryContexts>,
@@ -63,80 +60,38 @@ impl Materialized {
         }
     }
 
-    /// Appends the envelope row a walk stands on, straight from the scans' slots
-    /// (no copy but the tuplestore's own).
-    pub fn put_at(&mut self, at: &mut At<'_>) -> Result<(), PartitionError> {
-        let cols = at.cols;
-        let time = at.meta.value(cols.gateway_time).ok_or_else(missing)?;
-        let topic = at.meta.flat_value(cols.topic).ok_or_else(missing)?;
-        let payer = at.meta.value(cols.payer_id);
-        let expiry = at.meta.value(cols.expiry);
-        let envelope = at.envelope.ok_or_else(missing)?;
-        let mut values = [
-            Datum::from(at.node),
-            Datum::from(at.seq),
-            time,
-            topic,
-            payer.unwrap_or_else(Datum::null),
-            expiry.unwrap_or_else(Datum::null),
-            envelope,
-        ];
-        let mut nulls = [
-            false,
-            false,
-            false,
-            false,
-            payer.is_none(),
-            expiry.is_none(),
-            false,
-        ];
-        // SAFETY: the datums are the columns' own (int4, int8, timestamptz, flat
-        // bytea, int4, int8, flat bytea), valid while the walk stands on the row.
-        unsafe { self.store(&mut values, &mut nulls) };
+    /// Appends a row of datums that stay valid while it is stored (a scan's
+    /// current row, say).
+    ///
+    /// # Safety
+    /// As for [`Materialized::store`].
+    pub unsafe fn put(&mut self, values: &mut [Datum], nulls: &mut [bool]) {
+        // SAFETY: as the caller guarantees.
+        unsafe { self.store(values, nulls) };
         self.len += 1;
-        Ok(())
     }
 
-    /// Appends the row a walk stands on and tells the walk to stop once the set
-    /// holds `limit` rows.
-    pub fn take(&mut self, at: &mut At<'_>, limit: usize) -> Result<Flow, PartitionError> {
-        self.put_at(at)?;
-        Ok(if self.len >= limit {
-            Flow::Stop
-        } else {
-            Flow::Continue
-        })
-    }
-
-    /// Appends an envelope row (the seven columns of the selectors).
-    pub fn put_envelope(&mut self, row: Row) {
-        let (node, seq, time, topic, payer, expiry, envelope) = row;
-        // SAFETY: the datums are built in the scratch context, copied into the
-        // tuplestore by store, and freed by the reset; nothing else points there.
+    /// Appends a row whose datums `build` makes (allocating them as it likes):
+    /// they are built in a scratch memory context, copied into the tuplestore
+    /// and freed.
+    ///
+    /// # Safety
+    /// `build` returns one datum per column of the result, of the declared
+    /// types, flat (see [`Materialized::store`]).
+    pub unsafe fn put_built<const N: usize>(
+        &mut self,
+        build: impl FnOnce() -> ([Datum; N], [bool; N]),
+    ) {
         let mut scratch = self
             .scratch
             .take()
             .unwrap_or_else(|| PgMemoryContexts::new("pg_envelopes result row"));
+        // SAFETY: the datums are built in the scratch context, copied into the
+        // tuplestore by store (valid as the caller guarantees), and freed by the
+        // reset; nothing else points there.
         unsafe {
             scratch.switch_to(|_| {
-                let mut values = [
-                    Datum::from(node),
-                    Datum::from(seq),
-                    time.into_datum().unwrap_or_else(Datum::null),
-                    topic.into_datum().unwrap_or_else(Datum::null),
-                    payer.map(Datum::from).unwrap_or_else(Datum::null),
-                    expiry.map(Datum::from).unwrap_or_else(Datum::null),
-                    envelope.into_datum().unwrap_or_else(Datum::null),
-                ];
-                let mut nulls = [
-                    false,
-                    false,
-                    false,
-                    false,
-                    payer.is_none(),
-                    expiry.is_none(),
-                    false,
-                ];
+                let (mut values, mut nulls) = build();
                 self.store(&mut values, &mut nulls);
             });
             scratch.reset();
@@ -205,7 +160,7 @@ macro_rules! materialized_srf {
             let body = move || {
                 use $crate::error::OrRaise;
                 // SAFETY: fcinfo is this call's, from the function manager.
-                let mut result = unsafe { $crate::srf::Materialized::begin($fcinfo) };
+                let mut result = unsafe { $crate::pg::srf::Materialized::begin($fcinfo) };
                 let $out = &mut result;
                 $body.or_raise();
                 ::pgrx::pg_sys::Datum::from(0)
