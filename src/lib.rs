@@ -9,20 +9,10 @@
 
 use pgrx::prelude::*;
 
-mod consumer;
 mod error;
-mod feed;
 mod gucs;
-mod insert;
-mod lease;
-mod lookup;
-mod outbox;
-mod partition;
 mod pg;
-mod read;
-mod results;
-mod select;
-mod shapes;
+mod store;
 #[cfg(any(test, feature = "pg_test"))]
 mod testing;
 
@@ -34,19 +24,19 @@ pgrx::extension_sql_file!("../sql/storage.sql", name = "storage", bootstrap);
 pgrx::extension_sql_file!(
     "../sql/view.sql",
     name = "view",
-    requires = ["storage", lookup::envelope_of]
+    requires = ["storage", store::read::lookup::envelope_of]
 );
 // Partition listing and retention, in SQL and PL/pgSQL over the tables above.
 pgrx::extension_sql_file!(
     "../sql/retention.sql",
     name = "retention",
-    requires = ["storage", partition::_prune_guard]
+    requires = ["storage", store::partition::_prune_guard]
 );
 // The outbox and its doorbell triggers.
 pgrx::extension_sql_file!(
     "../sql/outbox.sql",
     name = "outbox_tables",
-    requires = ["storage", outbox::notify_on_insert]
+    requires = ["storage", store::outbox::notify_on_insert]
 );
 // Consumers: positions, acknowledgements, dead letters, status.
 pgrx::extension_sql_file!(
@@ -55,13 +45,13 @@ pgrx::extension_sql_file!(
     requires = [
         "storage",
         "outbox_tables",
-        feed::originator_ceilings,
-        feed::forget_high_water_marks,
-        consumer::consumer_envelopes_pending,
-        consumer::_acts_for,
-        lease::_lease_take,
-        lease::_lease_release,
-        lease::_lease_check
+        store::feed::originator_ceilings,
+        store::feed::forget_high_water_marks,
+        store::consumer::consumer_envelopes_pending,
+        store::consumer::_acts_for,
+        store::lease::_lease_take,
+        store::lease::_lease_release,
+        store::lease::_lease_check
     ]
 );
 
@@ -74,11 +64,11 @@ pgrx::extension_sql_file!(
     name = "ingress_positions",
     requires = [
         "storage",
-        consumer::_acts_for,
-        consumer::_caller,
-        lease::_lease_take,
-        lease::_lease_release,
-        lease::_lease_check
+        store::consumer::_acts_for,
+        store::consumer::_caller,
+        store::lease::_lease_take,
+        store::lease::_lease_release,
+        store::lease::_lease_check
     ]
 );
 
@@ -104,7 +94,7 @@ pgrx::extension_sql_file!("../sql/privileges.sql", name = "privileges", finalize
 pub extern "C-unwind" fn _PG_init() {
     error::no_backtraces();
     gucs::init();
-    partition::cache::register_invalidation_callback();
+    store::partition::cache::register_invalidation_callback();
 }
 
 /// Required by `cargo pgrx test`: hooks for the throwaway test cluster.

@@ -2,7 +2,7 @@
 //! catch-up wave, the newest envelope of each topic, one originator from a
 //! position, and the highest sequence id of given originators.
 //!
-//! Every shape reads the band leaves directly ([`crate::read`]): one
+//! Every shape reads the band leaves directly ([`crate::store::read`]): one
 //! originator's rows through its meta leaves' primary key merged with a range
 //! scan of the blob leaves, a topic's rows through each meta leaf's
 //! `(topic, originator_sequence_id)` index, one scan per cursor entry merged by
@@ -22,14 +22,14 @@
 //! to the last row returned never skips a lower sequence id that commits later.
 
 use crate::error::{PgSqlErrorCode, SqlError};
-use crate::feed::markers::MarkerError;
-use crate::feed::Gate;
-use crate::partition::PartitionError;
 use crate::pg::scan::Reading;
 use crate::pg::srf::{arg, materialized_srf, Materialized};
-use crate::read::{self, TopicEntry};
-use crate::results::EnvelopeResults;
-use crate::select::{self, elements, statement_snapshot, SelectError};
+use crate::store::feed::markers::MarkerError;
+use crate::store::feed::Gate;
+use crate::store::partition::PartitionError;
+use crate::store::read::results::EnvelopeResults;
+use crate::store::read::select::{self, elements, statement_snapshot, SelectError};
+use crate::store::read::{self, TopicEntry};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -342,7 +342,7 @@ fn newest_by_topic(
 ) -> Result<(), ShapeError> {
     let topics: BTreeSet<Vec<u8>> = topics_of("topics", topics)?.into_iter().collect();
     let snapshot = statement_snapshot()?;
-    let originators = crate::partition::originators()?;
+    let originators = crate::store::partition::originators()?;
     for topic in topics {
         let mut newest: Option<read::EnvelopeRow> = None;
         for node in &originators {
@@ -358,7 +358,7 @@ fn newest_by_topic(
             }
         }
         if let Some(row) = newest {
-            out.put_envelope(crate::results::as_row(row));
+            out.put_envelope(crate::store::read::results::as_row(row));
         }
     }
     Ok(())

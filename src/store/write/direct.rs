@@ -29,10 +29,10 @@
 //! runs on the root), so the caller rings the doorbell itself
 //! ([`Writer::rings_doorbell`] tells whether the trigger would have).
 
-use crate::partition::band::Table;
-use crate::partition::cache::Route;
 use crate::pg::rel::Rel;
 use crate::pg::scan::Path;
+use crate::store::partition::band::Table;
+use crate::store::partition::cache::Route;
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -185,7 +185,7 @@ impl Writer {
     /// owner): the caller then takes the SQL path. The routes are locked already.
     /// `bulk` asks for a bulk-insert buffer strategy (large batches). A band the
     /// partition catalog found lacking for the direct paths (partitioned, another
-    /// access method, an index missing: [`crate::partition::Lacks`]) takes the SQL
+    /// access method, an index missing: [`crate::store::partition::Lacks`]) takes the SQL
     /// path too. An INSERT rule on a root is an error ([`DirectError::Rule`]):
     /// neither path can apply it (the SQL path's `ON CONFLICT` is refused by
     /// Postgres on such a table).
@@ -315,7 +315,7 @@ impl Writer {
         let estate = self.estate;
         // SAFETY: as in insert_blob; nextval_oid draws from the identity sequence
         // the functions' owner owns, given its valid oid (the marker naming the
-        // last drawn id is held, see crate::feed::markers).
+        // last drawn id is held, see crate::store::feed::markers).
         unsafe {
             let (rel, slot) = {
                 let leaf = &self.leaves[index];

@@ -12,12 +12,12 @@
 //! Postgres discards its pending notifications.
 //!
 //! `publish()` takes the outbox's in-flight marker before its row draws an id, so
-//! the consumers' reads (`crate::consumer`) never pass an id that a running
-//! transaction may still commit (see `crate::feed`).
+//! the consumers' reads (`crate::store::consumer`) never pass an id that a running
+//! transaction may still commit (see `crate::store::feed`).
 
 use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
-use crate::feed::markers::{self, Drawn, MarkerError};
 use crate::gucs;
+use crate::store::feed::markers::{self, Drawn, MarkerError};
 use pgrx::datum::{DatumWithOid, JsonB};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -148,7 +148,7 @@ fn publish_row(
     if len > max {
         return Err(OutboxError::HeadersTooLarge { len, max });
     }
-    // Before the row draws its id (see crate::feed).
+    // Before the row draws its id (see crate::store::feed).
     markers::mark_drawn(Drawn::Outbox)?;
     Spi::connect_mut(|client| {
         let cached = PUBLISH_PLAN.with(|p| p.borrow().clone());
@@ -300,7 +300,7 @@ fn send_pending() {
 /// Statement-level trigger on the envelope and outbox tables: notes the change for
 /// the transaction's single notification (nothing when `envelopes.notify = off`,
 /// for bulk loads), and tells the change feed about envelopes written around the
-/// insert functions (see `crate::feed`).
+/// insert functions (see `crate::store::feed`).
 #[pg_trigger]
 fn notify_on_insert<'a>(
     trigger: &'a pgrx::PgTrigger<'a>,
@@ -316,7 +316,7 @@ fn notify_on_insert<'a>(
         _ => return Err(OutboxError::BadTrigger),
     };
     if kind == "envelopes" {
-        crate::feed::meta_written();
+        crate::store::feed::meta_written();
     }
     if gucs::notify() {
         ring(kind);

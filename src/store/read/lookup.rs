@@ -28,12 +28,12 @@
 //! view.
 
 use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
-use crate::partition::{self, band::Table, PartitionError};
 use crate::pg::executor::{self, Param};
 use crate::pg::rel::Rel;
 use crate::pg::scan::Reading;
-use crate::read;
-use crate::select;
+use crate::store::partition::{self, band::Table, PartitionError};
+use crate::store::read;
+use crate::store::read::select;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::FromDatum;

@@ -1,9 +1,9 @@
 //! The read functions' rows into their result set: envelope rows straight from
 //! the scans, or owned, and `(originator, sequence id)` pairs.
 
-use crate::partition::PartitionError;
 use crate::pg::srf::Materialized;
-use crate::read::{missing, At, EnvelopeRow, Flow};
+use crate::store::partition::PartitionError;
+use crate::store::read::{missing, At, EnvelopeRow, Flow};
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys::Datum;
 use pgrx::IntoDatum;

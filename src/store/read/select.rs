@@ -11,15 +11,15 @@
 //!
 //! Sequence order is not commit order: a reader that moves its cursor past a row
 //! it saw may skip a lower sequence id that commits later. `originator_ceilings`
-//! ([`crate::feed`]) tells readers how far they may move; the consumer functions
-//! ([`crate::consumer`]) also hand out the rows that arrive late.
+//! ([`crate::store::feed`]) tells readers how far they may move; the consumer functions
+//! ([`crate::store::consumer`]) also hand out the rows that arrive late.
 
 use crate::error::{PgSqlErrorCode, SqlError};
-use crate::partition::{self, PartitionError};
 use crate::pg::scan::Reading;
 use crate::pg::srf::Materialized;
-use crate::read;
-use crate::results::EnvelopeResults;
+use crate::store::partition::{self, PartitionError};
+use crate::store::read;
+use crate::store::read::results::EnvelopeResults;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::collections::HashMap;

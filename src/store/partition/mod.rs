@@ -1,7 +1,7 @@
 //! Partitions: band arithmetic and names ([`band`]), the known-partition cache
 //! ([`cache`]), catalog reads and DDL ([`catalog`]), creation under the creation
-//! lock in the caller's transaction or a worker ([`create`], [`worker`]),
-//! retention ([`prune`]), and the two entry points the rest of the extension uses:
+//! lock in the caller's transaction or a worker ([`create`]), and the two entry
+//! points the rest of the extension uses:
 //! [`route`] on the hot path and [`ensure_band`] when a row has nowhere to go yet.
 //!
 //! Creation happens under one advisory lock per database (see
@@ -17,7 +17,6 @@ pub mod band;
 pub mod cache;
 mod catalog;
 mod create;
-pub mod prune;
 
 use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
 use crate::pg::locks;

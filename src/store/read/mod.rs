@@ -7,9 +7,14 @@
 //! keys over the same range and merged by sequence id, so a batch costs two range
 //! scans per band rather than one index lookup per row.
 
-use crate::partition::band::{RangeBound, Table};
-use crate::partition::{self, PartitionError};
+pub mod lookup;
+pub mod results;
+pub mod select;
+pub mod shapes;
+
 use crate::pg::scan::{Range, Reading, Scan, Seeker};
+use crate::store::partition::band::{RangeBound, Table};
+use crate::store::partition::{self, PartitionError};
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys::{self, Oid};
 

@@ -59,10 +59,10 @@ pub mod late;
 pub mod markers;
 
 use crate::error::SqlError;
-use crate::partition::PartitionError;
 use crate::pg::scan::Reading;
 use crate::pg::snapshot::Fresh;
-use crate::read;
+use crate::store::partition::PartitionError;
+use crate::store::read;
 use markers::{Drawn, MarkerError, Markers};
 use pgrx::prelude::*;
 
@@ -234,7 +234,7 @@ fn originator_ceilings(
     let ceilings = || -> Result<Vec<(i32, i64)>, CeilingError> {
         let gate = Gate::open()?;
         let mut out = Vec::new();
-        for node in crate::partition::originators()? {
+        for node in crate::store::partition::originators()? {
             if let Some(ceiling) = gate.envelope_ceiling(node)? {
                 out.push((node, ceiling));
             }

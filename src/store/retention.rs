@@ -38,12 +38,12 @@
 //! deletes match rows by `tableoid` and `ctid`, which alone repeats across
 //! sub-partitions).
 
-use super::PartitionError;
 use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
 use crate::pg::locks;
 use crate::pg::scan::{Range, Scan};
 use crate::pg::snapshot::Latest;
 use crate::pg::worker::{self, Header, Segment};
+use crate::store::partition::PartitionError;
 use pgrx::pg_sys::{self, Oid};
 use pgrx::prelude::*;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -14,10 +14,10 @@
 //! originator's newest bands backwards with a fresh snapshot.
 
 use super::highwater::{self, Noted};
-use crate::partition::PartitionError;
 use crate::pg::scan::Reading;
 use crate::pg::snapshot::Latest;
-use crate::read;
+use crate::store::partition::PartitionError;
+use crate::store::read;
 use pgrx::pg_sys;
 
 /// What [`committed_above`] found for rows about to be inserted.

@@ -10,11 +10,11 @@
 //! The hot path (partitions already known) validates the input, asks the
 //! partition cache for the row's route, locks it, takes the change feed's
 //! envelope marker, checks whether the row arrives late (below a sequence id of
-//! its originator that another transaction has committed, see [`crate::feed`]),
+//! its originator that another transaction has committed, see [`crate::store::feed`]),
 //! and writes the rows straight into their band leaves ([`direct`]): no SQL
 //! statement, no subtransaction, no catalog query. A late row is flagged and
 //! recorded in the late-envelope feed on the same path. Only a cache miss pays
-//! for the catalog read, the advisory lock and the DDL (see [`crate::partition`]);
+//! for the catalog read, the advisory lock and the DDL (see [`crate::store::partition`]);
 //! there is no "no partition found" error to recover from, because a row is only
 //! inserted once its partitions are known to exist. Tables the direct path does
 //! not reproduce (a trigger, a changed layout, see [`direct::Writer::open`]) get
@@ -24,10 +24,10 @@
 mod direct;
 
 use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
-use crate::feed::markers::{self, Drawn, MarkerError};
-use crate::feed::{self, late};
 use crate::gucs;
-use crate::partition::{self, cache, PartitionError};
+use crate::store::feed::markers::{self, Drawn, MarkerError};
+use crate::store::feed::{self, late};
+use crate::store::partition::{self, cache, PartitionError};
 use pgrx::datum::{DatumWithOid, TimestampWithTimeZone};
 use pgrx::prelude::*;
 use pgrx::spi::{OwnedPreparedStatement, Spi};
@@ -359,7 +359,7 @@ fn insert_one(
     let envelope = check_envelope(originator_envelope)?;
     check_time(gateway_time, || "gateway_time".to_owned())?;
     let routes = partition::route(node, seq, gucs::band_width())?;
-    // Marker first, then the lateness check (see crate::feed).
+    // Marker first, then the lateness check (see crate::store::feed).
     markers::mark_envelope(node, seq);
     let lateness = late::committed_above(node, seq, seq)?;
     let late = lateness.above.is_some();
@@ -903,7 +903,7 @@ where
     let rings = writer.rings_doorbell();
     writer.finish()?;
     if any_meta && rings {
-        crate::outbox::ring_for_envelopes();
+        crate::store::outbox::ring_for_envelopes();
     }
     Ok(Some(new))
 }

@@ -3,7 +3,7 @@
 //! A consumer has three positions: a vector clock over originators (the last
 //! sequence id handed out per originator, 0 when absent), a position in the
 //! late-envelope feed and a position in the outbox. The batch functions read
-//! through a [`Gate`] (see [`crate::feed`] for why that hands out every committed
+//! through a [`Gate`] (see [`crate::store::feed`] for why that hands out every committed
 //! row), the acknowledgement functions (SQL, `sql/consumer.sql`) move the
 //! positions forward only.
 //!
@@ -16,12 +16,12 @@
 //! too and refreshed from the rows whose `version` is newer than the cached one.
 
 use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
-use crate::feed::clock;
-use crate::feed::markers::{Drawn, MarkerError};
-use crate::feed::{Gate, Sample};
-use crate::partition::{self, PartitionError};
 use crate::pg::scan::{Range, Scan};
-use crate::read::{self, Blobs, EnvelopeRow, Flow};
+use crate::store::feed::clock;
+use crate::store::feed::markers::{Drawn, MarkerError};
+use crate::store::feed::{Gate, Sample};
+use crate::store::partition::{self, PartitionError};
+use crate::store::read::{self, Blobs, EnvelopeRow, Flow};
 use pgrx::datum::{DatumWithOid, JsonB, TimestampWithTimeZone};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -53,7 +53,7 @@ pub enum ConsumerError {
     #[error("{0}")]
     Marker(#[from] MarkerError),
     #[error("{0}")]
-    Lease(#[from] crate::lease::LeaseError),
+    Lease(#[from] crate::store::lease::LeaseError),
     #[error("a feed table of the extension is missing or damaged: {0}")]
     Feed(&'static str),
     #[error("SPI error in the consumer functions: {0}")]
@@ -593,7 +593,7 @@ struct Pass {
 /// Reads `node`'s rows after `after` for an envelope batch through `gate`:
 /// hands the in-order ones out into `out` (within `budget`) up to the last one
 /// whose transaction had ended when the markers were listed (see
-/// [`crate::feed`]), and steps over the late rows right after `after` (the late
+/// [`crate::store::feed`]), and steps over the late rows right after `after` (the late
 /// feed hands those out), at most [`MAX_LATE_STEPPED_OVER`] of them.
 fn read_in_order(
     node: i32,
@@ -636,7 +636,7 @@ fn read_in_order(
     let read_len = read.len();
     let last_read = read.last().map(|row| row.seq);
     // Hand out rows only up to the last one whose transaction had ended before
-    // the markers were listed (see crate::feed).
+    // the markers were listed (see crate::store::feed).
     let settled = read
         .iter()
         .rposition(|row| before.saw_end_of(row.inserted_xid))
@@ -967,7 +967,7 @@ fn envelope_ack(
         return Err(ConsumerError::Unknown(consumer.to_owned()));
     };
     check_owner(consumer, owner, extension_owner)?;
-    crate::lease::check(crate::lease::Kind::Egress, consumer, "")?;
+    crate::store::lease::check(crate::store::lease::Kind::Egress, consumer, "")?;
     if let Some(id) = late_id {
         if id > Drawn::Late.last_drawn()? {
             return Err(ConsumerError::NeverDrawn(id));
