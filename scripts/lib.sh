@@ -141,15 +141,18 @@ cluster_psql() {
 install_extension() {
     local profile=${1:-debug}
     local flags=()
-    [ "$profile" = release ] && flags+=(--release)
+    [ "$profile" = release ] || flags+=(--debug)
     log "installing the extension ($profile build)"
-    # Unlink the installed library first: copied over in place, the file that
-    # running backends have mapped would change under them (SIGBUS or SIGSEGV in
-    # another test's server); unlinked, they keep the old file until they exit.
-    rm -f "$("$PG_CONFIG" --pkglibdir)/pg_envelopes.so"
-    cargo pgrx install --pg-config "$PG_CONFIG" "${flags[@]}" >/dev/null
+    # Built into a package directory (which mirrors the absolute paths of
+    # PG_CONFIG's installation), then copied with --remove-destination: each
+    # installed file is unlinked before the new one is written, so the library
+    # that running backends (another test's server) have mapped never changes
+    # under them (cargo pgrx install writes it in place); they keep the old one
+    # until they exit.
+    cargo pgrx package --pg-config "$PG_CONFIG" "${flags[@]}" >/dev/null
+    cp -R --remove-destination "${CARGO_TARGET_DIR:-target}/$profile/pg_envelopes-pg15/." /
     # Install scripts of released versions, so older versions can be created and
-    # upgraded (upgrade scripts in sql/ are copied by cargo pgrx install itself).
+    # upgraded (the upgrade scripts in sql/ are in the package).
     cp sql/releases/pg_envelopes--*.sql "$("$PG_CONFIG" --sharedir)/extension/"
     # The router extension (pure SQL, for a proxy database in front of shards).
     make -s -C router install PG_CONFIG="$PG_CONFIG" >/dev/null

@@ -3,12 +3,35 @@
 //!
 //! This file only declares the modules, loads the hand-written DDL and registers
 //! what a backend needs when the library is loaded. See the README for the SQL
-//! surface and ../DESIGN (docs/) for the reasons behind the choices.
+//! surface and the reasons behind the choices.
+//!
+//! # Layers
+//!
+//! The code is in three layers, each calling only the one below it:
+//!
+//! - [`api`], the **SQL surface**: every `#[pg_extern]`, trigger and SQL
+//!   definition, argument checks, set-returning plumbing, who may act for whom.
+//!   Nothing imports it. It touches no Postgres internals (no `pg_sys`): it
+//!   checks what the caller gave and hands plain values to the store.
+//! - [`store`], the **envelope store**: partitions (routing, creation, the
+//!   catalog and its cache), the write path, reads and scans of the bands, the
+//!   change feed, consumers, the outbox, leases and retention. It calls the glue,
+//!   and `pg_sys` where no wrapper would say more than the call itself.
+//! - [`pg`], the **Postgres glue**: relation guards, scans and tuple layout,
+//!   snapshots, locks and their order, the background-worker runner, catalog
+//!   invalidation, shared memory, roles and privileges, the definer switch.
+//!   It imports nothing of the extension but [`error`] and itself.
+//!
+//! [`error`] (errors and their SQLSTATEs) and [`gucs`] (settings) serve every
+//! layer. `grep -rn 'crate::api' src/store src/pg` and `grep -rn 'crate::store'
+//! src/pg` find nothing, and `grep -rn pg_sys src/api` finds nothing: that is
+//! the rule, checked in one line each.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
 use pgrx::prelude::*;
 
+mod api;
 mod error;
 mod gucs;
 mod pg;
@@ -24,19 +47,19 @@ pgrx::extension_sql_file!("../sql/storage.sql", name = "storage", bootstrap);
 pgrx::extension_sql_file!(
     "../sql/view.sql",
     name = "view",
-    requires = ["storage", store::read::lookup::envelope_of]
+    requires = ["storage", api::reads::envelope_of]
 );
 // Partition listing and retention, in SQL and PL/pgSQL over the tables above.
 pgrx::extension_sql_file!(
     "../sql/retention.sql",
     name = "retention",
-    requires = ["storage", store::partition::_prune_guard]
+    requires = ["storage", api::partitions::_prune_guard]
 );
 // The outbox and its doorbell triggers.
 pgrx::extension_sql_file!(
     "../sql/outbox.sql",
     name = "outbox_tables",
-    requires = ["storage", store::outbox::notify_on_insert]
+    requires = ["storage", api::outbox::notify_on_insert]
 );
 // Consumers: positions, acknowledgements, dead letters, status.
 pgrx::extension_sql_file!(
@@ -45,18 +68,16 @@ pgrx::extension_sql_file!(
     requires = [
         "storage",
         "outbox_tables",
-        store::feed::originator_ceilings,
-        store::feed::forget_high_water_marks,
-        store::consumer::consumer_envelopes_pending,
-        store::consumer::_acts_for,
-        store::lease::_lease_take,
-        store::lease::_lease_release,
-        store::lease::_lease_check
+        api::feed::originator_ceilings,
+        api::feed::forget_high_water_marks,
+        api::consumer::consumer_envelopes_pending,
+        api::roles::_acts_for,
+        api::roles::_consumer_owner_check,
+        api::lease::_lease_take,
+        api::lease::_lease_release,
+        api::lease::_lease_check
     ]
 );
-
-// The read functions, in materialize mode (src/srf.rs), over the tables above.
-pgrx::extension_sql_file!("../sql/reads.sql", name = "reads", requires = ["storage"]);
 
 // Positions of ingress consumers (bus -> store).
 pgrx::extension_sql_file!(
@@ -64,11 +85,11 @@ pgrx::extension_sql_file!(
     name = "ingress_positions",
     requires = [
         "storage",
-        store::consumer::_acts_for,
-        store::consumer::_caller,
-        store::lease::_lease_take,
-        store::lease::_lease_release,
-        store::lease::_lease_check
+        api::roles::_acts_for,
+        api::roles::_caller,
+        api::lease::_lease_take,
+        api::lease::_lease_release,
+        api::lease::_lease_check
     ]
 );
 
@@ -82,7 +103,12 @@ pgrx::extension_sql_file!(
         "outbox_tables",
         "consumers",
         "ingress_positions",
-        "reads",
+        "select_gateway_envelopes",
+        "select_by_topic_cursors",
+        "select_wave",
+        "select_newest_by_topic",
+        "select_originator",
+        "originator_maxima",
         "view"
     ]
 );

@@ -8,7 +8,7 @@
 //! call: a new GUC nest level, the setting parsed and applied, and undone on
 //! return (measured at several percent of a single-row insert). The insert
 //! functions' hot path runs no SQL at all (the direct write path,
-//! `crate::store::write`), so they pin the path only around what does run SQL: partition
+//! the store's write path), so they pin the path only around what does run SQL: partition
 //! creation and the SQL insert path. [`pinned`] does that the way the function
 //! manager does for `SET search_path`. (tests/tests/hardening.rs plants a hostile
 //! operator in the caller's path and checks that it never runs.)

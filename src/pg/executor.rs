@@ -6,7 +6,7 @@
 //! another access method, an index that is not there — is read with an ordinary
 //! query instead, through SPI, which lets the planner and the executor deal with
 //! whatever the table is (correct, if slower). And where row-level security
-//! applies to the caller (`crate::store::read::lookup`), only the executor applies it.
+//! applies to the caller (the view's byte lookup), only the executor applies it.
 //!
 //! SPI would read with the active snapshot (or, once the transaction has written,
 //! take a new one); these reads need the snapshot their caller chose (the

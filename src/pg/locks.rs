@@ -1,5 +1,5 @@
 //! Advisory locks the extension takes for itself (the change feed's in-flight
-//! markers are in [`crate::store::feed::markers`], which also reads them back).
+//! markers are in the store's feed, which also reads them back).
 //!
 //! # Lock order
 //!
@@ -16,7 +16,7 @@
 //! `prune_expired` is outside the order on purpose: it asks for every lock it
 //! takes (ACCESS EXCLUSIVE on parents and leaves, then the prune guard) without
 //! waiting, releases all of them when one is refused, and so never waits while
-//! holding anything (see `crate::store::retention`). A waiter that holds nothing
+//! holding anything (see the store's retention). A waiter that holds nothing
 //! closes no cycle, which is why pruning cannot deadlock with creation.
 //!
 //! The advisory locks live in the advisory lock space (visible in `pg_locks` with
@@ -41,9 +41,9 @@ pub const LAUNCH_SUBID: u16 = 0x4503;
 /// = node, `classid` = database, `objid` = a hash of the band's lower bound).
 pub const PRUNE_GUARD_SUBID: u16 = 0x4504;
 
-/// `objsubid` of a bridge's lease (see [`crate::store::lease`]): `classid` and `objid`
+/// `objsubid` of a bridge's lease (see the store's leases): `classid` and `objid`
 /// are the two halves of the lease's 64-bit key. (0x4502, 0x4505 and 0x4506
-/// are the change feed's markers, `crate::store::feed::markers`.)
+/// are the change feed's markers.)
 pub const LEASE_SUBID: u16 = 0x4507;
 
 /// An advisory LOCKTAG with an `objsubid` of the extension's own.

@@ -11,6 +11,7 @@
 //! result sets in materialize mode ([`srf`]). Modules here import nothing of the
 //! extension but [`crate::error`] and each other.
 
+pub mod acl;
 pub mod definer;
 pub mod executor;
 pub mod invalidation;
@@ -18,6 +19,7 @@ pub mod locks;
 pub mod rel;
 pub mod scan;
 pub mod shmem;
+pub mod slot;
 pub mod snapshot;
 pub mod srf;
 pub mod tuple;

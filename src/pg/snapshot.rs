@@ -1,9 +1,11 @@
-//! Fresh snapshots, taken at a chosen moment and independent of the caller's.
+//! Snapshots: fresh ones, taken at a chosen moment and independent of the
+//! caller's, and the calling statement's own ([`statement`]).
 //!
 //! `GetLatestSnapshot()` sees every transaction that has committed up to the
 //! moment it is called, whatever the isolation level of the calling transaction.
-//! The feed takes one before reading the in-flight markers (to know what had
-//! committed by then) and one after (to read the rows), see [`super`].
+//! The change feed takes one before reading the in-flight markers (to know what
+//! had committed by then) and one after (to read the rows), see
+//! the store's change feed.
 
 use pgrx::pg_sys;
 
@@ -113,6 +115,13 @@ fn widen(next: u64, xid: u32) -> u64 {
         epoch
     };
     (epoch << 32) | u64::from(xid)
+}
+
+/// The snapshot the calling statement reads with (`None` outside a statement).
+pub fn statement() -> Option<pg_sys::Snapshot> {
+    // SAFETY: ActiveSnapshotSet and GetActiveSnapshot only read the snapshot stack;
+    // the active snapshot stays pushed (and valid) while the calling statement runs.
+    unsafe { pg_sys::ActiveSnapshotSet().then(|| pg_sys::GetActiveSnapshot()) }
 }
 
 #[cfg(test)]

@@ -5,9 +5,9 @@
 //! manager (and, for a `SECURITY DEFINER` function, its user switch) and pgrx's
 //! call guard each time. The read functions collect their rows in one pass
 //! anyway, so they use materialize mode instead: one call fills a tuplestore
-//! (`InitMaterializedSRF`), which the executor then reads. Their SQL
-//! definitions are in `sql/reads.sql`; [`materialized_srf!`] declares the
-//! C-callable symbols those definitions name.
+//! (`InitMaterializedSRF`), which the executor then reads. [`materialized_srf!`]
+//! declares such a function once: its SQL definition and the C-callable symbol
+//! the definition names.
 
 use crate::pg::tuple::Former;
 use pgrx::pg_sys::{self, Datum};
@@ -139,11 +139,16 @@ impl Materialized {
     }
 }
 
-/// Declares a C-callable set-returning function `$symbol` (with its
-/// `pg_finfo_` record): `$body` gets the call's `fcinfo` and the result set to
-/// fill, and returns `Result<(), E>` (an error is raised).
+/// Declares a set-returning function in materialize mode: its SQL definition
+/// (`sql`, a `CREATE FUNCTION ... LANGUAGE c AS 'MODULE_PATHNAME', '$symbol'`,
+/// emitted into the extension's script under `name`) and the C-callable symbol
+/// `$symbol` (with its `pg_finfo_` record): `$body` gets the call's `fcinfo` and
+/// the result set to fill, and returns `Result<(), E>` (an error is raised).
 macro_rules! materialized_srf {
-    ($symbol:ident, $finfo:ident, |$fcinfo:ident, $out:ident| $body:expr) => {
+    ($symbol:ident, $finfo:ident, name = $name:literal, sql = $sql:literal,
+     |$fcinfo:ident, $out:ident| $body:expr) => {
+        ::pgrx::extension_sql!($sql, name = $name);
+
         #[unsafe(no_mangle)]
         #[doc(hidden)]
         pub extern "C" fn $finfo() -> &'static ::pgrx::pg_sys::Pg_finfo_record {

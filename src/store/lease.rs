@@ -20,11 +20,10 @@
 //! the positions the holder relies on. Both modes are transaction- or
 //! session-level heavyweight locks: nothing here outlives the session.
 
-use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
+use crate::error::{PgSqlErrorCode, SqlError};
 use crate::pg::locks;
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
-use pgrx::prelude::*;
 use pgrx::spi::Spi;
 
 /// Errors of the lease functions.
@@ -77,7 +76,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    fn parse(kind: &str) -> Result<Kind, LeaseError> {
+    pub fn parse(kind: &str) -> Result<Kind, LeaseError> {
         match kind {
             "egress" => Ok(Kind::Egress),
             "ingress" => Ok(Kind::Ingress),
@@ -192,50 +191,6 @@ fn holder(key: u64) -> Result<Option<i32>, LeaseError> {
             DatumWithOid::from(i16::from_ne_bytes(tag.locktag_field4.to_ne_bytes())),
         ],
     )?)
-}
-
-/// For the SQL wrappers (`consumer_lease`, `ingress_lease`, which check who may
-/// act for the name first): takes the lease for this session and returns NULL,
-/// or returns the pid of the session that holds it (0 when unknown).
-#[pg_extern(volatile, parallel_unsafe)]
-fn _lease_take(
-    kind: Option<&str>,
-    name: Option<&str>,
-    stream: default!(Option<&str>, "''"),
-) -> Option<i32> {
-    (|| {
-        let kind = Kind::parse(kind.ok_or(LeaseError::Null("kind"))?)?;
-        let name = name.ok_or(LeaseError::Null("name"))?;
-        take(kind, name, stream.unwrap_or(""))
-    })()
-    .or_raise()
-}
-
-/// For the SQL wrappers: gives up this session's lease; true if it held it.
-#[pg_extern(volatile, parallel_unsafe)]
-fn _lease_release(
-    kind: Option<&str>,
-    name: Option<&str>,
-    stream: default!(Option<&str>, "''"),
-) -> bool {
-    (|| {
-        let kind = Kind::parse(kind.ok_or(LeaseError::Null("kind"))?)?;
-        let name = name.ok_or(LeaseError::Null("name"))?;
-        Ok::<_, LeaseError>(release(kind, name, stream.unwrap_or("")))
-    })()
-    .or_raise()
-}
-
-/// For the PL/pgSQL functions that move positions: 55006 while another session
-/// holds the lease.
-#[pg_extern(volatile, parallel_unsafe)]
-fn _lease_check(kind: Option<&str>, name: Option<&str>, stream: default!(Option<&str>, "''")) {
-    (|| {
-        let kind = Kind::parse(kind.ok_or(LeaseError::Null("kind"))?)?;
-        let name = name.ok_or(LeaseError::Null("name"))?;
-        check(kind, name, stream.unwrap_or(""))
-    })()
-    .or_raise()
 }
 
 #[cfg(test)]

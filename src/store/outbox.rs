@@ -15,7 +15,7 @@
 //! the consumers' reads (`crate::store::consumer`) never pass an id that a running
 //! transaction may still commit (see `crate::store::feed`).
 
-use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
+use crate::error::{PgSqlErrorCode, SqlError};
 use crate::gucs;
 use crate::store::feed::markers::{self, Drawn, MarkerError};
 use pgrx::datum::{DatumWithOid, JsonB};
@@ -123,7 +123,7 @@ thread_local! {
     static PUBLISH_PLAN: RefCell<Option<Rc<OwnedPreparedStatement>>> = const { RefCell::new(None) };
 }
 
-fn publish_row(
+pub fn publish_row(
     subject: Option<&str>,
     payload: Option<&[u8]>,
     headers: Option<JsonB>,
@@ -185,18 +185,6 @@ fn publish_row(
     })
 }
 
-/// Writes a message into `envelopes.outbox` inside the caller's transaction and
-/// returns its id. It is delivered by the bridge only if the transaction commits.
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
-#[search_path(pg_catalog, pg_temp)]
-fn publish(
-    subject: Option<&str>,
-    payload: Option<&[u8]>,
-    headers: default!(Option<JsonB>, "'{}'"),
-) -> i64 {
-    publish_row(subject, payload, headers).or_raise()
-}
-
 /// What changed in the current transaction, per notification channel.
 #[derive(Default)]
 struct Doorbell {
@@ -219,7 +207,7 @@ pub(crate) fn ring_for_envelopes() {
 
 /// Notes that rows of `kind` were inserted; the first note of a transaction
 /// arranges for the notification to be sent just before it commits.
-fn ring(kind: &'static str) {
+pub fn ring(kind: &'static str) {
     let channel = gucs::notify_channel();
     // SAFETY: MyProc is this backend's PGPROC, valid for the whole backend life.
     let lxid = unsafe { (*pg_sys::MyProc).lxid };
@@ -295,33 +283,6 @@ fn send_pending() {
         }
         LAST_RUNG.with(|last| last.borrow_mut().insert(channel, now));
     }
-}
-
-/// Statement-level trigger on the envelope and outbox tables: notes the change for
-/// the transaction's single notification (nothing when `envelopes.notify = off`,
-/// for bulk loads), and tells the change feed about envelopes written around the
-/// insert functions (see `crate::store::feed`).
-#[pg_trigger]
-fn notify_on_insert<'a>(
-    trigger: &'a pgrx::PgTrigger<'a>,
-) -> Result<Option<PgHeapTuple<'a, pgrx::AllocatedByPostgres>>, OutboxError> {
-    let kind = match trigger
-        .extra_args()
-        .map_err(|_| OutboxError::BadTrigger)?
-        .first()
-        .map(String::as_str)
-    {
-        Some("envelopes") => "envelopes",
-        Some("outbox") => "outbox",
-        _ => return Err(OutboxError::BadTrigger),
-    };
-    if kind == "envelopes" {
-        crate::store::feed::meta_written();
-    }
-    if gucs::notify() {
-        ring(kind);
-    }
-    Ok(None)
 }
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -131,35 +131,9 @@ struct Job {
     processed: AtomicU32,
 }
 
-/// Deletes envelopes whose `expiry` (unix seconds) is before `as_of` (default:
-/// now), from meta and blob together and from the late-envelope feed, then drops
-/// band partitions left empty that are neither their originator's newest band nor
-/// ahead of its highest row. Returns one row per band it deleted rows from or
-/// looked at for dropping and found empty (`dropped` says whether it could).
-#[pg_extern(volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
-#[allow(clippy::type_complexity)]
-fn prune_expired(
-    as_of: default!(Option<i64>, "NULL"),
-    lock_timeout_ms: default!(Option<i32>, "200"),
-    in_transaction: default!(Option<bool>, "false"),
-) -> TableIterator<
-    'static,
-    (
-        name!(originator_node_id, i32),
-        name!(band_start, i64),
-        name!(band_end, Option<i64>),
-        name!(deleted_rows, i64),
-        name!(dropped, bool),
-    ),
-> {
-    let rows = prune(as_of, lock_timeout_ms, in_transaction.unwrap_or(false)).or_raise();
-    TableIterator::new(rows)
-}
+pub type Row = (i32, i64, Option<i64>, i64, bool);
 
-type Row = (i32, i64, Option<i64>, i64, bool);
-
-fn prune(
+pub fn prune(
     as_of: Option<i64>,
     lock_timeout_ms: Option<i32>,
     in_transaction: bool,

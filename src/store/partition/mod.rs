@@ -18,12 +18,11 @@ pub mod cache;
 mod catalog;
 mod create;
 
-use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
+use crate::error::{PgSqlErrorCode, SqlError};
 use crate::pg::locks;
 use band::{Band, BandError, Table};
 use cache::Route;
 use pgrx::pg_sys;
-use pgrx::prelude::*;
 
 /// Errors of partition lookup and creation.
 #[derive(Debug, thiserror::Error)]
@@ -353,43 +352,8 @@ fn covering_band_start(node: i32, seq: i64) -> Result<Option<i64>, PartitionErro
     }))
 }
 
-/// For `prune_expired`: whether it may drop this band now (no session is between
-/// creating or finding it and inserting into it). When it may, the guard is held
-/// until the caller's transaction ends.
-#[pg_extern(volatile, parallel_unsafe)]
-fn _prune_guard(originator_node_id: i32, band_start: i64) -> bool {
-    locks::try_lock_for_prune(originator_node_id, band_start)
-}
-
-/// Creates the partitions for `(originator_node_id, originator_sequence_id)` in
-/// both tables if they do not exist yet. Idempotent: calling it again, or racing
-/// other sessions doing the same, is harmless. `band_width` defaults to the
-/// `envelopes.band_width` setting.
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
-#[search_path(pg_catalog, pg_temp)]
-fn ensure_gateway_parts(
-    originator_node_id: Option<i32>,
-    originator_sequence_id: Option<i64>,
-    band_width: default!(Option<i64>, "NULL"),
-) {
-    let ensure = || {
-        crate::pg::xact::check_writable("ensure_gateway_parts")?;
-        let node = check_node(originator_node_id)?;
-        let seq = check_sequence(originator_sequence_id)?;
-        let setting = crate::gucs::band_width();
-        let width = band_width.unwrap_or(setting);
-        Band::containing(seq, width)?; // a bad width is a bad value, whoever gives it
-                                       // A width of the caller's choosing is a way around the setting's limit.
-        if width != setting && !crate::gucs::caller_may_set("envelopes.band_width")? {
-            return Err(PartitionError::BandWidthNotAllowed);
-        }
-        ensure_band(node, seq, width)
-    };
-    ensure().or_raise()
-}
-
 #[cfg(any(test, feature = "pg_test"))]
-#[pg_schema]
+#[pgrx::pg_schema]
 mod tests {
     use crate::testing::{band_names, int8, sqlstate_of};
     use pgrx::prelude::*;

@@ -27,7 +27,8 @@
 //! `envelope_of` is not executable by PUBLIC: `grant_reader` grants it with the
 //! view.
 
-use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
+use crate::error::{PgSqlErrorCode, SqlError};
+use crate::pg::acl;
 use crate::pg::executor::{self, Param};
 use crate::pg::rel::Rel;
 use crate::pg::scan::Reading;
@@ -35,7 +36,6 @@ use crate::store::partition::{self, band::Table, PartitionError};
 use crate::store::read;
 use crate::store::read::select;
 use pgrx::pg_sys;
-use pgrx::prelude::*;
 use pgrx::FromDatum;
 use std::cell::Cell;
 
@@ -93,42 +93,20 @@ struct Access {
     row_security: bool,
 }
 
-/// When a check passed: the user, the local transaction, the command and the
-/// statement's start. The statement start changes with every statement a client
-/// sends (the command id only after a write), so a transaction that only reads is
-/// checked again at each statement and sees a revoke committed since.
-type Checked = (pg_sys::Oid, u32, u32, pg_sys::TimestampTz);
-
 thread_local! {
-    /// The last check that passed: a statement reading many rows checks once.
-    static ALLOWED: Cell<Option<(Checked, Access)>> = const { Cell::new(None) };
+    /// The last check that passed, and the statement it was made for: a
+    /// statement reading many rows checks once.
+    static ALLOWED: Cell<Option<(acl::Statement, Access)>> = const { Cell::new(None) };
 }
 
 /// What `user` may read of relation `relid`: `Some(Bytes)` with SELECT on it or
 /// on its column `originator_envelope`, `Some(Exists)` with SELECT on another of
 /// its columns only, `None` without any.
-///
-/// # Safety
-/// Calls into the ACL and syscache code; `relid` may be any oid.
-unsafe fn right_on(relid: pg_sys::Oid, user: pg_sys::Oid) -> Option<Right> {
-    let select = pg_sys::ACL_SELECT as pg_sys::AclMode;
-    let ok = pg_sys::AclResult::ACLCHECK_OK;
-    // SAFETY: pg_class_aclcheck, pg_attribute_aclcheck and
-    // pg_attribute_aclcheck_all look the relation up in the syscache and report
-    // (do not raise) what the user may do; get_attnum returns InvalidAttrNumber
-    // (0) for a column that does not exist.
-    unsafe {
-        if pg_sys::pg_class_aclcheck(relid, user, select) == ok {
-            return Some(Right::Bytes);
-        }
-        let attnum = pg_sys::get_attnum(relid, c"originator_envelope".as_ptr());
-        if attnum > 0 && pg_sys::pg_attribute_aclcheck(relid, attnum, user, select) == ok {
-            return Some(Right::Bytes);
-        }
-        (pg_sys::pg_attribute_aclcheck_all(relid, user, select, pg_sys::AclMaskHow::ACLMASK_ANY)
-            == ok)
-            .then_some(Right::Exists)
+fn right_on(relid: pg_sys::Oid, user: pg_sys::Oid) -> Option<Right> {
+    if acl::may_select(relid, user) || acl::may_select_column(relid, c"originator_envelope", user) {
+        return Some(Right::Bytes);
     }
+    acl::may_select_some_column(relid, user).then_some(Right::Exists)
 }
 
 /// The view's owner, and whether it is `security_invoker` (its tables are then
@@ -158,16 +136,7 @@ fn view_of(blob_root: pg_sys::Oid) -> Option<(pg_sys::Oid, pg_sys::Oid, bool)> {
 
 /// How the current statement's lookups read blob (checked once per statement).
 fn access(blob_root: pg_sys::Oid) -> Result<Access, LookupError> {
-    // SAFETY: reads this backend's user, transaction, command and statement
-    // start; MyProc is valid for the backend's life.
-    let now = unsafe {
-        (
-            pg_sys::GetUserId(),
-            (*pg_sys::MyProc).lxid,
-            pg_sys::GetCurrentCommandId(false),
-            pg_sys::GetCurrentStatementStartTimestamp(),
-        )
-    };
+    let now = acl::statement();
     if let Some((checked, access)) = ALLOWED.with(Cell::get) {
         if checked == now {
             return Ok(access);
@@ -178,14 +147,10 @@ fn access(blob_root: pg_sys::Oid) -> Result<Access, LookupError> {
     // were when it last took one).
     crate::pg::invalidation::accept();
     let user = now.0;
-    // SAFETY: right_on accepts any oid.
-    let on_blob = unsafe { right_on(blob_root, user) };
+    let on_blob = right_on(blob_root, user);
     // Through the view, as its owner, unless it reads as the caller.
     let on_view = view_of(blob_root).and_then(|(view, owner, invoker)| {
-        // SAFETY: as above.
-        let right = (!invoker)
-            .then(|| unsafe { right_on(view, user) })
-            .flatten()?;
+        let right = (!invoker).then(|| right_on(view, user)).flatten()?;
         Some((right, owner))
     });
     let (right, role) = match (on_blob, on_view) {
@@ -195,10 +160,7 @@ fn access(blob_root: pg_sys::Oid) -> Result<Access, LookupError> {
         (_, Some((Right::Exists, owner))) => (Right::Exists, owner),
         (None, None) => return Err(LookupError::NotAllowed),
     };
-    // SAFETY: check_enable_rls reads the relation's row-security flags and the
-    // role's attributes; with noError it raises nothing.
-    let row_security = unsafe { pg_sys::check_enable_rls(blob_root, role, true) }
-        == pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32;
+    let row_security = acl::row_security_applies(blob_root, role);
     let access = Access {
         right,
         role,
@@ -261,7 +223,9 @@ fn lookup_with_row_security(
     Ok(found)
 }
 
-fn lookup(node: i32, seq: i64) -> Result<Option<Vec<u8>>, LookupError> {
+/// The bytes of `(node, seq)` as the calling statement may see them (see the
+/// module documentation).
+pub fn lookup(node: i32, seq: i64) -> Result<Option<Vec<u8>>, LookupError> {
     let access = access(partition::root_of(Table::Blob)?)?;
     let snapshot = select::statement_snapshot().map_err(|_| LookupError::NoSnapshot)?;
     if access.row_security {
@@ -272,13 +236,4 @@ fn lookup(node: i32, seq: i64) -> Result<Option<Vec<u8>>, LookupError> {
         Right::Bytes => bytes,
         Right::Exists => bytes.map(|_| Vec::new()),
     })
-}
-
-/// The bytes of envelope `(originator_node_id, originator_sequence_id)` from
-/// `gateway_envelopes_blob`, as the calling statement sees it; NULL when there is
-/// no such row. For a role that may read only the view's other columns, an empty
-/// `bytea` for an envelope that exists (see the module documentation).
-#[pg_extern(stable, parallel_safe)]
-fn envelope_of(originator_node_id: i32, originator_sequence_id: i64) -> Option<Vec<u8>> {
-    lookup(originator_node_id, originator_sequence_id).or_raise()
 }

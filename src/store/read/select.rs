@@ -21,7 +21,6 @@ use crate::store::partition::{self, PartitionError};
 use crate::store::read;
 use crate::store::read::results::EnvelopeResults;
 use pgrx::pg_sys;
-use pgrx::prelude::*;
 use std::collections::HashMap;
 
 /// Errors of the read functions.
@@ -60,77 +59,9 @@ impl SqlError for SelectError {
     }
 }
 
-/// Reads the elements of an array argument, rejecting NULL elements.
-pub fn elements<T>(
-    name: &'static str,
-    array: Option<Array<'_, T>>,
-) -> Result<Option<Vec<T>>, SelectError>
-where
-    for<'a> T: Copy + FromDatum + pgrx::datum::UnboxDatum<As<'a> = T> + 'static,
-{
-    let Some(array) = array else { return Ok(None) };
-    array
-        .iter()
-        .enumerate()
-        .map(|(i, v)| v.ok_or(SelectError::NullElement { name, index: i + 1 }))
-        .collect::<Result<Vec<_>, _>>()
-        .map(Some)
-}
-
-/// A `bytea[]` argument's elements copied out, rejecting NULL elements.
-pub fn bytea_elements(
-    name: &'static str,
-    array: Option<Array<'_, &[u8]>>,
-) -> Result<Option<Vec<Vec<u8>>>, SelectError> {
-    let Some(array) = array else { return Ok(None) };
-    array
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            t.map(<[u8]>::to_vec)
-                .ok_or(SelectError::NullElement { name, index: i + 1 })
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map(Some)
-}
-
-/// A required, non-negative limit argument.
-pub fn limit(name: &'static str, value: Option<i32>) -> Result<usize, SelectError> {
-    match value {
-        None => Err(SelectError::Null(name)),
-        Some(value) if value < 0 => Err(SelectError::Negative { name, value }),
-        Some(value) => Ok(value as usize),
-    }
-}
-
-/// The cursor as a map; absent originators read as 0.
-fn cursor_map(nodes: Vec<i32>, seqs: Vec<i64>) -> Result<HashMap<i32, i64>, SelectError> {
-    if nodes.len() != seqs.len() {
-        return Err(SelectError::CursorLength {
-            nodes: nodes.len(),
-            seqs: seqs.len(),
-        });
-    }
-    let mut cursor = HashMap::with_capacity(nodes.len());
-    for (node, seq) in nodes.into_iter().zip(seqs) {
-        if cursor.insert(node, seq).is_some() {
-            return Err(SelectError::DuplicateCursor(node));
-        }
-    }
-    Ok(cursor)
-}
-
 /// The snapshot the calling statement reads with.
 pub fn statement_snapshot() -> Result<pg_sys::Snapshot, SelectError> {
-    // SAFETY: ActiveSnapshotSet and GetActiveSnapshot only read the snapshot stack;
-    // the active snapshot stays pushed (and valid) while the calling statement runs.
-    unsafe {
-        if pg_sys::ActiveSnapshotSet() {
-            Ok(pg_sys::GetActiveSnapshot())
-        } else {
-            Err(SelectError::NoSnapshot)
-        }
-    }
+    crate::pg::snapshot::statement().ok_or(SelectError::NoSnapshot)
 }
 
 /// Reads into `out` the rows of one originator with `after < seq <= upto`, in
@@ -168,20 +99,17 @@ pub fn read_originator(
     Ok(())
 }
 
-fn select(
-    cursor_node_ids: Option<Array<'_, i32>>,
-    cursor_sequence_ids: Option<Array<'_, i64>>,
-    topics: Option<Array<'_, &[u8]>>,
-    originator_node_ids: Option<Array<'_, i32>>,
-    row_limit: Option<i32>,
+/// `select_gateway_envelopes`: the rows after `cursor` (absent originators read
+/// from 0) of `originators` (all when `None`), restricted to `topics` when given,
+/// in (originator, sequence id) order, until `out` holds `limit` rows.
+pub fn select(
+    cursor: HashMap<i32, i64>,
+    mut topics: Option<Vec<Vec<u8>>>,
+    originators: Option<Vec<i32>>,
+    limit: usize,
     out: &mut Materialized,
 ) -> Result<(), SelectError> {
-    let limit = limit("row_limit", row_limit)?;
-    let nodes = elements("cursor_node_ids", cursor_node_ids)?.unwrap_or_default();
-    let seqs = elements("cursor_sequence_ids", cursor_sequence_ids)?.unwrap_or_default();
-    let cursor = cursor_map(nodes, seqs)?;
-    let mut topics = bytea_elements("topics", topics)?;
-    let mut originators = match elements("originator_node_ids", originator_node_ids)? {
+    let mut originators = match originators {
         Some(nodes) => nodes,
         None => partition::originators()?,
     };
@@ -214,28 +142,8 @@ fn select(
     Ok(())
 }
 
-// `select_gateway_envelopes` (sql/reads.sql): envelopes after a vector-clock
-// cursor, ordered by (originator_node_id, originator_sequence_id), at most
-// row_limit of them, in materialize mode (crate::pg::srf).
-crate::pg::srf::materialized_srf!(
-    select_gateway_envelopes_wrapper,
-    pg_finfo_select_gateway_envelopes_wrapper,
-    // SAFETY: sql/reads.sql declares the five arguments with these types.
-    |fcinfo, out| unsafe {
-        use crate::pg::srf::arg;
-        select(
-            arg(fcinfo, 0),
-            arg(fcinfo, 1),
-            arg(fcinfo, 2),
-            arg(fcinfo, 3),
-            arg(fcinfo, 4),
-            out,
-        )
-    }
-);
-
 #[cfg(any(test, feature = "pg_test"))]
-#[pg_schema]
+#[pgrx::pg_schema]
 mod tests {
     use crate::testing::{int8, sqlstate_of};
     use pgrx::prelude::*;

@@ -23,15 +23,14 @@
 
 use crate::error::{PgSqlErrorCode, SqlError};
 use crate::pg::scan::Reading;
-use crate::pg::srf::{arg, materialized_srf, Materialized};
+use crate::pg::srf::Materialized;
 use crate::store::feed::markers::MarkerError;
 use crate::store::feed::Gate;
 use crate::store::partition::PartitionError;
 use crate::store::read::results::EnvelopeResults;
-use crate::store::read::select::{self, elements, statement_snapshot, SelectError};
+use crate::store::read::select::{self, statement_snapshot, SelectError};
 use crate::store::read::{self, TopicEntry};
 use pgrx::pg_sys;
-use pgrx::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// Errors of the read shapes.
@@ -84,39 +83,8 @@ impl SqlError for ShapeError {
     }
 }
 
-/// A required array whose elements must not be NULL.
-fn required<T>(name: &'static str, array: Option<Array<'_, T>>) -> Result<Vec<T>, ShapeError>
-where
-    for<'a> T: Copy + FromDatum + pgrx::datum::UnboxDatum<As<'a> = T> + 'static,
-{
-    elements(name, array)?.ok_or(ShapeError::Null(name))
-}
-
-/// A required `bytea[]` whose elements must not be NULL, copied out.
-fn topics_of(
-    name: &'static str,
-    array: Option<Array<'_, &[u8]>>,
-) -> Result<Vec<Vec<u8>>, ShapeError> {
-    select::bytea_elements(name, array)?.ok_or(ShapeError::Null(name))
-}
-
-fn same_length(
-    first: &'static str,
-    first_len: usize,
-    second: &'static str,
-    second_len: usize,
-) -> Result<(), ShapeError> {
-    if first_len == second_len {
-        Ok(())
-    } else {
-        Err(ShapeError::Length {
-            first,
-            first_len,
-            second,
-            second_len,
-        })
-    }
-}
+/// Per originator (ascending), its cursor entries: topic -> last sequence id seen.
+pub type Entries = BTreeMap<i32, Vec<(Vec<u8>, i64)>>;
 
 /// How far, and with which snapshot, each originator is read.
 enum Horizon {
@@ -153,53 +121,6 @@ impl Horizon {
     }
 }
 
-/// Per originator (ascending), its cursor entries: topic -> last sequence id seen.
-type Entries = BTreeMap<i32, Vec<(Vec<u8>, i64)>>;
-
-/// The cursor entries of the parallel arrays, grouped by originator; a repeated
-/// (topic, originator) pair is an error.
-fn cursor_entries(
-    cursor_topics: Option<Array<'_, &[u8]>>,
-    cursor_node_ids: Option<Array<'_, i32>>,
-    cursor_sequence_ids: Option<Array<'_, i64>>,
-) -> Result<Entries, ShapeError> {
-    let topics = topics_of("cursor_topics", cursor_topics)?;
-    let nodes = required("cursor_node_ids", cursor_node_ids)?;
-    let seqs = required("cursor_sequence_ids", cursor_sequence_ids)?;
-    same_length(
-        "cursor_topics",
-        topics.len(),
-        "cursor_node_ids",
-        nodes.len(),
-    )?;
-    same_length(
-        "cursor_topics",
-        topics.len(),
-        "cursor_sequence_ids",
-        seqs.len(),
-    )?;
-    let mut seen = BTreeSet::new();
-    let mut entries = Entries::new();
-    for ((topic, node), seq) in topics.into_iter().zip(nodes).zip(seqs) {
-        if !seen.insert((node, topic.clone())) {
-            return Err(ShapeError::DuplicateEntry {
-                topic: hex(&topic),
-                node,
-            });
-        }
-        entries.entry(node).or_default().push((topic, seq));
-    }
-    Ok(entries)
-}
-
-fn hex(bytes: &[u8]) -> String {
-    let mut out = String::from("\\x");
-    for b in bytes {
-        out.push_str(&format!("{b:02x}"));
-    }
-    out
-}
-
 /// Reads the rows of `node`'s `entries` into `out`, until it holds `limit`.
 #[allow(clippy::too_many_arguments)]
 fn read_entries(
@@ -230,24 +151,20 @@ fn read_entries(
     Ok(())
 }
 
-fn by_topic_cursors(
-    cursor_topics: Option<Array<'_, &[u8]>>,
-    cursor_node_ids: Option<Array<'_, i32>>,
-    cursor_sequence_ids: Option<Array<'_, i64>>,
-    rows_per_entry: Option<i32>,
-    row_limit: Option<i32>,
-    commit_safe: Option<bool>,
+/// `select_by_topic_cursors`: per cursor entry, up to `per_entry` rows of its
+/// topic after its position, originator by originator, until `out` holds `limit`.
+pub fn by_topic_cursors(
+    entries: &Entries,
+    per_entry: usize,
+    limit: usize,
+    commit_safe: bool,
     out: &mut Materialized,
 ) -> Result<(), ShapeError> {
-    let entries = cursor_entries(cursor_topics, cursor_node_ids, cursor_sequence_ids)?;
-    let per_entry = select::limit("rows_per_entry", rows_per_entry)?;
-    let limit = select::limit("row_limit", row_limit)?;
-    let commit_safe = commit_safe.ok_or(ShapeError::Null("commit_safe"))?;
     if per_entry == 0 || limit == 0 {
         return Ok(());
     }
     let horizon = Horizon::new(commit_safe)?;
-    for (node, entries) in &entries {
+    for (node, entries) in entries {
         if out.len >= limit {
             break;
         }
@@ -268,46 +185,22 @@ fn by_topic_cursors(
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn wave(
-    cursor_topics: Option<Array<'_, &[u8]>>,
-    cursor_node_ids: Option<Array<'_, i32>>,
-    cursor_sequence_ids: Option<Array<'_, i64>>,
-    ceiling_node_ids: Option<Array<'_, i32>>,
-    ceiling_sequence_ids: Option<Array<'_, i64>>,
-    after_node_id: Option<i32>,
-    after_sequence_id: Option<i64>,
-    row_limit: Option<i32>,
-    commit_safe: Option<bool>,
+/// `select_wave`: the cursor entries' rows up to each originator's ceiling (an
+/// originator without one is not part of the wave), from `position` on (the
+/// keyset of the last row of the previous page), until `out` holds `limit`.
+pub fn wave(
+    entries: &Entries,
+    ceilings: &HashMap<i32, i64>,
+    position: Option<(i32, i64)>,
+    limit: usize,
+    commit_safe: bool,
     out: &mut Materialized,
 ) -> Result<(), ShapeError> {
-    let entries = cursor_entries(cursor_topics, cursor_node_ids, cursor_sequence_ids)?;
-    let ceiling_nodes = required("ceiling_node_ids", ceiling_node_ids)?;
-    let ceiling_seqs = required("ceiling_sequence_ids", ceiling_sequence_ids)?;
-    same_length(
-        "ceiling_node_ids",
-        ceiling_nodes.len(),
-        "ceiling_sequence_ids",
-        ceiling_seqs.len(),
-    )?;
-    let mut ceilings = HashMap::with_capacity(ceiling_nodes.len());
-    for (node, seq) in ceiling_nodes.into_iter().zip(ceiling_seqs) {
-        if ceilings.insert(node, seq).is_some() {
-            return Err(ShapeError::DuplicateCeiling(node));
-        }
-    }
-    let position = match (after_node_id, after_sequence_id) {
-        (None, None) => None,
-        (Some(node), Some(seq)) => Some((node, seq)),
-        _ => return Err(ShapeError::HalfPosition),
-    };
-    let limit = select::limit("row_limit", row_limit)?;
-    let commit_safe = commit_safe.ok_or(ShapeError::Null("commit_safe"))?;
     if limit == 0 {
         return Ok(());
     }
     let horizon = Horizon::new(commit_safe)?;
-    for (node, entries) in &entries {
+    for (node, entries) in entries {
         if out.len >= limit {
             break;
         }
@@ -336,11 +229,12 @@ fn wave(
     Ok(())
 }
 
-fn newest_by_topic(
-    topics: Option<Array<'_, &[u8]>>,
+/// `select_newest_by_topic`: per topic, of each originator's envelope with the
+/// highest sequence id on it, the one with the latest `gateway_time`.
+pub fn newest_by_topic(
+    topics: BTreeSet<Vec<u8>>,
     out: &mut Materialized,
 ) -> Result<(), ShapeError> {
-    let topics: BTreeSet<Vec<u8>> = topics_of("topics", topics)?.into_iter().collect();
     let snapshot = statement_snapshot()?;
     let originators = crate::store::partition::originators()?;
     for topic in topics {
@@ -364,17 +258,15 @@ fn newest_by_topic(
     Ok(())
 }
 
-fn originator(
-    originator_node_id: Option<i32>,
-    after_sequence_id: Option<i64>,
-    row_limit: Option<i32>,
-    commit_safe: Option<bool>,
+/// `select_originator`: one originator's rows after `after`, until `out` holds
+/// `limit`.
+pub fn originator(
+    node: i32,
+    after: i64,
+    limit: usize,
+    commit_safe: bool,
     out: &mut Materialized,
 ) -> Result<(), ShapeError> {
-    let node = originator_node_id.ok_or(ShapeError::Null("originator_node_id"))?;
-    let after = after_sequence_id.ok_or(ShapeError::Null("after_sequence_id"))?;
-    let limit = select::limit("row_limit", row_limit)?;
-    let commit_safe = commit_safe.ok_or(ShapeError::Null("commit_safe"))?;
     if limit == 0 {
         return Ok(());
     }
@@ -385,13 +277,9 @@ fn originator(
     Ok(())
 }
 
-fn maxima(
-    originator_node_ids: Option<Array<'_, i32>>,
-    out: &mut Materialized,
-) -> Result<(), ShapeError> {
-    let nodes: BTreeSet<i32> = required("originator_node_ids", originator_node_ids)?
-        .into_iter()
-        .collect();
+/// `originator_maxima`: each originator's highest sequence id (0 when it has no
+/// row).
+pub fn maxima(nodes: BTreeSet<i32>, out: &mut Materialized) -> Result<(), ShapeError> {
     let snapshot = statement_snapshot()?;
     for node in nodes {
         let max = read::highest_above(node, i64::MIN, Reading::kept(snapshot), |_| true)?;
@@ -399,72 +287,3 @@ fn maxima(
     }
     Ok(())
 }
-
-// The SQL functions (sql/reads.sql) over the bodies above, in materialize mode
-// (crate::pg::srf).
-
-materialized_srf!(
-    select_by_topic_cursors_wrapper,
-    pg_finfo_select_by_topic_cursors_wrapper,
-    // SAFETY: sql/reads.sql declares the six arguments with these types.
-    |fcinfo, out| unsafe {
-        by_topic_cursors(
-            arg(fcinfo, 0),
-            arg(fcinfo, 1),
-            arg(fcinfo, 2),
-            arg(fcinfo, 3),
-            arg(fcinfo, 4),
-            arg(fcinfo, 5),
-            out,
-        )
-    }
-);
-
-materialized_srf!(
-    select_wave_wrapper,
-    pg_finfo_select_wave_wrapper,
-    // SAFETY: sql/reads.sql declares the nine arguments with these types.
-    |fcinfo, out| unsafe {
-        wave(
-            arg(fcinfo, 0),
-            arg(fcinfo, 1),
-            arg(fcinfo, 2),
-            arg(fcinfo, 3),
-            arg(fcinfo, 4),
-            arg(fcinfo, 5),
-            arg(fcinfo, 6),
-            arg(fcinfo, 7),
-            arg(fcinfo, 8),
-            out,
-        )
-    }
-);
-
-materialized_srf!(
-    select_newest_by_topic_wrapper,
-    pg_finfo_select_newest_by_topic_wrapper,
-    // SAFETY: sql/reads.sql declares one bytea[] argument.
-    |fcinfo, out| unsafe { newest_by_topic(arg(fcinfo, 0), out) }
-);
-
-materialized_srf!(
-    select_originator_wrapper,
-    pg_finfo_select_originator_wrapper,
-    // SAFETY: sql/reads.sql declares the four arguments with these types.
-    |fcinfo, out| unsafe {
-        originator(
-            arg(fcinfo, 0),
-            arg(fcinfo, 1),
-            arg(fcinfo, 2),
-            arg(fcinfo, 3),
-            out,
-        )
-    }
-);
-
-materialized_srf!(
-    originator_maxima_wrapper,
-    pg_finfo_originator_maxima_wrapper,
-    // SAFETY: sql/reads.sql declares one int[] argument.
-    |fcinfo, out| unsafe { maxima(arg(fcinfo, 0), out) }
-);
