@@ -215,3 +215,27 @@ pub fn lock_for_insert(relid: pg_sys::Oid) {
     // harmless) and raises a Postgres ERROR on failure.
     unsafe { pg_sys::LockRelationOid(relid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE) }
 }
+
+/// A relation lock held for a moment: taken (waiting like any relation lock) by
+/// [`RelationLock::take`], given back when dropped (a lock the transaction held
+/// already in the same mode stays held: the lock manager counts both).
+pub struct RelationLock {
+    relid: pg_sys::Oid,
+    mode: pg_sys::LOCKMODE,
+}
+
+impl RelationLock {
+    pub fn take(relid: pg_sys::Oid, mode: pg_sys::LOCKMODE) -> RelationLock {
+        // SAFETY: LockRelationOid accepts any oid and raises a Postgres ERROR on
+        // failure (before the guard exists, so nothing is given back then).
+        unsafe { pg_sys::LockRelationOid(relid, mode) };
+        RelationLock { relid, mode }
+    }
+}
+
+impl Drop for RelationLock {
+    fn drop(&mut self) {
+        // SAFETY: gives back the one lock this guard took.
+        unsafe { pg_sys::UnlockRelationOid(self.relid, self.mode) };
+    }
+}

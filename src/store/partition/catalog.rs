@@ -15,6 +15,7 @@
 use super::band::{self, Band, RangeBound, Table};
 use super::cache::OriginatorParts;
 use super::PartitionError;
+use crate::pg::locks::RelationLock;
 use crate::pg::rel::Rel;
 use crate::pg::scan;
 use pgrx::pg_sys::{self, Oid};
@@ -147,12 +148,18 @@ pub enum Lacks {
 }
 
 /// What band `relid` of `table` lacks for the direct paths, if anything (see
-/// [`Lacks`]). Checked when the catalog loads a band, from the relcache, without
-/// locking it (a band dropped meanwhile is [`Lacks::Gone`]; one altered later
-/// sends an invalidation, which makes the cache load the originator again); the
-/// paths that dereference a band check what they dereference once they hold
-/// its lock.
+/// [`Lacks`]). Checked when the catalog loads a band, from the relcache (a band
+/// dropped meanwhile is [`Lacks::Gone`]; one altered later sends an
+/// invalidation, which makes the cache load the originator again); the paths
+/// that dereference a band check what they dereference once they hold its lock.
+///
+/// The band is locked (ACCESS SHARE) while it is looked at and given back at
+/// once: a band dropped by another session (`prune_expired` drops empty ones)
+/// while this one held its relcache entry would otherwise fail the look with
+/// "relation ... deleted while still in use" when the drop's invalidation
+/// arrives. A band being dropped is waited for, then found gone.
 pub fn band_lacks(relid: Oid, table: Table) -> Option<Lacks> {
+    let _locked = RelationLock::take(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
     let Some(rel) = Rel::reference(relid) else {
         return Some(Lacks::Gone);
     };
