@@ -50,10 +50,16 @@ impl Rel {
         // SAFETY: builds (or finds) the relcache entry and takes a reference;
         // NULL when the relation is gone.
         let rel = unsafe { pg_sys::RelationIdGetRelation(relid) };
-        (!rel.is_null()).then_some(Rel {
-            rel,
-            close: Close::Reference,
-        })
+        // Not `then_some`: it would build (and drop, closing NULL) a guard for a
+        // relation that is gone.
+        if rel.is_null() {
+            None
+        } else {
+            Some(Rel {
+                rel,
+                close: Close::Reference,
+            })
+        }
     }
 
     /// The relation, valid while the guard lives.

@@ -169,7 +169,13 @@ impl Attached {
         let handle = arg.value() as pg_sys::dsm_handle;
         // SAFETY: attaching by handle; NULL when the segment no longer exists.
         let segment = unsafe { pg_sys::dsm_attach(handle) };
-        (!segment.is_null()).then_some(Attached(segment))
+        // Not `then_some`: it would build (and drop, detaching NULL) a guard for a
+        // segment that is gone.
+        if segment.is_null() {
+            None
+        } else {
+            Some(Attached(segment))
+        }
     }
 
     /// Where the segment is mapped.
