@@ -100,7 +100,7 @@ instructions() {
 for variant in extension plain plain_idempotent batch_extension batch_plain batch_plain_idempotent \
     bulk_extension bulk_plain_idempotent bulk_copy; do
     # The extension's first call for an originator after the TRUNCATE also scans
-    # it once (its high-water mark, see src/feed/highwater.rs); N1 covers that
+    # it once (its high-water mark, see src/store/feed/highwater.rs); N1 covers that
     # call for each of the 4 originators, so the difference is the steady state.
     case $variant in
     bulk_*) n1=40000 n2=80000 ;;

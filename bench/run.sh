@@ -14,7 +14,8 @@
 # (10,000-row calls: the batch function, COPY of meta and blob, the idempotent
 # INSERT ... SELECT FROM unnest, driven by bridge/examples/bulk_load.rs),
 # instructions (instructions per inserted row counted by callgrind,
-# bench/instructions.sh), routerinstr (the shard's instructions per call,
+# bench/instructions.sh), readinstr (instructions per call of each read function,
+# bench/read_instructions.sh), routerinstr (the shard's instructions per call,
 # straight vs through the router, bench/router_instructions.sh), notify (doorbell on/off, 2 and 8 writers),
 # crossing (p99 latency crossing bands, worker vs transaction vs existing bands),
 # prune (p99 latency of 8 writers while prune_expired drops 104 bands of their
@@ -330,6 +331,15 @@ for durability in off on; do
         while IFS=$'\t' read -r variant per_row; do
             record instructions "$variant" "$durability" 1 "$per_row" instructions/row
         done <"$OUT/instructions.tsv"
+    fi
+
+    if selected readinstr && [ "$durability" = off ]; then
+        # Instructions per call of each read function (callgrind, single-user
+        # backend, bench/read_instructions.sh): exact, so one run each.
+        bench/read_instructions.sh "$OUT/read_instructions.tsv"
+        while IFS=$'\t' read -r variant per_call; do
+            record readinstr "$variant" "$durability" 1 "$per_call" instructions/call
+        done <"$OUT/read_instructions.tsv"
     fi
 
     if selected routerinstr && [ "$durability" = off ]; then

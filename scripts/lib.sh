@@ -143,13 +143,14 @@ install_extension() {
     local flags=()
     [ "$profile" = release ] || flags+=(--debug)
     log "installing the extension ($profile build)"
-    # Built into a package directory, then copied with --remove-destination: each
+    # Built into a package directory (which mirrors the absolute paths of
+    # PG_CONFIG's installation), then copied with --remove-destination: each
     # installed file is unlinked before the new one is written, so the library
     # that running backends (another test's server) have mapped never changes
     # under them (cargo pgrx install writes it in place); they keep the old one
     # until they exit.
     cargo pgrx package --pg-config "$PG_CONFIG" "${flags[@]}" >/dev/null
-    cp -R --remove-destination "${CARGO_TARGET_DIR:-target}/$profile/pg_envelopes-pg15/usr/." /usr/
+    cp -R --remove-destination "${CARGO_TARGET_DIR:-target}/$profile/pg_envelopes-pg15/." /
     # Install scripts of released versions, so older versions can be created and
     # upgraded (the upgrade scripts in sql/ are in the package).
     cp sql/releases/pg_envelopes--*.sql "$("$PG_CONFIG" --sharedir)/extension/"

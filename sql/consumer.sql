@@ -1,8 +1,8 @@
 -- Consumers (bridges): their durable positions, the acknowledgement functions,
 -- the delivery log, dead letters and the status view. The batch functions are
--- in Rust (src/consumer.rs): they read through the change feed's gate.
+-- in Rust (src/store/consumer/): they read through the change feed's gate.
 
--- The insert path's high-water marks (shared memory, src/feed/highwater.rs) of
+-- The insert path's high-water marks (shared memory, src/store/feed/highwater.rs) of
 -- this database start again when meta is truncated.
 CREATE TRIGGER forget_high_water_marks AFTER TRUNCATE ON gateway_envelopes_meta
     FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.forget_high_water_marks();
@@ -108,23 +108,8 @@ END $$;
 -- a consumer without an owner becomes the caller's, unless another role claimed
 -- it first.
 CREATE FUNCTION _check_consumer_owner(c @extschema@.consumers) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF c.owner IS NULL THEN
-        UPDATE @extschema@.consumers k SET owner = COALESCE(k.owner, @extschema@._caller())
-         WHERE k.name = c.name
-        RETURNING k.owner INTO c.owner;
-    END IF;
-    IF NOT @extschema@._acts_for(c.owner) THEN
-        RAISE EXCEPTION 'permission denied for consumer "%"', c.name
-              USING ERRCODE = 'insufficient_privilege',
-                    HINT = pg_catalog.format('It belongs to role %s: only that role (or a member of it) and the '
-                                             'extension''s owner may read its batches and move its positions '
-                                             '(envelopes.consumer_set_owner hands it over).',
-                                             c.owner::pg_catalog.regrole);
-    END IF;
-END $$;
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+AS $$ SELECT @extschema@._consumer_owner_check(c.name, c.owner) $$;
 
 -- Hands a consumer over to another role (for the roles that may act for it now).
 CREATE FUNCTION consumer_set_owner(consumer text, new_owner regrole)
@@ -221,7 +206,7 @@ BEGIN
     RETURN n;
 END $$;
 
--- consumer_envelope_ack is in Rust (src/consumer.rs): it counts the rows it
+-- consumer_envelope_ack is in Rust (src/store/consumer/): it counts the rows it
 -- acknowledges with index range scans of the band leaves, which no plan over the
 -- partitioned tables can turn into a scan of every row.
 

@@ -2,7 +2,7 @@
 
 -- Messages an application publishes in its own transaction (envelopes.publish()).
 -- Consumers read them in id order. publish() takes an in-flight marker naming the
--- id sequence's last value before the row draws its id (src/feed/markers.rs), so
+-- id sequence's last value before the row draws its id (src/store/feed/markers.rs), so
 -- a reader never passes an id that a running transaction may still commit, and
 -- waits for nothing else. The sequence is CACHE 1 (the identity default): ids are
 -- drawn in increasing order across sessions.
@@ -15,7 +15,7 @@ CREATE TABLE outbox (
 );
 COMMENT ON TABLE outbox IS 'Messages published with envelopes.publish(), delivered by the bridge after commit.';
 
--- The doorbell: one notification per channel per transaction (see src/outbox.rs).
+-- The doorbell: one notification per channel per transaction (see src/store/outbox.rs).
 -- Statement-level, so a 10,000-row insert costs one trigger call, not 10,000.
 CREATE TRIGGER notify_envelopes AFTER INSERT ON gateway_envelopes_meta
     FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.notify_on_insert('envelopes');

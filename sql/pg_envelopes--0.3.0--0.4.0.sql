@@ -7,7 +7,7 @@
 -- what a fresh 0.4.0 install creates (tests/tests/upgrade.rs compares the two).
 \echo Use "ALTER EXTENSION pg_envelopes UPDATE TO '0.4.0'" to load this file. \quit
 
--- Who may act for a consumer or an ingress position (src/consumer.rs).
+-- Who may act for a consumer or an ingress position (src/store/consumer/).
 -- pg_envelopes::consumer::_caller
 CREATE  FUNCTION "_caller"() RETURNS oid /* pg_sys :: Oid */
 STRICT STABLE PARALLEL SAFE
@@ -65,24 +65,19 @@ END $$;
 -- Raises 42501 when the calling role may not act for consumer c (see consumers);
 -- a consumer without an owner becomes the caller's, unless another role claimed
 -- it first.
+-- The rule itself is Rust's (src/store/consumer/owner.rs), which the batch and
+-- acknowledgement functions apply too.
+-- pg_envelopes::api::roles::_consumer_owner_check
+CREATE  FUNCTION "_consumer_owner_check"(
+	"consumer" TEXT, /* &str */
+	"owner" oid /* core::option::Option<pgrx_pg_sys::Oid> */
+) RETURNS void
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', '_consumer_owner_check_wrapper';
 CREATE FUNCTION _check_consumer_owner(c @extschema@.consumers) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF c.owner IS NULL THEN
-        UPDATE @extschema@.consumers k SET owner = COALESCE(k.owner, @extschema@._caller())
-         WHERE k.name = c.name
-        RETURNING k.owner INTO c.owner;
-    END IF;
-    IF NOT @extschema@._acts_for(c.owner) THEN
-        RAISE EXCEPTION 'permission denied for consumer "%"', c.name
-              USING ERRCODE = 'insufficient_privilege',
-                    HINT = pg_catalog.format('It belongs to role %s: only that role (or a member of it) and the '
-                                             'extension''s owner may read its batches and move its positions '
-                                             '(envelopes.consumer_set_owner hands it over).',
-                                             c.owner::pg_catalog.regrole);
-    END IF;
-END $$;
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+AS $$ SELECT @extschema@._consumer_owner_check(c.name, c.owner) $$;
 -- Hands a consumer over to another role (for the roles that may act for it now).
 CREATE FUNCTION consumer_set_owner(consumer text, new_owner regrole)
 RETURNS void LANGUAGE plpgsql SECURITY DEFINER
@@ -219,7 +214,7 @@ BEGIN
          + GREATEST(COALESCE(pg_catalog.pg_sequence_last_value('@extschema@.late_envelopes_id_seq'), 0) - c.late_id, 0)
          + GREATEST(COALESCE(pg_catalog.pg_sequence_last_value('@extschema@.outbox_id_seq'), 0) - c.outbox_id, 0);
 END $$;
--- Leases: one active bridge per consumer (src/lease.rs).
+-- Leases: one active bridge per consumer (src/store/lease.rs).
 -- pg_envelopes::lease::_lease_take
 CREATE  FUNCTION "_lease_take"(
 	"kind" TEXT, /* Option < & str > */
@@ -597,6 +592,7 @@ END $$;
 -- grant_consumer before the upgrade get what grant_consumer gives now.
 REVOKE ALL ON FUNCTION @extschema@._caller(), @extschema@._acts_for(oid), @extschema@._bands(),
     @extschema@._check_consumer_owner(@extschema@.consumers),
+    @extschema@._consumer_owner_check(text, oid),
     @extschema@.consumer_set_owner(text, regrole),
     @extschema@.prune_expired(bigint, integer, boolean),
     @extschema@.consumer_dead_letter(text, text, integer, bigint, bigint, text, text, integer, timestamp with time zone, timestamp with time zone),
@@ -629,13 +625,13 @@ $upgrade$;
 
 -- The insert functions no longer carry SET search_path, which Postgres applies on
 -- every call: their hot path runs no SQL, and what does run SQL pins the path
--- itself (src/definer.rs).
+-- itself (src/pg/definer.rs).
 ALTER FUNCTION @extschema@.insert_gateway_envelope(integer, bigint, bytea, bytea, integer,
     timestamp with time zone, bigint) RESET search_path;
 ALTER FUNCTION @extschema@.insert_gateway_envelopes(integer[], bigint[], bytea[], bytea[], integer[],
     timestamp with time zone[], bigint[]) RESET search_path;
 
--- The read shapes of an xmtpd node (src/shapes.rs), and the vector-clock
+-- The read shapes of an xmtpd node (src/store/read/shapes.rs), and the vector-clock
 -- selector on the same direct index scans: no SQL runs in them, so they are no
 -- longer SECURITY DEFINER with a pinned search_path (set up again on every
 -- returned row); EXECUTE, granted by grant_reader, is the privilege they need.
@@ -801,7 +797,7 @@ BEGIN
 END $$;
 
 -- The inserts in the packed form pg_envelopes_router sends a shard (one
--- originator's rows in one base64 value, src/insert/mod.rs): a bytea[] in
+-- originator's rows in one base64 value, src/store/write/mod.rs): a bytea[] in
 -- PL/Proxy's text transfer costs the shard a parse of every character of the
 -- array, and every argument of an unprepared call its share of planning.
 CREATE FUNCTION insert_gateway_envelopes_packed(originator_node_id integer, packed_rows text)
@@ -873,7 +869,7 @@ BEGIN
 END $$;
 
 -- gateway_envelopes_view looks each meta row's bytes up by key instead of joining
--- blob (src/lookup.rs); same columns, same rows.
+-- blob (src/store/read/lookup.rs); same columns, same rows.
 CREATE FUNCTION envelope_of(originator_node_id integer, originator_sequence_id bigint)
 RETURNS bytea STRICT STABLE PARALLEL SAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'envelope_of_wrapper';
@@ -905,7 +901,7 @@ COMMENT ON VIEW gateway_envelopes_view IS
 --
 -- envelope_of, the view's per-row lookup, is no longer executable by PUBLIC: it
 -- reads blob for whoever may call it, so the reader bundle grants it with the
--- view (src/lookup.rs). Roles that read the view before the upgrade (with SELECT
+-- view (src/store/read/lookup.rs). Roles that read the view before the upgrade (with SELECT
 -- on it, or on some of its columns) keep reading it.
 REVOKE EXECUTE ON FUNCTION envelope_of(integer, bigint) FROM PUBLIC;
 DO $$

@@ -58,5 +58,5 @@ $$;
 COMMENT ON FUNCTION partitions() IS
     'Every band partition with its originator, bounds, live-row estimate and size.';
 
--- prune_expired() is written in Rust (src/partition/prune.rs): it commits band by
+-- prune_expired() is written in Rust (src/store/retention.rs): it commits band by
 -- band in a background worker and never waits for a lock while holding one.

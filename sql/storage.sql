@@ -2,7 +2,7 @@
 --
 -- Both tables are partitioned LIST (originator_node_id), and each originator's
 -- partition RANGE (originator_sequence_id) in bands. The extension creates those
--- partitions on demand (src/partition/); this file creates only the roots.
+-- partitions on demand (src/store/partition/); this file creates only the roots.
 --
 -- There are no foreign keys between meta and blob (or to any payer table): ATTACH
 -- PARTITION on a table that takes part in a foreign key locks the referenced parents
@@ -30,7 +30,7 @@ CREATE TABLE gateway_envelopes_meta (
     inserted_xid           xid8        NOT NULL DEFAULT pg_catalog.pg_current_xact_id(),
     -- Arrived below a sequence id of its originator that another transaction had
     -- already committed: it is also in late_envelopes, and consumers receive it
-    -- from there (src/feed/).
+    -- from there (src/store/feed/).
     late                   boolean     NOT NULL DEFAULT false,
     CONSTRAINT gateway_envelopes_meta_pkey
         PRIMARY KEY (originator_node_id, originator_sequence_id)
@@ -84,7 +84,7 @@ $$;
 -- may have moved past it). Written by the insert functions in the inserting
 -- statement; read by the consumer functions in id order, like the outbox. The ids
 -- come from a CACHE 1 sequence, so they are drawn in increasing order across
--- sessions, which the feed's in-flight markers rely on (src/feed/markers.rs).
+-- sessions, which the feed's in-flight markers rely on (src/store/feed/markers.rs).
 CREATE TABLE late_envelopes (
     id                     bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     originator_node_id     integer     NOT NULL,

@@ -1,5 +1,5 @@
 -- Envelopes with their bytes. Each meta row's blob row is looked up by key
--- (envelope_of, src/lookup.rs: the band from the partition cache, one primary-key
+-- (envelope_of, src/store/read/lookup.rs: the band from the partition cache, one primary-key
 -- probe with the statement's snapshot), so a query on the view reads from blob
 -- only the bands of the meta rows it returns, and a LIMIT stops both sides. A
 -- meta row without its blob row is left out, as the join this view used to be

@@ -3,33 +3,41 @@
 //!
 //! This file only declares the modules, loads the hand-written DDL and registers
 //! what a backend needs when the library is loaded. See the README for the SQL
-//! surface and ../DESIGN (docs/) for the reasons behind the choices.
+//! surface and the reasons behind the choices.
+//!
+//! # Layers
+//!
+//! The code is in three layers, each calling only the one below it:
+//!
+//! - [`api`], the **SQL surface**: every `#[pg_extern]`, trigger and SQL
+//!   definition, argument checks, set-returning plumbing, who may act for whom.
+//!   Nothing imports it. It touches no Postgres internals (no `pg_sys`): it
+//!   checks what the caller gave and hands plain values to the store.
+//! - [`store`], the **envelope store**: partitions (routing, creation, the
+//!   catalog and its cache), the write path, reads and scans of the bands, the
+//!   change feed, consumers, the outbox, leases and retention. It calls the glue,
+//!   and `pg_sys` where no wrapper would say more than the call itself.
+//! - [`pg`], the **Postgres glue**: relation guards, scans and tuple layout,
+//!   snapshots, locks and their order, the background-worker runner, catalog
+//!   invalidation, shared memory, roles and privileges, the definer switch.
+//!   It imports nothing of the extension but [`error`] and itself.
+//!
+//! [`error`] (errors and their SQLSTATEs) and [`gucs`] (settings) serve every
+//! layer. `grep -rn 'crate::api' src/store src/pg` and `grep -rn 'crate::store'
+//! src/pg` find nothing, and `grep -rn pg_sys src/api` finds nothing: that is
+//! the rule, checked in one line each.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
 use pgrx::prelude::*;
 
-mod consumer;
-mod definer;
+mod api;
 mod error;
-mod executor;
-mod feed;
 mod gucs;
-mod insert;
-mod lease;
-mod locks;
-mod lookup;
-mod outbox;
-mod partition;
-mod read;
-mod scan;
-mod select;
-mod shapes;
-mod srf;
+mod pg;
+mod store;
 #[cfg(any(test, feature = "pg_test"))]
 mod testing;
-mod tuple;
-mod xact;
 
 ::pgrx::pg_module_magic!(name, version);
 
@@ -39,19 +47,19 @@ pgrx::extension_sql_file!("../sql/storage.sql", name = "storage", bootstrap);
 pgrx::extension_sql_file!(
     "../sql/view.sql",
     name = "view",
-    requires = ["storage", lookup::envelope_of]
+    requires = ["storage", api::reads::envelope_of]
 );
 // Partition listing and retention, in SQL and PL/pgSQL over the tables above.
 pgrx::extension_sql_file!(
     "../sql/retention.sql",
     name = "retention",
-    requires = ["storage", partition::_prune_guard]
+    requires = ["storage", api::partitions::_prune_guard]
 );
 // The outbox and its doorbell triggers.
 pgrx::extension_sql_file!(
     "../sql/outbox.sql",
     name = "outbox_tables",
-    requires = ["storage", outbox::notify_on_insert]
+    requires = ["storage", api::outbox::notify_on_insert]
 );
 // Consumers: positions, acknowledgements, dead letters, status.
 pgrx::extension_sql_file!(
@@ -60,18 +68,16 @@ pgrx::extension_sql_file!(
     requires = [
         "storage",
         "outbox_tables",
-        feed::originator_ceilings,
-        feed::forget_high_water_marks,
-        consumer::consumer_envelopes_pending,
-        consumer::_acts_for,
-        lease::_lease_take,
-        lease::_lease_release,
-        lease::_lease_check
+        api::feed::originator_ceilings,
+        api::feed::forget_high_water_marks,
+        api::consumer::consumer_envelopes_pending,
+        api::roles::_acts_for,
+        api::roles::_consumer_owner_check,
+        api::lease::_lease_take,
+        api::lease::_lease_release,
+        api::lease::_lease_check
     ]
 );
-
-// The read functions, in materialize mode (src/srf.rs), over the tables above.
-pgrx::extension_sql_file!("../sql/reads.sql", name = "reads", requires = ["storage"]);
 
 // Positions of ingress consumers (bus -> store).
 pgrx::extension_sql_file!(
@@ -79,11 +85,11 @@ pgrx::extension_sql_file!(
     name = "ingress_positions",
     requires = [
         "storage",
-        consumer::_acts_for,
-        consumer::_caller,
-        lease::_lease_take,
-        lease::_lease_release,
-        lease::_lease_check
+        api::roles::_acts_for,
+        api::roles::_caller,
+        api::lease::_lease_take,
+        api::lease::_lease_release,
+        api::lease::_lease_check
     ]
 );
 
@@ -97,7 +103,12 @@ pgrx::extension_sql_file!(
         "outbox_tables",
         "consumers",
         "ingress_positions",
-        "reads",
+        "select_gateway_envelopes",
+        "select_by_topic_cursors",
+        "select_wave",
+        "select_newest_by_topic",
+        "select_originator",
+        "originator_maxima",
         "view"
     ]
 );
@@ -109,7 +120,7 @@ pgrx::extension_sql_file!("../sql/privileges.sql", name = "privileges", finalize
 pub extern "C-unwind" fn _PG_init() {
     error::no_backtraces();
     gucs::init();
-    partition::cache::register_invalidation_callback();
+    store::partition::cache::register_invalidation_callback();
 }
 
 /// Required by `cargo pgrx test`: hooks for the throwaway test cluster.

@@ -754,7 +754,7 @@ fn consumer_and_ingress_argument_errors_have_the_documented_codes() {
 }
 
 /// The insert functions pin `search_path` only around what runs SQL (see
-/// src/definer.rs). A writer that puts an operator of its own in front of the
+/// src/pg/definer.rs). A writer that puts an operator of its own in front of the
 /// built-in `=` and then inserts rows that take every path that runs SQL (a new
 /// originator, so partitions are created; rows into tables with a row trigger,
 /// which take the SQL insert statements) and the direct path (late and in-order

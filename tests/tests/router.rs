@@ -76,14 +76,13 @@ impl Servers {
     fn pg_ctl(&self, shard: usize, action: &str) {
         let data = self.dir.join(format!("shard{shard}/data"));
         let log = self.dir.join(format!("shard{shard}/server.log"));
+        // The server binaries scripts/lib.sh starts the shards with (PG_BIN).
+        let pg_ctl = format!(
+            "{}/pg_ctl",
+            std::env::var("PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into())
+        );
         let status = std::process::Command::new("runuser")
-            .args([
-                "-u",
-                "postgres",
-                "--",
-                "/usr/lib/postgresql/15/bin/pg_ctl",
-                "-D",
-            ])
+            .args(["-u", "postgres", "--", &pg_ctl, "-D"])
             .arg(&data)
             .arg("-l")
             .arg(&log)

@@ -7,7 +7,10 @@ use super::{free_port, unique};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+/// The server binaries: scripts/lib.sh's (`PG_BIN`), or Debian's.
+fn pg_bin() -> String {
+    std::env::var("PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into())
+}
 
 pub struct Cluster {
     pub dir: PathBuf,
@@ -17,7 +20,7 @@ pub struct Cluster {
 /// Runs a server program as `postgres` (or as is, when the tests already run
 /// as someone else), panicking with its output when it fails.
 fn as_postgres(program: &str, args: &[&str]) {
-    let path = format!("{PG_BIN}/{program}");
+    let path = format!("{}/{program}", pg_bin());
     let root = Command::new("id")
         .arg("-u")
         .output()
@@ -152,7 +155,7 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         if self.dir.join("data/postmaster.pid").exists() {
             let _ = Command::new("runuser")
-                .args(["-u", "postgres", "--", &format!("{PG_BIN}/pg_ctl")])
+                .args(["-u", "postgres", "--", &format!("{}/pg_ctl", pg_bin())])
                 .args(["-D", &self.data(), "-m", "immediate", "-w", "stop"])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())

@@ -1,0 +1,70 @@
+//! The partitions' SQL entry points: `ensure_gateway_parts` (who may choose a
+//! band width), `prune_expired` and the guard it asks bands for; partitions and
+//! retention themselves are [`crate::store::partition`] and
+//! [`crate::store::retention`].
+
+use crate::error::OrRaise;
+use crate::store::partition::{self, band::Band, PartitionError};
+use crate::store::retention;
+use pgrx::prelude::*;
+
+/// For `prune_expired`: whether it may drop this band now (no session is between
+/// creating or finding it and inserting into it). When it may, the guard is held
+/// until the caller's transaction ends.
+#[pg_extern(volatile, parallel_unsafe)]
+fn _prune_guard(originator_node_id: i32, band_start: i64) -> bool {
+    crate::pg::locks::try_lock_for_prune(originator_node_id, band_start)
+}
+
+/// Creates the partitions for `(originator_node_id, originator_sequence_id)` in
+/// both tables if they do not exist yet. Idempotent: calling it again, or racing
+/// other sessions doing the same, is harmless. `band_width` defaults to the
+/// `envelopes.band_width` setting.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn ensure_gateway_parts(
+    originator_node_id: Option<i32>,
+    originator_sequence_id: Option<i64>,
+    band_width: default!(Option<i64>, "NULL"),
+) {
+    let ensure = || {
+        crate::pg::xact::check_writable("ensure_gateway_parts")?;
+        let node = partition::check_node(originator_node_id)?;
+        let seq = partition::check_sequence(originator_sequence_id)?;
+        let setting = crate::gucs::band_width();
+        let width = band_width.unwrap_or(setting);
+        Band::containing(seq, width)?; // a bad width is a bad value, whoever gives it
+                                       // A width of the caller's choosing is a way around the setting's limit.
+        if width != setting && !crate::gucs::caller_may_set("envelopes.band_width")? {
+            return Err(PartitionError::BandWidthNotAllowed);
+        }
+        partition::ensure_band(node, seq, width)
+    };
+    ensure().or_raise()
+}
+
+/// Deletes envelopes whose `expiry` (unix seconds) is before `as_of` (default:
+/// now), from meta and blob together and from the late-envelope feed, then drops
+/// band partitions left empty that are neither their originator's newest band nor
+/// ahead of its highest row. Returns one row per band it deleted rows from or
+/// looked at for dropping and found empty (`dropped` says whether it could).
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+#[allow(clippy::type_complexity)]
+fn prune_expired(
+    as_of: default!(Option<i64>, "NULL"),
+    lock_timeout_ms: default!(Option<i32>, "200"),
+    in_transaction: default!(Option<bool>, "false"),
+) -> TableIterator<
+    'static,
+    (
+        name!(originator_node_id, i32),
+        name!(band_start, i64),
+        name!(band_end, Option<i64>),
+        name!(deleted_rows, i64),
+        name!(dropped, bool),
+    ),
+> {
+    let rows = retention::prune(as_of, lock_timeout_ms, in_transaction.unwrap_or(false)).or_raise();
+    TableIterator::new(rows)
+}

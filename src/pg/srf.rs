@@ -1,0 +1,189 @@
+//! Set-returning functions that hand back their whole result in one call.
+//!
+//! pgrx's `TableIterator` returns a set one row per call (value-per-call mode):
+//! the executor calls the function again for every row, through the function
+//! manager (and, for a `SECURITY DEFINER` function, its user switch) and pgrx's
+//! call guard each time. The read functions collect their rows in one pass
+//! anyway, so they use materialize mode instead: one call fills a tuplestore
+//! (`InitMaterializedSRF`), which the executor then reads. [`materialized_srf!`]
+//! declares such a function once: its SQL definition and the C-callable symbol
+//! the definition names.
+
+use crate::pg::tuple::Former;
+use pgrx::pg_sys::{self, Datum};
+use pgrx::PgMemoryContexts;
+
+/// The result set of the current call, as a tuplestore.
+pub struct Materialized {
+    rsinfo: *mut pg_sys::ReturnSetInfo,
+    /// Rows stored so far.
+    pub len: usize,
+    /// Where an owned row's datums are built ([`Materialized::put_built`]);
+    /// reset after the row is stored (the tuplestore keeps its own copy). Made
+    /// at the first such row: rows stored from the scans need none.
+    scratch: Option<PgMemoryContexts>,
+    /// Forms the rows itself when the result type allows it (see [`Former`]);
+    /// otherwise `tuplestore_putvalues` does.
+    former: Option<Former>,
+}
+
+impl Materialized {
+    /// Sets the call up to return a tuplestore of the function's result type.
+    ///
+    /// # Safety
+    /// `fcinfo` is the current call's, from the function manager.
+    pub unsafe fn begin(fcinfo: pg_sys::FunctionCallInfo) -> Materialized {
+        // SAFETY: InitMaterializedSRF checks that the caller accepts a
+        // materialized set (raising an ERROR otherwise), creates the tuplestore
+        // and descriptor in the per-query context and records them in resultinfo.
+        // A function scan hands the row type it expects in expectedDesc: used as
+        // is, it spares building the descriptor from the catalog on every call
+        // (a call in a target list may have none: then it is built).
+        unsafe {
+            let rsinfo: *mut pg_sys::ReturnSetInfo = (*fcinfo).resultinfo.cast();
+            let flags = if !rsinfo.is_null()
+                && pgrx::is_a(rsinfo.cast(), pg_sys::NodeTag::T_ReturnSetInfo)
+                && !(*rsinfo).expectedDesc.is_null()
+            {
+                pg_sys::MAT_SRF_USE_EXPECTED_DESC
+            } else {
+                0
+            };
+            pg_sys::InitMaterializedSRF(fcinfo, flags as pg_sys::bits32);
+            let rsinfo: *mut pg_sys::ReturnSetInfo = (*fcinfo).resultinfo.cast();
+            Materialized {
+                rsinfo,
+                len: 0,
+                scratch: None,
+                former: Former::for_desc((*rsinfo).setDesc),
+            }
+        }
+    }
+
+    /// Appends a row of datums that stay valid while it is stored (a scan's
+    /// current row, say).
+    ///
+    /// # Safety
+    /// As for [`Materialized::store`].
+    pub unsafe fn put(&mut self, values: &mut [Datum], nulls: &mut [bool]) {
+        // SAFETY: as the caller guarantees.
+        unsafe { self.store(values, nulls) };
+        self.len += 1;
+    }
+
+    /// Appends a row whose datums `build` makes (allocating them as it likes):
+    /// they are built in a scratch memory context, copied into the tuplestore
+    /// and freed.
+    ///
+    /// # Safety
+    /// `build` returns one datum per column of the result, of the declared
+    /// types, flat (see [`Materialized::store`]).
+    pub unsafe fn put_built<const N: usize>(
+        &mut self,
+        build: impl FnOnce() -> ([Datum; N], [bool; N]),
+    ) {
+        let mut scratch = self
+            .scratch
+            .take()
+            .unwrap_or_else(|| PgMemoryContexts::new("pg_envelopes result row"));
+        // SAFETY: the datums are built in the scratch context, copied into the
+        // tuplestore by store (valid as the caller guarantees), and freed by the
+        // reset; nothing else points there.
+        unsafe {
+            scratch.switch_to(|_| {
+                let (mut values, mut nulls) = build();
+                self.store(&mut values, &mut nulls);
+            });
+            scratch.reset();
+        }
+        self.scratch = Some(scratch);
+        self.len += 1;
+    }
+
+    /// Appends an `(originator_node_id, max_sequence_id)` row.
+    pub fn put_pair(&mut self, (node, seq): (i32, i64)) {
+        // SAFETY: two pass-by-value columns, as declared.
+        unsafe {
+            self.store(
+                &mut [Datum::from(node), Datum::from(seq)],
+                &mut [false, false],
+            )
+        };
+        self.len += 1;
+    }
+}
+
+impl Materialized {
+    /// Appends one row to the call's tuplestore.
+    ///
+    /// # Safety
+    /// `values` and `nulls` have one entry per column of the result descriptor,
+    /// of the declared types; varlena values are flat (not TOASTed, not
+    /// compressed, not expanded).
+    unsafe fn store(&mut self, values: &mut [Datum], nulls: &mut [bool]) {
+        let rsinfo = self.rsinfo;
+        // SAFETY: as the caller guarantees; both paths copy the values into the
+        // tuplestore's own memory.
+        unsafe {
+            debug_assert_eq!((*(*rsinfo).setDesc).natts as usize, values.len());
+            match &mut self.former {
+                Some(former) => former.put((*rsinfo).setResult, values, nulls),
+                None => pg_sys::tuplestore_putvalues(
+                    (*rsinfo).setResult,
+                    (*rsinfo).setDesc,
+                    values.as_mut_ptr(),
+                    nulls.as_mut_ptr(),
+                ),
+            }
+        }
+    }
+}
+
+/// Declares a set-returning function in materialize mode: its SQL definition
+/// (`sql`, a `CREATE FUNCTION ... LANGUAGE c AS 'MODULE_PATHNAME', '$symbol'`,
+/// emitted into the extension's script under `name`) and the C-callable symbol
+/// `$symbol` (with its `pg_finfo_` record): `$body` gets the call's `fcinfo` and
+/// the result set to fill, and returns `Result<(), E>` (an error is raised).
+macro_rules! materialized_srf {
+    ($symbol:ident, $finfo:ident, name = $name:literal, sql = $sql:literal,
+     |$fcinfo:ident, $out:ident| $body:expr) => {
+        ::pgrx::extension_sql!($sql, name = $name);
+
+        #[unsafe(no_mangle)]
+        #[doc(hidden)]
+        pub extern "C" fn $finfo() -> &'static ::pgrx::pg_sys::Pg_finfo_record {
+            const V1: ::pgrx::pg_sys::Pg_finfo_record =
+                ::pgrx::pg_sys::Pg_finfo_record { api_version: 1 };
+            &V1
+        }
+
+        #[unsafe(no_mangle)]
+        #[doc(hidden)]
+        pub unsafe extern "C-unwind" fn $symbol(
+            $fcinfo: ::pgrx::pg_sys::FunctionCallInfo,
+        ) -> ::pgrx::pg_sys::Datum {
+            let body = move || {
+                use $crate::error::OrRaise;
+                // SAFETY: fcinfo is this call's, from the function manager.
+                let mut result = unsafe { $crate::pg::srf::Materialized::begin($fcinfo) };
+                let $out = &mut result;
+                $body.or_raise();
+                ::pgrx::pg_sys::Datum::from(0)
+            };
+            // SAFETY: the guard turns a Rust panic (an ERROR raised by or_raise)
+            // into a Postgres ERROR at this boundary, as #[pg_guard] does.
+            unsafe { ::pgrx::pg_sys::submodules::panic::pgrx_extern_c_guard(body) }
+        }
+    };
+}
+pub(crate) use materialized_srf;
+
+/// Argument `n` of the current call (`None` when NULL).
+///
+/// # Safety
+/// `fcinfo` is the current call's and has at least `n + 1` arguments of a type
+/// `T` reads.
+pub unsafe fn arg<T: pgrx::FromDatum>(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<T> {
+    // SAFETY: as the caller guarantees.
+    unsafe { pgrx::fcinfo::pg_getarg::<T>(fcinfo, n) }
+}

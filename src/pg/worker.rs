@@ -1,0 +1,337 @@
+//! Dynamic background workers that do one job for a backend and report back:
+//! the runner that both partition creation and retention use.
+//!
+//! A job travels in a small dynamic shared memory segment whose handle is the
+//! worker's argument: a [`Header`] (where to connect, as whom, which caller asked,
+//! and the [`Outcome`], since a background worker's exit code is not observable)
+//! followed by the job's own fields. The caller [`launch`]es the worker (waiting
+//! a moment for a free slot), waits for it on its latch ([`wait_for`]:
+//! interruptibly, with a deadline, stopping the worker first when it gives up so
+//! it cannot commit afterwards), and reads the outcome. The worker runs its work
+//! in transactions of its own ([`in_own_transaction`]) and checks that the
+//! caller's transaction is still alive ([`Header::caller_ended`]) before it
+//! commits anything, so a caller that was killed leaves no work behind.
+
+use pgrx::bgworkers::{
+    BackgroundWorker, BackgroundWorkerBuilder, BackgroundWorkerStatus, DynamicBackgroundWorker,
+};
+use pgrx::pg_sys::{self, Oid};
+use pgrx::prelude::*;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+const PENDING: u32 = 0;
+const DONE: u32 = 1;
+const FAILED: u32 = 2;
+
+/// How a worker ended, as it reports it in shared memory (a worker's exit code
+/// cannot be observed). Still `PENDING` after the worker stopped means it never
+/// got to report (it could not connect, or was killed).
+#[repr(C)]
+pub struct Outcome {
+    state: AtomicU32,
+    sqlstate: i32,
+    message_len: u32,
+    message: [u8; 512],
+}
+impl Outcome {
+    pub fn new() -> Outcome {
+        Outcome {
+            state: AtomicU32::new(PENDING),
+            sqlstate: 0,
+            message_len: 0,
+            message: [0; 512],
+        }
+    }
+
+    /// For the worker, once, at its end.
+    pub fn set(&mut self, result: Result<(), (i32, String)>) {
+        match result {
+            Ok(()) => self.state.store(DONE, Ordering::Release),
+            Err((code, message)) => {
+                let bytes = message.as_bytes();
+                let len = bytes.len().min(self.message.len());
+                self.message[..len].copy_from_slice(&bytes[..len]);
+                self.message_len = len as u32;
+                self.sqlstate = code;
+                self.state.store(FAILED, Ordering::Release);
+            }
+        }
+    }
+
+    /// For the caller, after the worker stopped: `None` when it never reported,
+    /// else its result (an error as SQLSTATE and message).
+    pub fn get(&self) -> Option<Result<(), (i32, String)>> {
+        match self.state.load(Ordering::Acquire) {
+            DONE => Some(Ok(())),
+            FAILED => {
+                let len = (self.message_len as usize).min(self.message.len());
+                let message = String::from_utf8_lossy(&self.message[..len]).into_owned();
+                Some(Err((self.sqlstate, message)))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// What every job starts with: where the worker connects and as whom, the
+/// caller's virtual transaction (so the worker can tell whether it still waits),
+/// and the outcome.
+#[repr(C)]
+pub struct Header {
+    database: Oid,
+    role: Oid,
+    caller_backend: i32,
+    caller_lxid: u32,
+    pub outcome: Outcome,
+}
+
+impl Header {
+    /// For a job the current backend hands to a worker: this database, the
+    /// current user, this transaction.
+    pub fn of_caller() -> Header {
+        // SAFETY: reads this backend's database, user and virtual transaction id;
+        // MyProc is valid for the whole life of a backend.
+        unsafe {
+            Header {
+                database: pg_sys::MyDatabaseId,
+                role: pg_sys::GetUserId(),
+                caller_backend: pg_sys::MyBackendId,
+                caller_lxid: (*pg_sys::MyProc).lxid,
+                outcome: Outcome::new(),
+            }
+        }
+    }
+
+    /// For the worker: connects to the caller's database as the caller's role.
+    pub fn connect(&self) {
+        BackgroundWorker::connect_worker_to_spi_by_oid(Some(self.database), Some(self.role));
+    }
+
+    /// For the worker: whether the caller's transaction (identified by its
+    /// virtual transaction id) has ended.
+    pub fn caller_ended(&self) -> bool {
+        let caller = pg_sys::VirtualTransactionId {
+            backendId: self.caller_backend,
+            localTransactionId: self.caller_lxid,
+        };
+        // SAFETY: VirtualXactLock with wait = false only checks whether that
+        // virtual transaction still runs; false means it does.
+        unsafe { pg_sys::VirtualXactLock(caller, false) }
+    }
+}
+
+/// A job's dynamic shared memory segment, on the caller's side.
+pub struct Segment(*mut pg_sys::dsm_segment);
+
+impl Segment {
+    /// A new mapped segment of `size` bytes (an ERROR when there is no room). It
+    /// belongs to the current resource owner, so an error before [`Segment::close`]
+    /// detaches it.
+    pub fn create(size: usize) -> Segment {
+        // SAFETY: dsm_create returns a mapped segment of the requested size or
+        // raises an ERROR.
+        Segment(unsafe { pg_sys::dsm_create(size, 0) })
+    }
+
+    /// Where the segment is mapped.
+    pub fn address(&self) -> *mut u8 {
+        // SAFETY: the segment is attached while self lives.
+        unsafe { pg_sys::dsm_segment_address(self.0) as *mut u8 }
+    }
+
+    /// The worker's argument.
+    pub fn handle(&self) -> pg_sys::dsm_handle {
+        // SAFETY: the handle identifies the segment created above.
+        unsafe { pg_sys::dsm_segment_handle(self.0) }
+    }
+
+    /// Once the worker has stopped (or never started): detaches the segment and
+    /// takes in the invalidations of what the worker committed, so this
+    /// backend's caches see its catalog changes even where an earlier lookup
+    /// cached their absence.
+    pub fn close(self) {
+        // SAFETY: no worker uses the segment any more, and nothing points into it
+        // after this.
+        unsafe { pg_sys::dsm_detach(self.0) };
+        crate::pg::invalidation::accept();
+    }
+}
+
+/// A job's segment, on the worker's side: attached from the worker's argument,
+/// detached when dropped.
+pub struct Attached(*mut pg_sys::dsm_segment);
+
+impl Attached {
+    /// The caller's segment; `None` when it is gone already (the caller gave
+    /// up), in which case there is nothing to do.
+    pub fn from_argument(arg: pg_sys::Datum) -> Option<Attached> {
+        let handle = arg.value() as pg_sys::dsm_handle;
+        // SAFETY: attaching by handle; NULL when the segment no longer exists.
+        let segment = unsafe { pg_sys::dsm_attach(handle) };
+        // Not `then_some`: it would build (and drop, detaching NULL) a guard for a
+        // segment that is gone.
+        if segment.is_null() {
+            None
+        } else {
+            Some(Attached(segment))
+        }
+    }
+
+    /// Where the segment is mapped.
+    pub fn address(&self) -> *mut u8 {
+        // SAFETY: attached while self lives.
+        unsafe { pg_sys::dsm_segment_address(self.0) as *mut u8 }
+    }
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        // SAFETY: attached in from_argument, detached once here.
+        unsafe { pg_sys::dsm_detach(self.0) };
+    }
+}
+
+// Postgres' SIGTERM handler for backends: sets the interrupt flags, so a worker
+// waiting for a lock can be terminated. pg_sys exposes it only as a Rust wrapper.
+unsafe extern "C-unwind" {
+    #[link_name = "die"]
+    fn postgres_die(signal: std::ffi::c_int);
+}
+
+/// How long an insert waits for a background-worker slot before it creates in
+/// its own transaction. Under load our creation workers hold every slot for
+/// milliseconds each, so a slot comes free well within this; slots held for long
+/// by other workers (parallel queries, other extensions) should not hold every
+/// new band up for the whole partition_worker_timeout.
+pub const SLOT_WAIT: Duration = Duration::from_secs(2);
+
+/// Registers a dynamic worker running `function` of this library with `handle` as
+/// its argument, waiting up to `wait` for a free slot (not at all on a server
+/// without worker slots). `None` when none freed up.
+pub fn launch(
+    name: &str,
+    function: &str,
+    handle: pg_sys::dsm_handle,
+    wait: Duration,
+) -> Option<DynamicBackgroundWorker> {
+    let deadline = Instant::now() + wait;
+    loop {
+        let builder = BackgroundWorkerBuilder::new(name)
+            .set_type(name)
+            .set_library("pg_envelopes")
+            .set_function(function)
+            .set_argument(Some(pg_sys::Datum::from(handle)))
+            .enable_spi_access()
+            // SAFETY: MyProcPid is this backend's pid.
+            .set_notify_pid(unsafe { pg_sys::MyProcPid });
+        if let Ok(worker) = builder.load_dynamic() {
+            return Some(worker);
+        }
+        // SAFETY: reads a setting fixed at server start.
+        let no_slots = unsafe { pg_sys::max_worker_processes } == 0;
+        if no_slots || Instant::now() >= deadline {
+            return None;
+        }
+        pause(Duration::from_millis(5));
+    }
+}
+
+/// How [`wait_for`] ended.
+pub enum Stop {
+    Stopped,
+    TimedOut,
+    PostmasterDied,
+}
+
+/// Waits on this backend's latch until the worker has stopped, or `deadline`
+/// passed (then the worker is stopped first, so it cannot commit after we return).
+/// A cancel or termination of this backend stops the worker and is then raised.
+pub fn wait_for(worker: DynamicBackgroundWorker, deadline: Option<Instant>) -> Stop {
+    loop {
+        match worker.pid() {
+            Err(BackgroundWorkerStatus::Stopped) => return Stop::Stopped,
+            Err(BackgroundWorkerStatus::PostmasterDied) => return Stop::PostmasterDied,
+            _ => {}
+        }
+        // SAFETY: reading flags that signal handlers set.
+        let cancelled = unsafe { pg_sys::QueryCancelPending != 0 || pg_sys::ProcDiePending != 0 };
+        let late = deadline.is_some_and(|d| Instant::now() > d);
+        if cancelled || late {
+            worker.terminate().wait_for_shutdown().ok();
+            check_for_interrupts!(); // raises the cancel, if that is what it was
+            return Stop::TimedOut;
+        }
+        // Other interrupts (a barrier, a cache catch-up) are handled and the wait
+        // goes on.
+        check_for_interrupts!();
+        // The postmaster sets our latch when the worker starts or stops (notify
+        // pid); the timeout bounds each wait.
+        latch_wait(Duration::from_millis(50));
+    }
+}
+
+/// Sleeps on this backend's latch for up to `duration`, interruptibly.
+pub fn pause(duration: Duration) {
+    check_for_interrupts!();
+    latch_wait(duration);
+}
+
+fn latch_wait(duration: Duration) {
+    // SAFETY: waiting on our own latch with a timeout; exits if the postmaster
+    // dies.
+    unsafe {
+        pg_sys::WaitLatch(
+            pg_sys::MyLatch,
+            (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+            duration.as_millis().max(1) as std::ffi::c_long,
+            pg_sys::PG_WAIT_EXTENSION,
+        );
+        pg_sys::ResetLatch(pg_sys::MyLatch);
+    }
+}
+
+/// For a worker's entry point: installs Postgres' own SIGTERM handler, so a
+/// terminated worker stops at its next interrupt check, then unblocks signals.
+pub fn install_sigterm() {
+    // SAFETY: runs once at worker start on the main thread.
+    unsafe {
+        pg_sys::pqsignal(pg_sys::SIGTERM as i32, Some(postgres_die));
+        pg_sys::BackgroundWorkerUnblockSignals();
+    }
+}
+
+/// Runs `work` in a transaction of the worker's own and commits it; an ERROR
+/// inside aborts it and comes back as its SQLSTATE and message.
+pub fn in_own_transaction(work: impl FnOnce()) -> Result<(), (i32, String)> {
+    let result = PgTryBuilder::new(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: the standard transaction bracket of a background worker; an
+        // ERROR inside unwinds to the catch below, which aborts the transaction.
+        unsafe {
+            pg_sys::SetCurrentStatementStartTimestamp();
+            pg_sys::StartTransactionCommand();
+            pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+        }
+        work();
+        // SAFETY: closes the bracket opened above.
+        unsafe {
+            pg_sys::PopActiveSnapshot();
+            pg_sys::CommitTransactionCommand();
+        }
+        Ok(())
+    }))
+    .catch_others(|error| {
+        let report = match error {
+            pgrx::pg_sys::panic::CaughtError::PostgresError(r)
+            | pgrx::pg_sys::panic::CaughtError::ErrorReport(r)
+            | pgrx::pg_sys::panic::CaughtError::RustPanic { ereport: r, .. } => r,
+        };
+        Err((report.sql_error_code() as i32, report.message().to_owned()))
+    })
+    .execute();
+    if result.is_err() {
+        // SAFETY: leaves the failed transaction.
+        unsafe { pg_sys::AbortCurrentTransaction() };
+    }
+    result
+}

@@ -1,0 +1,215 @@
+//! High-water marks: per originator, an upper bound of every sequence id that has
+//! been committed or is being inserted, in shared memory ([`crate::pg::shmem`]), so
+//! that the insert path can tell in a few nanoseconds that a row cannot arrive
+//! late — the common case, each originator's ids rising — and pays for the exact
+//! lateness check (an index scan, [`super::late`]) only when it might.
+//!
+//! Every insert raises its originator's mark to its sequence id right after
+//! taking the row's in-flight marker. A slot is *ready* once a backend has
+//! scanned the originator's rows with a fresh snapshot and raised the mark to the
+//! highest it found: from then on, every row committed before that scan is below
+//! the mark, and every row inserted after it raised the mark itself before it
+//! existed. So a ready slot whose mark (before this insert raised it) is at most
+//! this row's sequence id proves that no committed row lies above it.
+//!
+//! Rows written into meta directly (not through the insert functions) do not
+//! raise marks. The statement trigger counts such transactions while they run,
+//! and when one ends it moves its database's generation on, which makes every
+//! slot of that database unready: while one runs, or until a slot is scanned
+//! again, inserts into that database take the exact check. Databases share
+//! [`DATABASES`] counters by hash; two that share one only slow each other down.
+//! (A direct write in a prepared transaction keeps the count up until the server
+//! restarts: inserts then always take the exact check.)
+//!
+//! Slots are keyed by database and originator: the segment is the cluster's, each
+//! database has its own envelope store, and a scan of one database's rows says
+//! nothing about another's. `TRUNCATE` of meta (the root) empties the marks of its
+//! database ([`forget_database`]), so ids that start again from low values are not
+//! held to the old rows' marks (they would be correct, only slower).
+//!
+//! The table has [`SLOTS`] slots; an originator that finds no free slot takes the
+//! exact check every time.
+
+use crate::pg::shmem::Lazy;
+use pgrx::pg_sys;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Slots of the table (16 bytes each).
+pub const SLOTS: usize = 2048;
+
+/// Direct-writer counters, shared by databases by hash (16 bytes each).
+pub const DATABASES: usize = 512;
+
+/// One database's (or a few databases') direct writers.
+#[repr(C)]
+struct Writers {
+    /// Transactions writing meta around the functions, running now.
+    running: AtomicU64,
+    /// Moves on whenever such a transaction ends.
+    generation: AtomicU64,
+}
+
+#[repr(C)]
+struct Slot {
+    /// [`key`] of the database and node, 0 when free.
+    key: AtomicU64,
+    /// Highest sequence id noted + 1 (0: none).
+    mark: AtomicU64,
+}
+
+#[repr(C)]
+struct Table {
+    /// Per database hash, see [`writers`].
+    writers: [Writers; DATABASES],
+    /// Per slot, its database's generation + 1 at which it was last made ready
+    /// (0: never).
+    ready: [AtomicU64; SLOTS],
+    slots: [Slot; SLOTS],
+}
+
+const SHMEM_NAME: &std::ffi::CStr = c"pg_envelopes high-water marks v3";
+
+thread_local! {
+    static TABLE: Lazy<Table> = const { Lazy::new() };
+}
+
+fn shared() -> Option<&'static Table> {
+    // SAFETY: Table is atomics (and padding) only, valid when zero; this module
+    // is its only user.
+    TABLE.with(|table| unsafe { table.get(SHMEM_NAME) })
+}
+
+/// The current database's oid.
+fn database() -> u32 {
+    // SAFETY: MyDatabaseId is set at backend start-up, before any SQL runs.
+    unsafe { pg_sys::MyDatabaseId }.to_u32()
+}
+
+/// A table position for `key`, spread over `size` (Fibonacci hashing).
+fn spread(key: u64, size: usize) -> usize {
+    (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % size
+}
+
+/// The direct-writer counters of the current database.
+fn writers(table: &Table) -> &Writers {
+    &table.writers[spread(u64::from(database()), DATABASES)]
+}
+
+/// The slot key of `node` in the current database: never 0 (node ids are not
+/// negative, so `node + 1` is at least 1).
+fn key(node: i32) -> u64 {
+    (u64::from(database()) << 32) | u64::from((node as u32).wrapping_add(1))
+}
+
+/// The slot of `node` in the current database, claimed if free; `None` when the
+/// table is full.
+fn slot_of(table: &Table, node: i32) -> Option<usize> {
+    let key = key(node);
+    let start = spread(key, SLOTS);
+    for i in 0..SLOTS {
+        let at = (start + i) % SLOTS;
+        let slot = &table.slots[at];
+        match slot.key.load(Ordering::SeqCst) {
+            k if k == key => return Some(at),
+            0 => match slot
+                .key
+                .compare_exchange(0, key, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => return Some(at),
+                Err(k) if k == key => return Some(at),
+                Err(_) => continue,
+            },
+            _ => continue,
+        }
+    }
+    None
+}
+
+/// What [`note`] concluded about the rows being inserted.
+pub enum Noted {
+    /// No committed row of the originator can be above the lowest of them. With
+    /// `fresh`, every row of the originator written through the functions
+    /// (committed, in flight, or this transaction's own) is below the lowest of
+    /// them: none of their keys can exist yet, except by a write around the
+    /// functions racing this one.
+    NotLate { fresh: bool },
+    /// Take the exact check; with `Some`, also make the slot ready afterwards
+    /// ([`ready`]) with the highest row that check's snapshot sees.
+    Check(Option<Ready>),
+}
+
+/// A slot to make ready, and the generation it was found at.
+pub struct Ready {
+    slot: usize,
+    generation: u64,
+}
+
+/// Notes that rows of `node` with sequence ids in `lo..=hi` are being inserted
+/// (their in-flight marker is held), and tells whether they might arrive late.
+pub fn note(node: i32, lo: i64, hi: i64) -> Noted {
+    let Some(table) = shared() else {
+        return Noted::Check(None);
+    };
+    let Some(slot) = slot_of(table, node) else {
+        return Noted::Check(None);
+    };
+    let before = table.slots[slot]
+        .mark
+        .fetch_max((hi as u64).saturating_add(1), Ordering::SeqCst);
+    // Direct writers first, generation second: a writer that ended between the two
+    // reads has moved the generation on already.
+    let writers = writers(table);
+    let direct = writers.running.load(Ordering::SeqCst);
+    let generation = writers.generation.load(Ordering::SeqCst);
+    let ready = table.ready[slot].load(Ordering::SeqCst) == generation + 1;
+    if direct == 0 && ready && before <= (lo as u64).saturating_add(1) {
+        return Noted::NotLate {
+            fresh: before <= lo as u64,
+        };
+    }
+    Noted::Check((direct == 0 && !ready).then_some(Ready { slot, generation }))
+}
+
+/// Makes a slot ready: `highest` is the highest sequence id of the originator
+/// that a snapshot taken after [`note`] sees (None: no row).
+pub fn ready(slot: Ready, highest: Option<i64>) {
+    let Some(table) = shared() else { return };
+    if let Some(highest) = highest {
+        table.slots[slot.slot]
+            .mark
+            .fetch_max((highest as u64).saturating_add(1), Ordering::SeqCst);
+    }
+    table.ready[slot.slot].fetch_max(slot.generation + 1, Ordering::SeqCst);
+}
+
+/// A transaction started writing meta around the insert functions.
+pub fn direct_writer_started() {
+    if let Some(table) = shared() {
+        writers(table).running.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// That transaction ended (after its commit became visible, or after its abort).
+pub fn direct_writer_ended() {
+    if let Some(table) = shared() {
+        let writers = writers(table);
+        writers.generation.fetch_add(1, Ordering::SeqCst);
+        writers.running.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Meta was truncated in the current database (by a transaction that holds it in
+/// ACCESS EXCLUSIVE mode, so no insert of this database is between noting its
+/// rows and committing them): its marks start again from nothing, unready, and the
+/// next insert of each originator rescans it. If the truncation rolls back, that
+/// rescan finds the rows again.
+pub fn forget_database() {
+    let Some(table) = shared() else { return };
+    let database = u64::from(database());
+    for (at, slot) in table.slots.iter().enumerate() {
+        if slot.key.load(Ordering::SeqCst) >> 32 == database {
+            table.ready[at].store(0, Ordering::SeqCst);
+            slot.mark.store(0, Ordering::SeqCst);
+        }
+    }
+}

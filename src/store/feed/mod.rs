@@ -1,0 +1,205 @@
+//! The change feed: how a reader hands out every committed envelope and outbox
+//! row although commit order is not id order, without waiting for anything but
+//! the transactions that write to the same feed.
+//!
+//! # Writers
+//! * An envelope writer takes an **envelope marker** naming the lowest sequence id
+//!   it inserts per originator, before the row exists ([`markers`]), bumps that
+//!   originator's **change clock** ([`clock`]), then checks whether its row
+//!   **arrives late**: whether another transaction has already committed a higher
+//!   sequence id of the same originator ([`late`]). A late row is also recorded in
+//!   the **late-envelope feed** (`envelopes.late_envelopes`), in the same
+//!   transaction, and flagged `late` in meta.
+//! * A writer of a drawn feed (the outbox, the late-envelope feed) takes a
+//!   **drawn-feed marker** naming the feed sequence's last value before it draws
+//!   its first id.
+//!
+//! # Readers (the [`Gate`])
+//! In this order: sample the change clocks; read each drawn feed's last value
+//! `L`; take snapshot `S0`; list the markers; take snapshot `S`. Then:
+//! * **Drawn feeds**: hand out the rows with id in `(cursor, min(L, lowest
+//!   marker value)]` visible in `S`. Every id at or below `L` was drawn before `L`
+//!   was read, so its writer had taken its marker before the markers were listed:
+//!   it is either listed (and its marker value is below its ids) or finished, in
+//!   which case `S` sees its rows or they were rolled back.
+//! * **Envelopes, per originator**: read the rows after the cursor in order with
+//!   `S`, up to the lowest marker of the originator minus one, and hand out those
+//!   up to the highest one whose transaction had finished when `S0` was taken.
+//!   Rows flagged `late` are skipped here: the late feed hands them out.
+//!
+//! Why nothing is skipped: let `d` be handed out and `s < d` a row of the same
+//! originator that commits only after `S`. If `s`'s transaction had its marker
+//! before the listing, it was listed (still running) and caps the read below `s`,
+//! or it had finished, so `S` sees `s` and it is read before `d`. Otherwise it
+//! took its marker after the listing, hence after `S0`, and its lateness check
+//! runs later still: it sees the row that bounds the read — committed before `S0`
+//! with a sequence id `>= d > s` — so `s` is recorded in the late feed. Reading
+//! the rows with the caller's snapshot instead of `S`, or bounding by rows that
+//! committed after the listing instead of before it, breaks this argument: those
+//! are exactly the races `model/` has counterexamples for.
+//!
+//! Nothing here looks at the cluster-wide xmin horizon: a transaction that never
+//! writes to a feed holds nothing back.
+//!
+//! # Rows written around the functions
+//! An `INSERT` or `COPY` into meta that does not come from the insert functions
+//! takes no marker and is never checked for lateness, so a reader may skip such a
+//! row if it lands below a cursor or commits after a higher one. What it does get:
+//! the statement trigger on meta notices it; while its transaction runs, and
+//! until each originator has been scanned again after it ended, inserts check
+//! their lateness by scanning ([`highwater`]); once it has committed, it moves the
+//! all-originators change clock, so readers that cached an idle state look again
+//! and hand out such rows that are above their cursors. (Writers that fire no
+//! triggers — logical replication's apply, `session_replication_role = replica`
+//! — are not noticed at all.)
+
+pub mod clock;
+pub mod highwater;
+pub mod late;
+pub mod markers;
+
+use crate::pg::scan::Reading;
+use crate::pg::snapshot::Fresh;
+use crate::store::partition::PartitionError;
+use crate::store::read;
+use markers::{Drawn, MarkerError, Markers};
+use pgrx::prelude::*;
+
+thread_local! {
+    /// Set while an insert function executes its statement.
+    static THROUGH_FUNCTIONS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Local transaction id for which a commit callback is already registered.
+    static FOREIGN_WRITE_NOTED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs `f` (an insert function's statement) so that the statement trigger knows
+/// the rows come through the functions.
+pub fn through_functions<R>(f: impl FnOnce() -> R) -> R {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            THROUGH_FUNCTIONS.with(|t| t.set(self.0));
+        }
+    }
+    let _reset = Reset(THROUGH_FUNCTIONS.with(|t| t.replace(true)));
+    f()
+}
+
+/// Called by the statement trigger on meta: rows written around the functions
+/// move the all-originators clock once their transaction has committed.
+pub fn meta_written() {
+    if THROUGH_FUNCTIONS.with(std::cell::Cell::get) {
+        return;
+    }
+    // SAFETY: MyProc is this backend's PGPROC, valid for the backend's life.
+    let lxid = unsafe { (*pg_sys::MyProc).lxid };
+    if FOREIGN_WRITE_NOTED.with(|n| n.replace(lxid)) != lxid {
+        highwater::direct_writer_started();
+        // After the commit is visible to new snapshots, so a reader that samples the
+        // clock after the bump also sees the rows, and an insert that finds the
+        // high-water marks usable again scans the originator with them in sight.
+        pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Commit, || {
+            clock::bump_all();
+            highwater::direct_writer_ended();
+        });
+        pgrx::register_xact_callback(
+            pgrx::PgXactCallbackEvent::Abort,
+            highwater::direct_writer_ended,
+        );
+    }
+}
+
+/// The first half of a gate: the change clocks and the drawn feeds' last values.
+/// Enough to tell that nothing new can have committed since a clean read; open
+/// the [`Gate`] to read.
+pub struct Sample {
+    /// The change clocks (`None` when unavailable).
+    pub clocks: Option<Vec<u64>>,
+    /// Last value of each drawn feed.
+    last_drawn: [i64; 2],
+}
+
+impl Sample {
+    pub fn take() -> Result<Sample, MarkerError> {
+        // SAFETY: RecoveryInProgress only reads shared state.
+        if unsafe { pg_sys::RecoveryInProgress() } {
+            return Err(MarkerError::OnStandby);
+        }
+        Ok(Sample {
+            clocks: clock::sample(),
+            last_drawn: [Drawn::Outbox.last_drawn()?, Drawn::Late.last_drawn()?],
+        })
+    }
+
+    /// The last value of `feed` read by this sample.
+    pub fn last_drawn(&self, feed: Drawn) -> i64 {
+        self.last_drawn[feed as usize]
+    }
+
+    /// Completes the gate: snapshot, markers, snapshot.
+    pub fn open(self) -> Gate {
+        let before = Fresh::take();
+        let markers = Markers::read();
+        let pause = crate::gucs::gate_pause();
+        if !pause.is_zero() {
+            std::thread::sleep(pause);
+        }
+        let after = Fresh::take();
+        Gate {
+            sample: self,
+            before,
+            markers,
+            after,
+        }
+    }
+}
+
+/// What a reader established at one moment (see the module documentation).
+pub struct Gate {
+    pub sample: Sample,
+    /// Snapshot taken before the markers were listed.
+    before: Fresh,
+    pub markers: Markers,
+    /// Snapshot taken after the markers were listed: read rows with it.
+    after: Fresh,
+}
+
+impl Gate {
+    pub fn open() -> Result<Gate, MarkerError> {
+        Ok(Sample::take()?.open())
+    }
+
+    /// The snapshot to read rows with.
+    pub fn rows(&self) -> pgrx::pg_sys::Snapshot {
+        self.after.as_ptr()
+    }
+
+    /// The snapshot taken before the markers were listed.
+    pub fn before(&self) -> &Fresh {
+        &self.before
+    }
+
+    /// The highest id of `feed` that a reader may hand out now (every id at or
+    /// below it is committed and visible to [`Gate::rows`], or never will be).
+    pub fn drawn_ceiling(&self, feed: Drawn) -> i64 {
+        let last = self.sample.last_drawn(feed);
+        match self.markers.drawn_limit(feed) {
+            Some(marked) => last.min(marked),
+            None => last,
+        }
+    }
+
+    /// The highest sequence id of `node` a reader may advance a cursor to: below
+    /// every marker of the originator, and at most the highest row that had
+    /// committed before the markers were listed. `None` when the originator has
+    /// no such row.
+    pub fn envelope_ceiling(&self, node: i32) -> Result<Option<i64>, PartitionError> {
+        let committed =
+            read::highest_above(node, 0, Reading::passing(self.before.as_ptr()), |_| true)?;
+        Ok(match (committed, self.markers.envelope_limit(node)) {
+            (Some(max), Some(limit)) => Some(max.min(limit)),
+            (Some(max), None) => Some(max),
+            (None, _) => None,
+        })
+    }
+}

@@ -1,0 +1,499 @@
+//! Reading what partitions exist from the catalog (the slow path only) and the DDL
+//! that creates missing ones.
+//!
+//! Partitions are created with `CREATE TABLE ... (LIKE root ...)` followed by
+//! `ALTER TABLE parent ATTACH PARTITION`, never `CREATE TABLE ... PARTITION OF`:
+//! ATTACH takes SHARE UPDATE EXCLUSIVE on the parent, which does not block
+//! concurrent inserts, where PARTITION OF takes ACCESS EXCLUSIVE. The new table is
+//! empty, so ATTACH's validation scan reads nothing and no helper CHECK constraint
+//! is needed to skip it.
+//!
+//! DDL cannot take `$n` parameters. Every identifier is built whole, then quoted
+//! with `quote_identifier`; the only other values spliced into DDL text are
+//! integers formatted by Rust (node ids and band bounds), never caller text.
+
+use super::band::{self, Band, RangeBound, Table};
+use super::cache::OriginatorParts;
+use super::PartitionError;
+use crate::pg::locks::RelationLock;
+use crate::pg::rel::Rel;
+use crate::pg::scan;
+use pgrx::pg_sys::{self, Oid};
+use pgrx::spi::{quote_identifier, Spi};
+
+/// The extension's schema (fixed: the extension is not relocatable).
+pub const SCHEMA: &str = "envelopes";
+
+fn qualified(name: &str) -> String {
+    format!("{}.{}", quote_identifier(SCHEMA), quote_identifier(name))
+}
+
+/// Oids of the two root tables, resolved through the syscache.
+pub fn root_oids() -> Result<[Oid; 2], PartitionError> {
+    let namespace = namespace_oid()?;
+    let mut roots = [pg_sys::InvalidOid; 2];
+    for table in Table::ALL {
+        let name =
+            std::ffi::CString::new(table.root_name()).map_err(|_| PartitionError::NotInstalled)?;
+        // SAFETY: both arguments are valid; get_relname_relid only reads the syscache
+        // and returns InvalidOid when the relation does not exist.
+        let oid = unsafe { pg_sys::get_relname_relid(name.as_ptr(), namespace) };
+        if oid == pg_sys::InvalidOid {
+            return Err(PartitionError::NotInstalled);
+        }
+        roots[table as usize] = oid;
+    }
+    Ok(roots)
+}
+
+fn namespace_oid() -> Result<Oid, PartitionError> {
+    // SAFETY: the name is a static NUL-terminated string; with missing_ok = true the
+    // lookup returns InvalidOid instead of raising an error.
+    let oid = unsafe { pg_sys::get_namespace_oid(c"envelopes".as_ptr(), true) };
+    if oid == pg_sys::InvalidOid {
+        Err(PartitionError::NotInstalled)
+    } else {
+        Ok(oid)
+    }
+}
+
+/// What exists for `node` in `table`: `None` when the originator-level partition
+/// does not exist, an error when a relation of that name exists but is not a
+/// partition of the root.
+///
+/// This reads the relcache and syscache, not the catalog through SQL: an SQL query
+/// would see the catalog as of the caller's snapshot, which in REPEATABLE READ (or
+/// in READ COMMITTED before the caller's first write) predates partitions that
+/// another session committed while this one waited for the creation lock. The
+/// caches follow the latest committed catalog once invalidations are processed.
+pub fn load_originator(
+    table: Table,
+    node: i32,
+    root: Oid,
+) -> Result<Option<OriginatorParts>, PartitionError> {
+    let name = band::originator_table_name(table, node);
+    let cname = std::ffi::CString::new(name.as_str()).map_err(|_| PartitionError::NotInstalled)?;
+    // SAFETY: valid NUL-terminated name and namespace oid; returns InvalidOid if absent.
+    let parent = unsafe { pg_sys::get_relname_relid(cname.as_ptr(), namespace_oid()?) };
+    if parent == pg_sys::InvalidOid {
+        return Ok(None);
+    }
+    if partition_parents(parent)?.first() != Some(&root) {
+        return Err(PartitionError::NotAPartition { name });
+    }
+    let mut parts = OriginatorParts {
+        parent,
+        bands: Vec::new(),
+        executor: Vec::new(),
+    };
+    // SAFETY: reads the relation's kind from the syscache ('\0' if it is gone).
+    let kind = unsafe { pg_sys::get_rel_relkind(parent) } as u8;
+    if kind == pg_sys::RELKIND_PARTITIONED_TABLE {
+        for leaf in partition_oids(parent)? {
+            // A child that is not a plain range band (a user's DEFAULT partition)
+            // never routes our rows; leave it out of the cache.
+            if let Some(bound) = partition_bound(leaf)
+                .as_deref()
+                .and_then(band::parse_range_bound)
+            {
+                parts.bands.push((bound, leaf));
+            }
+        }
+    } else {
+        // The owner made the originator's partition a table of its own: it holds
+        // every sequence id, one band from MINVALUE to MAXVALUE.
+        parts.bands.push((
+            band::RangeBound {
+                lower: None,
+                upper: None,
+            },
+            parent,
+        ));
+    }
+    for (_, leaf) in &parts.bands {
+        if let Some(lacks) = band_lacks(*leaf, table) {
+            pgrx::debug1!(
+                "pg_envelopes: band {} of originator {node} {lacks}: it is read and written \
+                 through the executor",
+                leaf.to_u32()
+            );
+            parts.executor.push(*leaf);
+        }
+    }
+    parts.sort();
+    Ok(Some(parts))
+}
+
+/// What a band's table lacks for the direct paths: the insert functions' direct
+/// write path and the read paths' index scans (`crate::pg::scan`), which need a plain
+/// heap table with the store's btree indexes. A band that lacks something is
+/// served through the executor instead (SQL inserts through the roots, queries on
+/// the band), whatever the owner made of it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Lacks {
+    #[error("is partitioned")]
+    Partitioned,
+    #[error("is a foreign table")]
+    Foreign,
+    #[error("is not a plain table (relkind '{0}')")]
+    NotATable(char),
+    #[error("uses the table access method \"{0}\", not heap")]
+    AccessMethod(String),
+    #[error("has no valid btree primary key on (originator_node_id, originator_sequence_id)")]
+    PrimaryKey,
+    #[error("has no valid btree index on (topic, originator_sequence_id)")]
+    TopicIndex,
+    #[error("no longer exists")]
+    Gone,
+}
+
+/// What band `relid` of `table` lacks for the direct paths, if anything (see
+/// [`Lacks`]). Checked when the catalog loads a band, from the relcache (a band
+/// dropped meanwhile is [`Lacks::Gone`]; one altered later sends an
+/// invalidation, which makes the cache load the originator again); the paths
+/// that dereference a band check what they dereference once they hold its lock.
+///
+/// The band is locked (ACCESS SHARE) while it is looked at and given back at
+/// once: a band dropped by another session (`prune_expired` drops empty ones)
+/// while this one held its relcache entry would otherwise fail the look with
+/// "relation ... deleted while still in use" when the drop's invalidation
+/// arrives. A band being dropped is waited for, then found gone.
+pub fn band_lacks(relid: Oid, table: Table) -> Option<Lacks> {
+    let _locked = RelationLock::take(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+    let Some(rel) = Rel::reference(relid) else {
+        return Some(Lacks::Gone);
+    };
+    // SAFETY: the reference is held while the guard lives.
+    unsafe { direct_lacks(rel.as_ptr(), table) }
+}
+
+/// [`band_lacks`] of an open relation.
+///
+/// # Safety
+/// `rel` is an open relation (a reference held).
+pub unsafe fn direct_lacks(rel: pg_sys::Relation, table: Table) -> Option<Lacks> {
+    // SAFETY: the caller's promise; the relcache entry's fields are read while
+    // the reference is held; indexes are looked at through relcache references
+    // taken and dropped here.
+    unsafe {
+        let form = (*rel).rd_rel;
+        match (*form).relkind as u8 {
+            pg_sys::RELKIND_RELATION => {}
+            pg_sys::RELKIND_PARTITIONED_TABLE => return Some(Lacks::Partitioned),
+            pg_sys::RELKIND_FOREIGN_TABLE => return Some(Lacks::Foreign),
+            other => return Some(Lacks::NotATable(other as char)),
+        }
+        if (*form).relam != pg_sys::HEAP_TABLE_AM_OID || !scan::index_path_can_read(rel) {
+            let name = pg_sys::get_am_name((*form).relam);
+            let name = if name.is_null() {
+                (*form).relam.to_u32().to_string()
+            } else {
+                std::ffi::CStr::from_ptr(name)
+                    .to_string_lossy()
+                    .into_owned()
+            };
+            return Some(Lacks::AccessMethod(name));
+        }
+        let serves = |index: Oid, columns: &[&str]| {
+            Rel::reference(index)
+                .is_some_and(|index| scan::index_serves(rel, index.as_ptr(), columns))
+        };
+        let pk = pg_sys::RelationGetPrimaryKeyIndex(rel);
+        if pk == pg_sys::InvalidOid || !serves(pk, scan::ENVELOPE_KEY) {
+            return Some(Lacks::PrimaryKey);
+        }
+        if table == Table::Meta {
+            let list = pg_sys::RelationGetIndexList(rel);
+            let cells = if list.is_null() {
+                &[][..]
+            } else {
+                std::slice::from_raw_parts((*list).elements, (*list).length as usize)
+            };
+            let found = cells.iter().any(|c| serves(c.oid_value, scan::TOPIC_KEY));
+            if !list.is_null() {
+                pg_sys::list_free(list);
+            }
+            if !found {
+                return Some(Lacks::TopicIndex);
+            }
+        }
+        None
+    }
+}
+
+/// Node ids of every originator partition attached to `root`. A child whose bound
+/// is not a single integer (not one of ours) is left out.
+pub fn list_originators(root: Oid) -> Result<Vec<i32>, PartitionError> {
+    Ok(partition_oids(root)?
+        .into_iter()
+        .filter_map(|child| {
+            partition_bound(child)
+                .as_deref()
+                .and_then(band::parse_list_bound)
+        })
+        .collect())
+}
+
+/// pg_inherits (stable catalog oids and column numbers of Postgres 15).
+const INHERITS_RELATION_ID: u32 = 2611;
+const INHERITS_RELID_SEQNO_INDEX_ID: u32 = 2680;
+const INHERITS_PARENT_INDEX_ID: u32 = 2187;
+const ANUM_PG_INHERITS_INHRELID: pg_sys::AttrNumber = 1;
+const ANUM_PG_INHERITS_INHPARENT: pg_sys::AttrNumber = 2;
+
+/// The partitions of a partitioned table, read from pg_inherits with the latest
+/// snapshot. Not from the relcache partition descriptor: right after another
+/// session committed an ATTACH, this backend's cached descriptor was seen to
+/// still lack the new partition (the new pg_inherits row sends no catalog-cache
+/// invalidation), while the syscache already knew the new table by name.
+fn partition_oids(parent: Oid) -> Result<Vec<Oid>, PartitionError> {
+    Ok(
+        inherits_rows(INHERITS_PARENT_INDEX_ID, ANUM_PG_INHERITS_INHPARENT, parent)
+            .into_iter()
+            .map(|(child, _)| child)
+            .collect(),
+    )
+}
+
+/// The parents a relation is attached to (one for a partition, none for a table
+/// that is not one), by the same latest-snapshot read of pg_inherits. One index
+/// probe on the child: asking whether the root's children contain it would read
+/// every originator's row, once per originator loaded.
+fn partition_parents(child: Oid) -> Result<Vec<Oid>, PartitionError> {
+    Ok(inherits_rows(
+        INHERITS_RELID_SEQNO_INDEX_ID,
+        ANUM_PG_INHERITS_INHRELID,
+        child,
+    )
+    .into_iter()
+    .map(|(_, parent)| parent)
+    .collect())
+}
+
+/// `(inhrelid, inhparent)` of the pg_inherits rows whose `attnum` equals `key`,
+/// scanned through `index` with the latest snapshot (the catalog snapshot in
+/// parallel mode).
+fn inherits_rows(index: u32, attnum: pg_sys::AttrNumber, key: Oid) -> Vec<(Oid, Oid)> {
+    let mut rows = Vec::new();
+    // SAFETY: the standard system-catalog index scan: the catalog is open (with
+    // AccessShareLock) while `catalog` lives, the latest snapshot is registered for the scan
+    // and unregistered after it (with a NULL one systable_beginscan registers and
+    // systable_endscan unregisters the catalog snapshot), and each returned tuple
+    // is a pg_inherits row whose first two fixed-width, never-null columns are
+    // inhrelid and inhparent (Oids), read before the next call.
+    let catalog = Rel::open(
+        Oid::from(INHERITS_RELATION_ID),
+        pg_sys::AccessShareLock as pg_sys::LOCKMODE,
+    );
+    unsafe {
+        let rel = catalog.as_ptr();
+        let mut scan_key = pg_sys::ScanKeyData::default();
+        pg_sys::ScanKeyInit(
+            &mut scan_key,
+            attnum,
+            pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
+            Oid::from(pg_sys::F_OIDEQ),
+            pg_sys::Datum::from(key),
+        );
+        // In parallel mode (a parallel worker, or a leader running a Gather, where
+        // a query's envelope_of may load bands) Postgres refuses a new latest
+        // snapshot; the catalog snapshot (NULL here: systable_beginscan takes and
+        // registers it) is what Postgres' own partition lookups read there, and it
+        // is renewed by every catalog invalidation taken in.
+        let parallel = pg_sys::IsInParallelMode();
+        let snapshot = if parallel {
+            std::ptr::null_mut()
+        } else {
+            pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot())
+        };
+        let scan =
+            pg_sys::systable_beginscan(rel, Oid::from(index), true, snapshot, 1, &mut scan_key);
+        loop {
+            let tuple = pg_sys::systable_getnext(scan);
+            if tuple.is_null() {
+                break;
+            }
+            let header = (*tuple).t_data;
+            let fields = (header as *const u8).add((*header).t_hoff as usize) as *const Oid;
+            rows.push((fields.read_unaligned(), fields.add(1).read_unaligned()));
+        }
+        pg_sys::systable_endscan(scan);
+        if !parallel {
+            pg_sys::UnregisterSnapshot(snapshot);
+        }
+    }
+    drop(catalog);
+    rows
+}
+
+/// `pg_get_expr(relpartbound, relid)` of a partition, from the syscache.
+fn partition_bound(relid: Oid) -> Option<String> {
+    // SAFETY: the tuple is released before returning; SysCacheGetAttr reads a
+    // column of that valid tuple; pg_get_expr copies what it needs into a new text.
+    unsafe {
+        let tuple = pg_sys::SearchSysCache1(
+            pg_sys::SysCacheIdentifier::RELOID as i32,
+            pg_sys::Datum::from(relid),
+        );
+        if tuple.is_null() {
+            return None;
+        }
+        let mut isnull = false;
+        let bound = pg_sys::SysCacheGetAttr(
+            pg_sys::SysCacheIdentifier::RELOID as i32,
+            tuple,
+            pg_sys::Anum_pg_class_relpartbound as pg_sys::AttrNumber,
+            &mut isnull,
+        );
+        let text = if isnull {
+            None
+        } else {
+            pgrx::fcinfo::direct_function_call::<String>(
+                pg_sys::pg_get_expr,
+                &[Some(bound), Some(pg_sys::Datum::from(relid))],
+            )
+        };
+        pg_sys::ReleaseSysCache(tuple);
+        text
+    }
+}
+
+/// Creates the originator-level partition of `table` for `node`, attached to the root.
+pub fn create_originator(table: Table, node: i32) -> Result<(), PartitionError> {
+    let root = qualified(table.root_name());
+    let name = band::originator_table_name(table, node);
+    refuse_taken(&name)?;
+    let parent = qualified(&name);
+    run_ddl(&[
+        format!(
+            "CREATE TABLE {parent} (LIKE {root} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) \
+             PARTITION BY RANGE (originator_sequence_id)"
+        ),
+        format!("ALTER TABLE {root} ATTACH PARTITION {parent} FOR VALUES IN ({node})"),
+    ])
+}
+
+/// Creates the band partition of `table` for `node` covering `band`.
+pub fn create_band(table: Table, node: i32, band: &Band) -> Result<(), PartitionError> {
+    let root = qualified(table.root_name());
+    let parent = qualified(&band::originator_table_name(table, node));
+    let name = band::band_table_name(table, node, band);
+    refuse_taken(&name)?;
+    let leaf = qualified(&name);
+    run_ddl(&[
+        format!("CREATE TABLE {leaf} (LIKE {root} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"),
+        format!(
+            "ALTER TABLE {parent} ATTACH PARTITION {leaf} {}",
+            band.for_values()
+        ),
+    ])
+}
+
+/// The name is about to be created under the creation lock, so a relation that
+/// has it already is not one of ours: say so (42P07 with a hint) rather than let
+/// CREATE TABLE fail with its bare message.
+fn refuse_taken(name: &str) -> Result<(), PartitionError> {
+    let taken = Spi::get_one_with_args::<bool>(
+        "SELECT pg_catalog.to_regclass($1) IS NOT NULL",
+        &[qualified(name).into()],
+    )?
+    .unwrap_or(false);
+    if taken {
+        return Err(PartitionError::NotAPartition {
+            name: name.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+fn run_ddl(statements: &[String]) -> Result<(), PartitionError> {
+    Spi::connect_mut(|client| {
+        for statement in statements {
+            client.update(statement.as_str(), None, &[])?;
+        }
+        Ok(())
+    })
+}
+
+/// Picks the band to create for `seq`: the bounds of the other table's band when
+/// one table already covers `seq` (meta and blob stay aligned), else the aligned
+/// band of `width`; in both cases shrunk to fit between the existing neighbours.
+pub fn plan_band(seq: i64, desired: Band, existing: &[RangeBound]) -> Band {
+    let target = existing
+        .iter()
+        .find(|b| b.contains(seq))
+        .map(|b| Band {
+            start: b.lower.unwrap_or(0),
+            end: b.upper,
+        })
+        .unwrap_or(desired);
+    let floor = existing
+        .iter()
+        .filter_map(|b| b.upper)
+        .filter(|&u| u <= seq)
+        .max();
+    let ceiling = existing
+        .iter()
+        .filter_map(|b| b.lower)
+        .filter(|&l| l > seq)
+        .min();
+    target.clamped(floor, ceiling)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_fits_between_neighbours() {
+        let existing = [
+            RangeBound {
+                lower: Some(0),
+                upper: Some(150),
+            },
+            RangeBound {
+                lower: Some(180),
+                upper: Some(400),
+            },
+        ];
+        let desired = Band {
+            start: 100,
+            end: Some(200),
+        };
+        assert_eq!(
+            plan_band(160, desired, &existing),
+            Band {
+                start: 150,
+                end: Some(180)
+            }
+        );
+    }
+
+    #[test]
+    fn plan_reuses_the_other_tables_band() {
+        let existing = [RangeBound {
+            lower: Some(10),
+            upper: Some(20),
+        }];
+        let desired = Band {
+            start: 0,
+            end: Some(100),
+        };
+        assert_eq!(
+            plan_band(15, desired, &existing),
+            Band {
+                start: 10,
+                end: Some(20)
+            }
+        );
+    }
+
+    #[test]
+    fn plan_without_neighbours_is_the_aligned_band() {
+        let desired = Band {
+            start: 0,
+            end: Some(100),
+        };
+        assert_eq!(plan_band(5, desired, &[]), desired);
+    }
+}

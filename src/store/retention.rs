@@ -1,0 +1,657 @@
+//! Retention: `prune_expired` deletes expired envelopes and drops band partitions
+//! left empty, one band at a time, each band in a transaction of its own.
+//!
+//! By default the work runs in a background worker (connected to the same
+//! database as the same role) that commits after every band, so an insert into an
+//! originator waits at most for the drop of one of its bands, a few milliseconds,
+//! never for the whole run. The caller waits for the worker and returns what it
+//! did. With `in_transaction => true`, or when no worker slot frees up in time,
+//! the same steps run in the caller's transaction instead (what they lock is then
+//! held until it ends).
+//!
+//! # Lock order
+//!
+//! The pruner never waits for a lock while it holds one, and never sits in a lock
+//! queue. For each band it asks, all conditionally (`ConditionalLockRelationOid`,
+//! `LockAcquire` with `dontWait`), in this order: ACCESS SHARE on the meta leaf to
+//! look at it; then ACCESS EXCLUSIVE on the meta originator partition, the blob
+//! originator partition, the meta leaf and the blob leaf (parents before children,
+//! the order in which inserts and DDL take them), then the prune guard
+//! ([`crate::pg::locks::try_lock_for_prune`]). When any is refused, it releases what it
+//! took, pauses a moment and tries again until the band's `lock_timeout_ms` has
+//! passed; then the band is skipped (`dropped = false`) and left for the next run.
+//! A session that waits while holding nothing cannot close a wait cycle, so
+//! pruning cannot deadlock with creation (which takes the creation lock, then the
+//! parents) or with inserts (parents, then leaves, then the guard when they create
+//! or find a band). And because it never queues, no insert ever waits behind a
+//! pruner that is itself waiting.
+//!
+//! # What is dropped
+//!
+//! A band is dropped only when it is empty (read with a fresh snapshot after the
+//! exclusive locks were granted, whatever the caller's isolation level), is not its
+//! originator's newest band, and lies wholly below the highest sequence id that
+//! originator had when the run began. Bands created ahead of the data (with
+//! `ensure_gateway_parts`) therefore stay, and so does every band of an originator
+//! that has no rows left at all, and every band that is not a plain table (one its
+//! owner partitioned further, whose expired rows are deleted all the same: the
+//! deletes match rows by `tableoid` and `ctid`, which alone repeats across
+//! sub-partitions).
+
+use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
+use crate::pg::locks;
+use crate::pg::scan::{Range, Scan};
+use crate::pg::snapshot::Latest;
+use crate::pg::worker::{self, Header, Segment};
+use crate::store::partition::PartitionError;
+use pgrx::pg_sys::{self, Oid};
+use pgrx::prelude::*;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// Errors of `prune_expired`.
+#[derive(Debug, thiserror::Error)]
+pub enum PruneError {
+    #[error("lock_timeout_ms must be positive (got {0})")]
+    BadLockTimeout(i32),
+    #[error("permission denied to prune the envelope store")]
+    NotAllowed,
+    #[error("pruning failed: {message}")]
+    WorkerFailed { sqlstate: i32, message: String },
+    #[error("the pruning worker stopped after {processed} of {total} bands without reporting")]
+    WorkerLost { processed: u32, total: u32 },
+    #[error("{0}")]
+    Partition(#[from] PartitionError),
+    #[error("{0}")]
+    NotWritable(#[from] crate::pg::xact::NotWritable),
+    #[error("SPI error while pruning: {0}")]
+    Spi(#[from] pgrx::spi::SpiError),
+}
+
+impl SqlError for PruneError {
+    fn sqlstate(&self) -> PgSqlErrorCode {
+        use PgSqlErrorCode::*;
+        match self {
+            PruneError::BadLockTimeout(_) => ERRCODE_INVALID_PARAMETER_VALUE,
+            PruneError::NotAllowed => ERRCODE_INSUFFICIENT_PRIVILEGE,
+            PruneError::WorkerFailed { sqlstate, .. } => PgSqlErrorCode::from(*sqlstate),
+            PruneError::WorkerLost { .. } => ERRCODE_CONNECTION_FAILURE,
+            PruneError::Partition(e) => e.sqlstate(),
+            PruneError::NotWritable(e) => e.sqlstate(),
+            PruneError::Spi(_) => ERRCODE_INTERNAL_ERROR,
+        }
+    }
+
+    fn hint(&self) -> Option<String> {
+        match self {
+            PruneError::NotAllowed => Some(
+                "Pruning deletes rows and drops partitions: run it as the extension's owner."
+                    .into(),
+            ),
+            PruneError::WorkerFailed { .. } | PruneError::WorkerLost { .. } => Some(
+                "Bands handled before the failure stay pruned (each was committed); run \
+                 prune_expired again."
+                    .into(),
+            ),
+            PruneError::NotWritable(e) => e.hint(),
+            _ => None,
+        }
+    }
+}
+
+/// One band to look at, and what was done to it. Plain data: it travels to the
+/// worker in shared memory.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    node: i32,
+    meta: Oid,
+    /// `InvalidOid` when the blob table has no band with these bounds.
+    blob: Oid,
+    /// Computed when listing: not the newest band, below the highest row.
+    droppable: bool,
+    has_end: bool,
+    /// Found empty when it was looked at for dropping.
+    empty: bool,
+    dropped: bool,
+    start: i64,
+    end: i64,
+    deleted: i64,
+}
+
+/// The worker's job: its fixed part followed by `count` entries.
+#[repr(C)]
+struct Job {
+    header: Header,
+    cutoff: i64,
+    lock_timeout_ms: i32,
+    /// `envelopes.late_envelopes`, looked up once by the caller.
+    late: Oid,
+    count: u32,
+    processed: AtomicU32,
+}
+
+pub type Row = (i32, i64, Option<i64>, i64, bool);
+
+pub fn prune(
+    as_of: Option<i64>,
+    lock_timeout_ms: Option<i32>,
+    in_transaction: bool,
+) -> Result<Vec<Row>, PruneError> {
+    crate::pg::xact::check_writable("prune_expired")?;
+    let lock_timeout_ms = match lock_timeout_ms {
+        Some(ms) if ms > 0 => ms,
+        other => return Err(PruneError::BadLockTimeout(other.unwrap_or(0))),
+    };
+    // Deleting from the leaves and dropping them takes their owner's rights (the
+    // role that created the extension's partitions), not just DELETE on the roots.
+    let allowed = Spi::get_one::<bool>(
+        "SELECT pg_catalog.bool_and(pg_catalog.pg_has_role(c.relowner, 'USAGE'))
+           FROM pg_catalog.pg_class c
+          WHERE c.oid IN ('envelopes.gateway_envelopes_meta'::pg_catalog.regclass,
+                          'envelopes.gateway_envelopes_blob'::pg_catalog.regclass)",
+    )?
+    .unwrap_or(false);
+    if !allowed {
+        return Err(PruneError::NotAllowed);
+    }
+    let cutoff = match as_of {
+        Some(cutoff) => cutoff,
+        None => Spi::get_one::<i64>(
+            "SELECT pg_catalog.floor(EXTRACT(epoch FROM pg_catalog.now()))::bigint",
+        )?
+        .unwrap_or(0),
+    };
+    let mut entries = list_bands()?;
+    let mut in_transaction = in_transaction;
+    if !in_transaction && !entries.is_empty() && caller_holds_partition_locks()? {
+        pgrx::warning!(
+            "pg_envelopes: pruning in the calling transaction, which holds locks on the \
+             envelope partitions (a worker could drop none of them); the partitions it \
+             drops stay locked until that transaction ends"
+        );
+        in_transaction = true;
+    }
+    let late = Spi::get_one::<Oid>(
+        "SELECT 'envelopes.late_envelopes'::pg_catalog.regclass::pg_catalog.oid",
+    )?
+    .unwrap_or(pg_sys::InvalidOid);
+    if !in_transaction && !entries.is_empty() {
+        match run_in_worker(&mut entries, cutoff, lock_timeout_ms, late)? {
+            Ok(()) => return Ok(rows_of(&entries)),
+            Err(why) => pgrx::warning!(
+                "pg_envelopes: pruning in the calling transaction ({why}); the partitions it \
+                 drops stay locked until that transaction ends"
+            ),
+        }
+    }
+    for entry in &mut entries {
+        delete_expired(entry, cutoff, late)?;
+        if entry.droppable {
+            try_drop(entry, lock_timeout_ms)?;
+        }
+    }
+    Ok(rows_of(&entries))
+}
+
+/// Whether the calling transaction already holds a lock on an originator
+/// partition or band leaf (it read or wrote the tables earlier): a worker could
+/// take no exclusive lock on those until it ends. Only a transaction block can.
+fn caller_holds_partition_locks() -> Result<bool, PruneError> {
+    // SAFETY: reads backend state only.
+    if !unsafe { pg_sys::IsTransactionBlock() } {
+        return Ok(false);
+    }
+    Ok(Spi::get_one::<bool>(
+        "SELECT EXISTS (
+             SELECT FROM pg_catalog.pg_locks l
+               JOIN pg_catalog.pg_inherits o ON o.inhparent IN
+                    ('envelopes.gateway_envelopes_meta'::pg_catalog.regclass,
+                     'envelopes.gateway_envelopes_blob'::pg_catalog.regclass)
+               LEFT JOIN pg_catalog.pg_inherits b ON b.inhparent = o.inhrelid
+              WHERE l.pid = pg_catalog.pg_backend_pid() AND l.locktype = 'relation'
+                AND l.relation IN (o.inhrelid, b.inhrelid))",
+    )?
+    .unwrap_or(false))
+}
+
+fn rows_of(entries: &[Entry]) -> Vec<Row> {
+    entries
+        .iter()
+        .filter(|e| e.deleted > 0 || e.empty)
+        .map(|e| {
+            let end = e.has_end.then_some(e.end);
+            (e.node, e.start, end, e.deleted, e.dropped)
+        })
+        .collect()
+}
+
+/// Every band with a meta partition, in originator and band order, with whether
+/// it may be dropped once empty.
+///
+/// Nothing here waits for or keeps a lock on a band: the caller's transaction
+/// stays open while the worker prunes, and a lock it kept (a query planned over
+/// the partitioned tables locks every leaf until the transaction ends) would make
+/// every drop wait for it. The bands come from the catalog alone
+/// (`envelopes._bands()`); the highest row of each originator is read with index
+/// scans of its band leaves, newest band first, each asked for without waiting
+/// and released when it closes.
+fn list_bands() -> Result<Vec<Entry>, PruneError> {
+    let mut entries = Spi::connect(|client| {
+        let bands = client.select(
+            "SELECT p.originator_node_id, p.band_start, p.band_end,
+                    p.meta_partition, p.blob_partition,
+                    p.band_start = pg_catalog.max(p.band_start)
+                        OVER (PARTITION BY p.originator_node_id) AS newest
+               FROM envelopes._bands() p
+              WHERE p.meta_partition IS NOT NULL
+              ORDER BY 1, 2",
+            None,
+            &[],
+        )?;
+        let mut entries = Vec::with_capacity(bands.len());
+        for row in bands {
+            let end = row.get::<i64>(3)?;
+            let blob = row.get::<Oid>(5)?.unwrap_or(pg_sys::InvalidOid);
+            let newest = row.get::<bool>(6)?.unwrap_or(true);
+            entries.push(Entry {
+                node: row.get::<i32>(1)?.unwrap_or(0),
+                start: row.get::<i64>(2)?.unwrap_or(i64::MIN),
+                end: end.unwrap_or(0),
+                has_end: end.is_some(),
+                meta: row.get::<Oid>(4)?.unwrap_or(pg_sys::InvalidOid),
+                blob,
+                // Completed below, once the originator's highest row is known.
+                droppable: !newest && end.is_some() && blob != pg_sys::InvalidOid,
+                empty: false,
+                dropped: false,
+                deleted: 0,
+            });
+        }
+        Ok::<_, PruneError>(entries)
+    })?;
+    let snapshot = Latest::take();
+    for run in entries.chunk_by_mut(|a, b| a.node == b.node) {
+        let highest = highest_row(run, snapshot.as_ptr());
+        for entry in run.iter_mut() {
+            entry.droppable &= highest.is_some_and(|h| entry.end <= h);
+        }
+    }
+    Ok(entries)
+}
+
+/// The highest sequence id in one originator's bands (sorted by start). A band
+/// locked exclusively right now (being dropped, so empty) is passed over: a lower
+/// answer only makes fewer bands droppable.
+fn highest_row(bands: &[Entry], snapshot: pg_sys::Snapshot) -> Option<i64> {
+    bands.iter().rev().find_map(
+        |band| match edge_row(band.meta, band.node, snapshot, true) {
+            Some(Edge::Row(seq)) => seq,
+            _ => None,
+        },
+    )
+}
+
+/// What [`edge_row`] found in a band leaf.
+enum Edge {
+    /// No visible row.
+    Empty,
+    /// A row, and its sequence id (`None` only if it could not be read).
+    Row(Option<i64>),
+}
+
+/// The first row of one band leaf, lowest sequence id first (or, `backward`,
+/// highest first), read with `snapshot` under an ACCESS SHARE lock asked for
+/// without waiting and released after the read. `None` when the lock was refused,
+/// the table is gone, or it is not a plain band the index path reads (partitioned
+/// further by its owner, say: a query on it could wait for what is inside): busy,
+/// leave it. So such a band is never dropped.
+fn edge_row(relid: Oid, node: i32, snapshot: pg_sys::Snapshot, backward: bool) -> Option<Edge> {
+    let share = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+    // SAFETY: any oid is accepted; the lock granted here is released below (the
+    // scan takes and releases its own).
+    if !unsafe { pg_sys::ConditionalLockRelationOid(relid, share) } {
+        return None;
+    }
+    let range = Range::Envelope {
+        node,
+        after: i64::MIN,
+        upto: i64::MAX,
+    };
+    let edge = Scan::open(relid, snapshot, range, backward).and_then(|mut scan| {
+        if scan.is_executed() {
+            // Not a plain band (the owner partitioned it further, or its index
+            // is missing): a query on it could wait for locks on what is
+            // inside. Treated as busy: such a band is never dropped.
+            return None;
+        }
+        if !scan.next() {
+            return Some(Edge::Empty);
+        }
+        let seq = scan
+            .attno("originator_sequence_id")
+            .and_then(|attno| scan.get::<i64>(attno));
+        Some(Edge::Row(seq))
+    });
+    // SAFETY: releases the ACCESS SHARE lock granted above.
+    unsafe { pg_sys::UnlockRelationOid(relid, share) };
+    edge
+}
+
+/// The relation's name as SQL can use it (quoted and qualified as needed), or
+/// `None` when it does not exist any more.
+fn relation_name(relid: Oid) -> Result<Option<String>, PruneError> {
+    if relid == pg_sys::InvalidOid {
+        return Ok(None);
+    }
+    Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT pg_catalog.format('%s', c.oid::pg_catalog.regclass)
+               FROM pg_catalog.pg_class c WHERE c.oid = $1",
+            None,
+            &[relid.into()],
+        )?;
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        Ok(rows.first().get_one::<String>()?)
+    })
+}
+
+/// Deletes the band's expired rows from meta, and the same keys from blob and
+/// from the late-envelope feed; records how many. Waits for nothing: the tables'
+/// ROW EXCLUSIVE locks are asked for without waiting (a band being dropped or
+/// altered right now is left for the next run; once held, nobody can drop it
+/// under the DELETE), and rows another transaction has locked (another pruner's,
+/// or a caller's own uncommitted update) are skipped, not waited for.
+fn delete_expired(entry: &mut Entry, cutoff: i64, late: Oid) -> Result<(), PruneError> {
+    let mut tables = vec![entry.meta, late];
+    if entry.blob != pg_sys::InvalidOid {
+        tables.push(entry.blob);
+    }
+    let row_exclusive = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
+    for (taken, &table) in tables.iter().enumerate() {
+        // SAFETY: any oid is accepted; a granted lock is released below or at
+        // transaction end.
+        if !unsafe { pg_sys::ConditionalLockRelationOid(table, row_exclusive) } {
+            for &held in &tables[..taken] {
+                // SAFETY: releases a lock granted in this loop.
+                unsafe { pg_sys::UnlockRelationOid(held, row_exclusive) };
+            }
+            return Ok(());
+        }
+    }
+    let Some(meta) = relation_name(entry.meta)? else {
+        return Ok(()); // dropped since it was listed
+    };
+    // The blob band has the same bounds; without one there are no blob rows for
+    // these keys (a row can only be stored in a band).
+    let gone_blob = match relation_name(entry.blob)? {
+        Some(blob) => format!(
+            ", gone_blob AS (
+                 DELETE FROM {blob} b USING gone g
+                  WHERE b.originator_node_id = g.originator_node_id
+                    AND b.originator_sequence_id = g.originator_sequence_id)"
+        ),
+        None => String::new(),
+    };
+    let sql = format!(
+        "WITH doomed AS (
+             SELECT x.tableoid, x.ctid FROM {meta} x
+              WHERE x.expiry IS NOT NULL AND x.expiry < $1
+                FOR UPDATE SKIP LOCKED
+         ), gone AS (
+             DELETE FROM {meta} m USING doomed d
+              WHERE m.ctid = d.ctid AND m.tableoid = d.tableoid
+             RETURNING m.originator_node_id, m.originator_sequence_id
+         ){gone_blob}, gone_late AS (
+             DELETE FROM envelopes.late_envelopes l USING gone g
+              WHERE l.originator_node_id = g.originator_node_id
+                AND l.originator_sequence_id = g.originator_sequence_id
+         )
+         SELECT pg_catalog.count(*) FROM gone"
+    );
+    let deleted = Spi::connect_mut(|client| {
+        client
+            .update(&sql, None, &[cutoff.into()])?
+            .first()
+            .get_one::<i64>()
+    })?;
+    entry.deleted += deleted.unwrap_or(0);
+    Ok(())
+}
+
+/// Whether `relid` holds no row visible to a snapshot taken now. Asks for its
+/// ACCESS SHARE lock without waiting; `None` when that was refused (or the table
+/// is gone), meaning "busy: leave it".
+fn empty_now(relid: Oid, node: i32) -> Option<bool> {
+    // SAFETY: plain call; makes this transaction's own earlier deletions visible
+    // to the snapshot below (as the next statement would see them).
+    unsafe { pg_sys::CommandCounterIncrement() };
+    let snapshot = Latest::take();
+    edge_row(relid, node, snapshot.as_ptr(), false).map(|edge| matches!(edge, Edge::Empty))
+}
+
+/// Drops the band if it is empty and every lock it needs is granted within
+/// `lock_timeout_ms` (see the module's lock order).
+fn try_drop(entry: &mut Entry, lock_timeout_ms: i32) -> Result<(), PruneError> {
+    // Cheap look first, under no exclusive lock: most old bands still hold rows.
+    if empty_now(entry.meta, entry.node) != Some(true) {
+        return Ok(());
+    }
+    entry.empty = true;
+    let parents = Spi::connect(|client| {
+        let mut parents = Vec::with_capacity(2);
+        for leaf in [entry.meta, entry.blob] {
+            let rows = client.select(
+                "SELECT i.inhparent FROM pg_catalog.pg_inherits i WHERE i.inhrelid = $1",
+                None,
+                &[leaf.into()],
+            )?;
+            if !rows.is_empty() {
+                parents.extend(rows.first().get_one::<Oid>()?);
+            }
+        }
+        Ok::<_, pgrx::spi::SpiError>(parents)
+    })?;
+    if parents.len() != 2 {
+        return Ok(()); // detached or dropped since it was listed
+    }
+    let tables = [parents[0], parents[1], entry.meta, entry.blob];
+    let deadline = Instant::now() + Duration::from_millis(lock_timeout_ms as u64);
+    if !lock_all(&tables, entry, deadline) {
+        return Ok(());
+    }
+    // Under the exclusive locks nobody writes into the band; a fresh snapshot sees
+    // every row that was committed before they were granted.
+    let empty = empty_now(entry.meta, entry.node) == Some(true)
+        && empty_now(entry.blob, entry.node) == Some(true);
+    if !empty {
+        release(&tables);
+        locks::unlock_prune_guard(entry.node, entry.start);
+        return Ok(());
+    }
+    let (Some(meta), Some(blob)) = (relation_name(entry.meta)?, relation_name(entry.blob)?) else {
+        release(&tables);
+        locks::unlock_prune_guard(entry.node, entry.start);
+        return Ok(());
+    };
+    Spi::run(&format!("DROP TABLE {meta}, {blob}"))?;
+    entry.dropped = true;
+    Ok(())
+}
+
+/// Takes ACCESS EXCLUSIVE on every table and then the prune guard, all or
+/// nothing, without ever waiting in a lock queue; true once all are held.
+fn lock_all(tables: &[Oid], entry: &Entry, deadline: Instant) -> bool {
+    let exclusive = pg_sys::AccessExclusiveLock as pg_sys::LOCKMODE;
+    loop {
+        let mut held = 0;
+        for &table in tables {
+            // SAFETY: any oid is accepted; a granted lock is released below or at
+            // transaction end.
+            if !unsafe { pg_sys::ConditionalLockRelationOid(table, exclusive) } {
+                break;
+            }
+            held += 1;
+        }
+        if held == tables.len() && locks::try_lock_for_prune(entry.node, entry.start) {
+            return true;
+        }
+        release(&tables[..held]);
+        if Instant::now() >= deadline {
+            return false;
+        }
+        worker::pause(Duration::from_millis(2));
+    }
+}
+
+fn release(tables: &[Oid]) {
+    for &table in tables {
+        // SAFETY: releases one ACCESS EXCLUSIVE lock this transaction took in
+        // lock_all.
+        unsafe {
+            pg_sys::UnlockRelationOid(table, pg_sys::AccessExclusiveLock as pg_sys::LOCKMODE)
+        };
+    }
+}
+
+/// Runs the bands through a worker. `Ok(Err(why))` asks the caller to prune in
+/// its own transaction: no worker could start, or it stopped before touching a
+/// band (it could not connect).
+fn run_in_worker(
+    entries: &mut [Entry],
+    cutoff: i64,
+    lock_timeout_ms: i32,
+    late: Oid,
+) -> Result<Result<(), &'static str>, PruneError> {
+    let header = std::mem::size_of::<Job>();
+    let segment = Segment::create(header + std::mem::size_of_val(entries));
+    // SAFETY: the segment is mapped, of that size and page-aligned. The job and
+    // the entries are plain data written before the worker starts; Job's size is
+    // a multiple of 8, so the entries that follow it are aligned.
+    let (job, shared) = unsafe {
+        let base = segment.address();
+        let job = base as *mut Job;
+        job.write(Job {
+            header: Header::of_caller(),
+            cutoff,
+            lock_timeout_ms,
+            late,
+            count: entries.len() as u32,
+            processed: AtomicU32::new(0),
+        });
+        let shared = base.add(header) as *mut Entry;
+        std::ptr::copy_nonoverlapping(entries.as_ptr(), shared, entries.len());
+        (&*job, shared)
+    };
+    const _: () = assert!(std::mem::size_of::<Job>().is_multiple_of(std::mem::align_of::<Entry>()));
+    let Some(running) = worker::launch(
+        "pg_envelopes pruner",
+        "envelopes_prune_worker",
+        segment.handle(),
+        crate::gucs::partition_worker_timeout(),
+    ) else {
+        segment.close();
+        return Ok(Err("no background worker slot was free"));
+    };
+    if let worker::Stop::PostmasterDied = worker::wait_for(running, None) {
+        return Err(PruneError::WorkerLost {
+            processed: job.processed.load(Ordering::Acquire),
+            total: job.count,
+        });
+    }
+    let processed = job.processed.load(Ordering::Acquire);
+    // SAFETY: the worker has stopped; the entries it wrote are read back once.
+    unsafe { std::ptr::copy_nonoverlapping(shared, entries.as_mut_ptr(), entries.len()) };
+    let outcome = match job.header.outcome.get() {
+        Some(Ok(())) => Ok(Ok(())),
+        Some(Err((sqlstate, message))) => Err(PruneError::WorkerFailed { sqlstate, message }),
+        None if processed == 0 => Ok(Err("the worker stopped before it started")),
+        None => Err(PruneError::WorkerLost {
+            processed,
+            total: job.count,
+        }),
+    };
+    segment.close();
+    outcome
+}
+
+/// Entry point of the pruning worker: each band's deletion, then its drop, in
+/// transactions of their own.
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn envelopes_prune_worker(arg: pg_sys::Datum) {
+    worker::install_sigterm();
+    let Some(segment) = worker::Attached::from_argument(arg) else {
+        return;
+    };
+    // SAFETY: the segment holds the Job and `count` entries the caller wrote
+    // before starting us; it stays mapped while `segment` lives, and the caller
+    // reads the entries only after we stopped.
+    let (job, entries) = unsafe {
+        let base = segment.address();
+        let job = &mut *(base as *mut Job);
+        let entries = std::slice::from_raw_parts_mut(
+            base.add(std::mem::size_of::<Job>()) as *mut Entry,
+            job.count as usize,
+        );
+        (job, entries)
+    };
+    job.header.connect();
+    let mut failure = None;
+    for entry in entries.iter_mut() {
+        if job.header.caller_ended() {
+            failure = Some((
+                PgSqlErrorCode::ERRCODE_QUERY_CANCELED as i32,
+                "the session that asked for pruning is gone".to_owned(),
+            ));
+            break;
+        }
+        let (cutoff, timeout, late) = (job.cutoff, job.lock_timeout_ms, job.late);
+        let droppable = entry.droppable;
+        let deleted = worker::in_own_transaction(|| {
+            worker_settings(timeout);
+            delete_expired(entry, cutoff, late).or_raise()
+        });
+        let result = match deleted {
+            // A lock wait that outlasted lock_timeout_ms after all, or a band
+            // dropped since it was listed: leave it for the next run.
+            Err((code, _))
+                if code == PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE as i32
+                    || code == PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE as i32 =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(e),
+            Ok(()) if droppable => worker::in_own_transaction(|| {
+                worker_settings(timeout);
+                try_drop(entry, timeout).or_raise()
+            }),
+            Ok(()) => Ok(()),
+        };
+        if let Err(e) = result {
+            failure = Some(e);
+            break;
+        }
+        job.processed.fetch_add(1, Ordering::Release);
+    }
+    job.header.outcome.set(failure.map_or(Ok(()), Err));
+    drop(segment);
+}
+
+/// The settings of each of the worker's transactions: a pinned search_path (its
+/// SQL names everything schema-qualified, and operators resolve in pg_catalog),
+/// and a lock_timeout bounding any lock wait the statements still meet (the
+/// table and row locks they need are asked for without waiting; this bounds the
+/// rest, such as catalog and index locks).
+fn worker_settings(lock_timeout_ms: i32) {
+    Spi::run("SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true)")
+        .and_then(|()| {
+            Spi::run_with_args(
+                "SELECT pg_catalog.set_config('lock_timeout', $1, true)",
+                &[format!("{}ms", lock_timeout_ms.max(1)).into()],
+            )
+        })
+        .unwrap_or_else(|e| error!("could not configure the pruning transaction: {e}"));
+}

@@ -1,0 +1,194 @@
+//! What the direct write path needs of a table, checked before it writes: the
+//! store's columns in order, a plain heap, no trigger, rule, CHECK constraint or
+//! forced row security it would pass by (a table that lacks something gets the
+//! SQL path instead).
+
+use super::direct::DirectError;
+use crate::pg::rel::Rel;
+use crate::store::partition::band::Table;
+use pgrx::pg_sys;
+use std::ffi::CStr;
+
+/// The columns each table must have, in order, for the direct path to form its
+/// tuples positionally: (name, type, may the direct path leave it NULL). A column
+/// it may leave NULL must not have been made NOT NULL (the direct path does not
+/// run the executor's constraint checks; the SQL path does).
+const META_COLUMNS: [(&str, pg_sys::Oid, bool); 8] = [
+    ("originator_node_id", pg_sys::INT4OID, false),
+    ("originator_sequence_id", pg_sys::INT8OID, false),
+    ("gateway_time", pg_sys::TIMESTAMPTZOID, false),
+    ("topic", pg_sys::BYTEAOID, false),
+    ("payer_id", pg_sys::INT4OID, true),
+    ("expiry", pg_sys::INT8OID, true),
+    ("inserted_xid", pg_sys::XID8OID, false),
+    ("late", pg_sys::BOOLOID, false),
+];
+const BLOB_COLUMNS: [(&str, pg_sys::Oid, bool); 3] = [
+    ("originator_node_id", pg_sys::INT4OID, false),
+    ("originator_sequence_id", pg_sys::INT8OID, false),
+    ("originator_envelope", pg_sys::BYTEAOID, false),
+];
+pub const LATE_COLUMNS: [(&str, pg_sys::Oid, bool); 4] = [
+    ("id", pg_sys::INT8OID, false),
+    ("originator_node_id", pg_sys::INT4OID, false),
+    ("originator_sequence_id", pg_sys::INT8OID, false),
+    ("recorded_at", pg_sys::TIMESTAMPTZOID, false),
+];
+
+/// What a table of the store must look like (see [`META_COLUMNS`]).
+pub type Columns = [(&'static str, pg_sys::Oid, bool)];
+
+pub fn columns_of(table: Table) -> &'static Columns {
+    match table {
+        Table::Meta => &META_COLUMNS,
+        Table::Blob => &BLOB_COLUMNS,
+    }
+}
+
+/// The statement trigger on the meta root that rings the doorbell; the only insert
+/// trigger the direct path may pass by (it rings instead).
+pub const DOORBELL_TRIGGER: &CStr = c"notify_envelopes";
+
+/// Whether a leaf is what the extension created: the expected columns in order,
+/// no triggers, no row security forced on its owner, no CHECK constraints.
+///
+/// # Safety
+/// `rel` is an open relation.
+pub unsafe fn leaf_is_plain(rel: pg_sys::Relation, expected: &Columns) -> bool {
+    // SAFETY: the caller upholds this function's # Safety contract.
+    unsafe {
+        let form = (*rel).rd_rel;
+        if !(*rel).trigdesc.is_null() || (*form).relforcerowsecurity {
+            return false;
+        }
+        let desc = (*rel).rd_att;
+        let constr = (*desc).constr;
+        if !constr.is_null() && ((*constr).num_check > 0 || (*constr).has_generated_stored) {
+            return false;
+        }
+        if usize::try_from((*desc).natts).ok() != Some(expected.len()) {
+            return false;
+        }
+        let attrs = (*desc).attrs.as_slice(expected.len());
+        attrs
+            .iter()
+            .zip(expected)
+            .all(|(attr, (name, typid, nullable))| {
+                !attr.attisdropped
+                    && attr.atttypid == *typid
+                    && !(*nullable && attr.attnotnull)
+                    && CStr::from_ptr(attr.attname.data.as_ptr()).to_bytes() == name.as_bytes()
+            })
+    }
+}
+
+/// Whether an open relation is a plain heap table (what the direct path's table
+/// access method calls need; a partitioned or foreign table has none).
+///
+/// # Safety
+/// `rel` is an open relation.
+pub unsafe fn heap_table(rel: pg_sys::Relation) -> bool {
+    // SAFETY: the caller's promise.
+    unsafe {
+        crate::pg::scan::index_path_can_read(rel)
+            && (*(*rel).rd_rel).relam == pg_sys::HEAP_TABLE_AM_OID
+    }
+}
+
+/// Refuses a table with an INSERT rule that fires in this session: the direct
+/// path runs no rewriter, and the SQL path's `INSERT ... ON CONFLICT` is refused
+/// by Postgres on such a table, so no insert function could honour it.
+pub fn refuse_insert_rules(relid: pg_sys::Oid) -> Result<(), DirectError> {
+    // The relation is locked by the caller (the feed table, in open_late).
+    let Some(rel) = Rel::reference(relid) else {
+        return Ok(());
+    };
+    // SAFETY: the reference is held while the guard lives.
+    unsafe { insert_rule(rel.as_ptr()) }
+}
+
+/// [`DirectError::Rule`] when the open relation has an INSERT rule that fires in
+/// this session (as the rewriter decides with `session_replication_role`).
+///
+/// # Safety
+/// `rel` is an open relation (a reference held).
+unsafe fn insert_rule(rel: pg_sys::Relation) -> Result<(), DirectError> {
+    // SAFETY: the caller's promise; rd_rules belongs to the relcache entry and
+    // holds numLocks rules.
+    unsafe {
+        let rules = (*rel).rd_rules;
+        if rules.is_null() {
+            return Ok(());
+        }
+        let count = usize::try_from((*rules).numLocks).unwrap_or(0);
+        let fires = std::slice::from_raw_parts((*rules).rules, count)
+            .iter()
+            .any(|&rule| {
+                (*rule).event == pg_sys::CmdType::CMD_INSERT && trigger_fires((*rule).enabled as u8)
+            });
+        if !fires {
+            return Ok(());
+        }
+        let name = CStr::from_ptr((*(*rel).rd_rel).relname.data.as_ptr());
+        Err(DirectError::Rule(name.to_string_lossy().into_owned()))
+    }
+}
+
+/// Checks the insert rules (an error: [`insert_rule`]) and triggers of a root
+/// (none on blob; on meta only the doorbell), and that row security is not
+/// forced on its owner. `Some(fires)` says whether the doorbell trigger would
+/// fire in this session; `None` means the direct path would skip a trigger.
+pub fn root_triggers_allow(
+    root: pg_sys::Oid,
+    doorbell_allowed: bool,
+) -> Result<Option<bool>, DirectError> {
+    // The root is locked (partition::route).
+    let Some(guard) = Rel::reference(root) else {
+        return Ok(None);
+    };
+    let rel = guard.as_ptr();
+    // SAFETY: the rules and the trigger descriptor belong to the relcache entry
+    // and are read while the guard holds the reference.
+    unsafe {
+        insert_rule(rel)?;
+        let form = (*rel).rd_rel;
+        let mut answer = if (*form).relrowsecurity && (*form).relforcerowsecurity {
+            None // row security forced on the owner: the SQL path applies it
+        } else {
+            Some(false)
+        };
+        let desc = (*rel).trigdesc;
+        if !desc.is_null() {
+            let count = usize::try_from((*desc).numtriggers).unwrap_or(0);
+            for trigger in std::slice::from_raw_parts((*desc).triggers, count) {
+                if trigger.tgtype & pg_sys::TRIGGER_TYPE_INSERT as i16 == 0 {
+                    continue;
+                }
+                let name = CStr::from_ptr(trigger.tgname);
+                if doorbell_allowed
+                    && name == DOORBELL_TRIGGER
+                    && trigger.tgtype & pg_sys::TRIGGER_TYPE_ROW as i16 == 0
+                {
+                    answer = answer.map(|_| trigger_fires(trigger.tgenabled as u8));
+                } else {
+                    answer = None;
+                }
+            }
+        }
+        Ok(answer)
+    }
+}
+
+/// Whether a trigger with this `tgenabled` fires under the session's replication
+/// role (as `TriggerEnabled` decides in trigger.c).
+fn trigger_fires(enabled: u8) -> bool {
+    // SAFETY: reads a backend-global setting.
+    let replica = unsafe { pg_sys::SessionReplicationRole }
+        == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32;
+    match enabled {
+        b'D' => false,
+        b'A' => true,
+        b'R' => replica,
+        _ => !replica, // 'O': fires on origin and local
+    }
+}
