@@ -216,6 +216,11 @@ cluster_psql() {
     "$PG_BIN/psql" -X -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres -d "$db" "$@"
 }
 
+# Held while the system Postgres directories get pg_envelopes files (by
+# install_extension, or the packages of scripts/package_test.sh), so that one
+# does not land in the middle of the other.
+INSTALL_LOCK=${INSTALL_LOCK:-/var/lock/pg_envelopes-install.lock}
+
 # Builds the extension and installs it, and pg_envelopes_router, into the system
 # Postgres directories.
 install_extension() {
@@ -223,10 +228,15 @@ install_extension() {
     local flags=()
     [ "$profile" = release ] && flags+=(--release)
     log "installing the extension ($profile build)"
-    cargo pgrx install --pg-config "$PG_CONFIG" "${flags[@]}" >/dev/null
-    # Install scripts of released versions, so older versions can be created and
-    # upgraded (upgrade scripts in sql/ are copied by cargo pgrx install itself).
-    cp sql/releases/pg_envelopes--*.sql "$("$PG_CONFIG" --sharedir)/extension/"
-    # The router extension (pure SQL, for a proxy database in front of shards).
-    make -s -C router install PG_CONFIG="$PG_CONFIG" >/dev/null
+    # Under the install lock: the library and control file (cargo pgrx install
+    # also copies the upgrade scripts in sql/), the install scripts of released
+    # versions (so older versions can be created and upgraded), and the router
+    # extension (pure SQL, for a proxy database in front of shards). Chained
+    # with &&: a caller may run this where set -e is off (install_extension || ...).
+    (
+        { flock -w 900 9 || { log "waited 15 minutes for $INSTALL_LOCK"; false; }; } \
+            && cargo pgrx install --pg-config "$PG_CONFIG" "${flags[@]}" >/dev/null \
+            && cp sql/releases/pg_envelopes--*.sql "$("$PG_CONFIG" --sharedir)/extension/" \
+            && make -s -C router install PG_CONFIG="$PG_CONFIG" >/dev/null
+    ) 9>"$INSTALL_LOCK"
 }
