@@ -216,6 +216,12 @@ cluster_psql() {
     "$PG_BIN/psql" -X -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres -d "$db" "$@"
 }
 
+# Release builds of the extension (install_extension release, scripts/package.sh)
+# use a target directory of their own: cargo pgrx links with flags of its own
+# (--no-gc-sections), and in target/ the bridge's release build and the
+# extension's would each recompile the dependencies they share after the other.
+EXT_TARGET=${ENVELOPES_EXT_TARGET:-$PWD/target/ext}
+
 # Held while the system Postgres directories get pg_envelopes files (by
 # install_extension, or the packages of scripts/package_test.sh), so that one
 # does not land in the middle of the other.
@@ -225,8 +231,8 @@ INSTALL_LOCK=${INSTALL_LOCK:-/var/lock/pg_envelopes-install.lock}
 # Postgres directories.
 install_extension() {
     local profile=${1:-debug}
-    local flags=()
-    [ "$profile" = release ] && flags+=(--release)
+    local flags=() env=()
+    if [ "$profile" = release ]; then flags+=(--release); env+=("CARGO_TARGET_DIR=$EXT_TARGET"); fi
     log "installing the extension ($profile build)"
     # Under the install lock: the library and control file (cargo pgrx install
     # also copies the upgrade scripts in sql/), the install scripts of released
@@ -235,7 +241,7 @@ install_extension() {
     # with &&: a caller may run this where set -e is off (install_extension || ...).
     (
         { flock -w 900 9 || { log "waited 15 minutes for $INSTALL_LOCK"; false; }; } \
-            && cargo pgrx install --pg-config "$PG_CONFIG" "${flags[@]}" >/dev/null \
+            && env "${env[@]}" cargo pgrx install --pg-config "$PG_CONFIG" "${flags[@]}" >/dev/null \
             && cp sql/releases/pg_envelopes--*.sql "$("$PG_CONFIG" --sharedir)/extension/" \
             && make -s -C router install PG_CONFIG="$PG_CONFIG" >/dev/null
     ) 9>"$INSTALL_LOCK"

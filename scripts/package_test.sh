@@ -11,7 +11,7 @@
 #   - /usr/bin/envelopes-bridge --version, and egress to a JSON-lines file until
 #     the rows are acknowledged: every row is in the file under its id;
 # then dpkg -r them, and check that nothing dpkg -L listed is left (files, and
-# directories the packages created).
+# directories the packages created), and purge what dpkg keeps in its database.
 #
 #   scripts/package_test.sh [scripts/package.sh options, e.g. --no-build]
 #
@@ -73,6 +73,7 @@ mkdir -p "$backup"
 installed=false
 restore() {
     local path
+    [ -f "$work/saved.list" ] || return 0
     if $installed; then
         log "removing the packages (cleanup)"
         dpkg -P "${packages[@]}" >/dev/null 2>&1 || true
@@ -92,6 +93,7 @@ finish() {
     cluster_stop pkgtest
 }
 trap finish EXIT
+trap 'exit 130' INT TERM HUP
 
 # The same lock as install_extension: nobody installs a build into the system
 # directories while the packages' files are there.
@@ -127,7 +129,7 @@ done
 
 # The extension, fresh and upgraded from the frozen 0.3.0 script.
 sql postgres -q -c "CREATE DATABASE fresh" -c "CREATE DATABASE upgraded" -c "CREATE DATABASE proxy"
-[ "$(sql fresh -At -c "CREATE EXTENSION pg_envelopes" -c "SELECT extversion FROM pg_extension WHERE extname = 'pg_envelopes'")" = "$ext_version" ] \
+[ "$(sql fresh -qAt -c "CREATE EXTENSION pg_envelopes" -c "SELECT extversion FROM pg_extension WHERE extname = 'pg_envelopes'")" = "$ext_version" ] \
     || fail "CREATE EXTENSION pg_envelopes did not create version $ext_version"
 sql fresh -At -o /dev/null -c "SELECT envelopes.insert_gateway_envelopes('{7,7,8}', '{1,2,1}', '{\\x01,\\x01,\\x02}', '{\\xca,\\xfe,\\xba}')"
 [ "$(sql fresh -At -c "SELECT count(*) FROM envelopes.gateway_envelopes_view")" = 3 ] || fail "rows inserted into the packaged extension are not read back"
@@ -136,7 +138,7 @@ sql upgraded -At -o /dev/null -c "CREATE EXTENSION pg_envelopes VERSION '0.3.0'"
 sql upgraded -At -o /dev/null -c "ALTER EXTENSION pg_envelopes UPDATE"
 [ "$(sql upgraded -At -c "SELECT extversion FROM pg_extension WHERE extname = 'pg_envelopes'")" = "$ext_version" ] \
     || fail "ALTER EXTENSION pg_envelopes UPDATE from 0.3.0 did not reach $ext_version"
-[ "$(sql upgraded -At -c "SELECT envelopes.insert_gateway_envelope(5, 2, '\\x05', '\\x0502')" \
+[ "$(sql upgraded -qAt -c "SELECT envelopes.insert_gateway_envelope(5, 2, '\\x05', '\\x0502')" \
        -c "SELECT string_agg(originator_sequence_id::text || '=' || encode(originator_envelope, 'hex'), ',' ORDER BY 1) FROM envelopes.gateway_envelopes_view")" \
    = $'1\n1=0501,2=0502' ] || fail "the row written by 0.3.0 and one written after the upgrade are not both there"
 log "pg_envelopes $ext_version created, and 0.3.0 created and upgraded to it"
@@ -181,12 +183,18 @@ installed=false
 left=()
 while IFS= read -r path; do
     [ -n "$path" ] && [ "$path" != /. ] || continue
-    if [ -d "$path" ] && [ ! -L "$path" ]; then
-        grep -qxF "$path" "$work/new_dirs" && left+=("$path/")
+    # A directory (or, with merged /usr, a symlink to one such as /lib) must go
+    # only if the packages created it.
+    if [ -d "$path" ]; then
+        if grep -qxF "$path" "$work/new_dirs"; then left+=("$path/"); fi
     elif [ -e "$path" ] || [ -L "$path" ]; then
         left+=("$path")
     fi
 done <"$work/listed"
+# dpkg -r keeps a package with maintainer scripts in state config-files (its
+# postrm, for a later purge); nothing of it is on disk. Purge it, so that the
+# package database is as it was.
+dpkg -P "${packages[@]}" >"$work/dpkg-P.log" 2>&1 || { cat "$work/dpkg-P.log" >&2; fail "dpkg -P"; }
 for p in "${packages[@]}"; do
     status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
     case "$status" in
