@@ -16,8 +16,15 @@ cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
 export ENVELOPES_TMP=${ENVELOPES_TMP:-/var/tmp/pg_envelopes}/shards-test
+# What a killed run of this test left: its stores (owned by that run's
+# process, now gone) and the bystander.
+if [ -d "$ENVELOPES_TMP" ]; then
+    cleanup_leftover_clusters
+    cluster_stop shards/shard0
+fi
 rm -rf "$ENVELOPES_TMP"
 install -d -o postgres -g postgres "$ENVELOPES_TMP"
+export ENVELOPES_SHARDS_OWNER=$$
 a="" b=""
 cleanup() {
     [ -z "$a" ] || [ ! -d "$a" ] || scripts/shards.sh down "$a" 2>/dev/null || true
