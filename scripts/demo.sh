@@ -43,10 +43,10 @@ quietly() {
 echo "pg_envelopes demo ($profile build). Setup and build output: $buildlog"
 echo "setting up the machine (scripts/setup.sh: Postgres 15, clang, cargo-pgrx, message buses; ~10 min the first time)"
 quietly scripts/setup.sh
-echo "building the extension and the bridge (a few minutes the first time)"
-quietly install_extension "$profile"
+echo "building the bridge and the extension, installing the extension (a few minutes the first time)"
 quietly cargo build $([ "$profile" = release ] && echo --release) -p envelopes-bridge
 bridge="target/$profile/envelopes-bridge"
+quietly install_extension "$profile"
 echo "ready after $(elapsed)"
 
 port=$(free_port)
