@@ -24,7 +24,8 @@
 # build left in target/release.
 #
 # Install them with `dpkg -i` or `apt install ./FILE.deb` (apt also fetches
-# postgresql-15-plproxy for the router).
+# postgresql-15-plproxy for the router). The Maintainer field is the last
+# commit's author unless ENVELOPES_DEB_MAINTAINER="Name <address>" says otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -102,18 +103,35 @@ doc_files() {
     local pkg=$1 crate=${2:-} version=$3 root="$stage/$1"
     local doc="$root/usr/share/doc/$pkg"
     install -d "$doc"
-    install -m 644 packaging/debian/copyright "$doc/copyright"
+    # The compiled files also hold the Rust crates they were built from, each
+    # under its own licence: listed in the header's comment (scripts/package.sh
+    # fills in @CRATES@).
+    local crates=""
     if [ -n "$crate" ]; then
-        {
-            echo
-            echo "Files: *"
-            echo "Copyright: the authors of each crate"
-            echo "License: other"
-            echo " Statically linked Rust crates (name version: licence), from Cargo.lock:"
-            cargo tree -p "$crate" -e normal,build --prefix none --format '{p}: {l}' 2>/dev/null \
-                | sed -E 's/ \(.*\)//; s/ \(\*\)$//' | sort -u | grep -v "^$crate " | sed 's/^/ /'
-        } >>"$doc/copyright"
+        # Normal dependencies only (build scripts and proc macros run at build
+        # time and are not linked in), each once.
+        crates=$(cargo tree -p "$crate" -e normal --prefix none --format '{p}|{l}' | python3 -c '
+import re, sys
+seen = set()
+for line in sys.stdin:
+    p, _, lic = line.rstrip("\n").partition("|")
+    if "(proc-macro)" in p:
+        continue
+    name = re.sub(r" \(.*", "", p).strip()
+    if name.split(" ")[0] == sys.argv[1] or name in seen:
+        continue
+    seen.add(name)
+    print(" " + name + ": " + (lic.strip() or "see the crate"))
+' "$crate" | LC_ALL=C sort)
+        [ -n "$crates" ] || { log "cargo tree listed no crates for $crate"; exit 1; }
+        crates=" .
+ The compiled files also contain these Rust crates (name version: licence),
+ from Cargo.lock, each under its own licence:
+$crates"
     fi
+    python3 -c 'import sys; sys.stdout.write(open(sys.argv[1]).read().replace("@CRATES@\n", sys.argv[2] + "\n" if sys.argv[2] else ""))' \
+        packaging/debian/copyright "$crates" >"$doc/copyright"
+    chmod 644 "$doc/copyright"
     printf '%s (%s-%s) unstable; urgency=medium\n\n  * Built by scripts/package.sh from git commit %s.\n\n -- %s  %s\n' \
         "$pkg" "$version" "$revision" "$commit" "$maintainer" "$changelog_date" \
         | gzip -9n >"$doc/changelog.Debian.gz"
@@ -184,6 +202,7 @@ install -d "$root$pkglibdir" "$root$sharedir"
 # and function entry points) are dynamic and stay.
 strip --remove-section=.comment --remove-section=.note --strip-unneeded \
     -o "$root$pkglibdir/pg_envelopes.so" "$stage/pgrx$pkglibdir/pg_envelopes.so"
+chmod 644 "$root$pkglibdir/pg_envelopes.so"   # as Debian's own extension packages have them
 # The control file, this version's install script and the upgrade scripts, as
 # cargo pgrx package wrote them; the released install scripts, so that
 # CREATE EXTENSION pg_envelopes VERSION '0.3.0' and ALTER EXTENSION ... UPDATE work.
