@@ -163,7 +163,7 @@ cleanup_leftover_clusters() {
     for dir in "$ENVELOPES_TMP"/shards.*/; do
         [ -f "$dir/owner" ] || continue
         process_alive "$(cat "$dir/owner")" && continue
-        log "stopping the sharded store in $dir (its owner has exited)"
+        log "stopping the sharded store in ${dir%/} (its owner has exited)"
         shards_down "${dir%/}" || true
     done
 }

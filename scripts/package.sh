@@ -11,17 +11,20 @@
 #                                      envelopes-bridge@.service, an example
 #                                      configuration and a man page made from --help
 #
-#   scripts/package.sh [--out DIR] [--no-build] [--no-lintian]
+#   scripts/package.sh [--out DIR] [--debug] [--no-build] [--no-lintian]
 #
 # The extension is built with `cargo pgrx package` (release), the bridge with
 # `cargo build --release`; the packages are put together with dpkg-deb (no
 # debhelper, no source package) and checked with lintian, which must report no
-# error and no warning, and what it still says (info tags) is overridden with
-# the reason in packaging/debian/*.lintian-overrides (shown as N: lines). The extension packages carry the
-# extension crate's version (Cargo.toml), the bridge package the bridge crate's
-# (bridge/Cargo.toml), each with Debian revision 1. The .deb files go to
-# target/debian (--out), printed at the end; --no-build packages what the last
-# build left in target/release.
+# error and no warning; what it still says (info tags) is overridden with the
+# reason in packaging/debian/*.lintian-overrides (shown as N: lines). The
+# extension packages carry the extension crate's version (Cargo.toml), the
+# bridge package the bridge crate's (bridge/Cargo.toml), each with Debian
+# revision 1. The .deb files go to target/debian (--out), printed at the end;
+# --no-build packages what the last build left. --debug packages debug builds,
+# into target/debian-debug: what scripts/test.sh has built by the time it tests
+# the packages (release builds from cold take a quarter of an hour here); never
+# ship those.
 #
 # Install them with `dpkg -i` or `apt install ./FILE.deb` (apt also fetches
 # postgresql-15-plproxy for the router). The Maintainer field is the last
@@ -30,16 +33,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
-out=target/debian build=true lint=true
+out="" build=true lint=true profile=release
 while [ $# -gt 0 ]; do
     case "$1" in
         --out) out=${2:?--out needs a directory}; shift ;;
+        --debug) profile=debug ;;
         --no-build) build=false ;;
         --no-lintian) lint=false ;;
-        *) echo "usage: $0 [--out DIR] [--no-build] [--no-lintian]" >&2; exit 2 ;;
+        *) echo "usage: $0 [--out DIR] [--debug] [--no-build] [--no-lintian]" >&2; exit 2 ;;
     esac
     shift
 done
+[ -n "$out" ] || { [ "$profile" = release ] && out=target/debian || out=target/debian-debug; }
 
 for tool in dpkg-deb dpkg-shlibdeps strip python3; do
     command -v "$tool" >/dev/null || { log "$tool is missing (scripts/setup.sh installs what this needs)"; exit 1; }
@@ -75,18 +80,24 @@ stage="$out/build"
 rm -rf "$stage"
 mkdir -p "$stage"
 
-# The extension builds where install_extension's release builds go ($EXT_TARGET,
-# scripts/lib.sh: cargo pgrx links with flags the bridge's build does not have,
-# and in one target directory each would recompile the dependencies they share
-# after the other); the bridge where demo.sh and the benchmarks build it.
-pgrx_out="$EXT_TARGET/pg_envelopes-pg15"
-bridge_bin=target/release/envelopes-bridge
+# The extension builds where install_extension builds it: release builds in
+# $EXT_TARGET (scripts/lib.sh: cargo pgrx links with flags the bridge's build
+# does not have, and in one target directory each would recompile the
+# dependencies they share after the other), debug builds in target/; the bridge
+# where demo.sh, the tests and the benchmarks build it.
+if [ "$profile" = release ]; then
+    ext_target=$EXT_TARGET pgrx_flags=() cargo_flags=(--release)
+else
+    ext_target=$PWD/target pgrx_flags=(--debug) cargo_flags=()
+fi
+pgrx_out="$ext_target/$profile/pg_envelopes-pg15-package"
+bridge_bin=target/$profile/envelopes-bridge
 if $build; then
     buildlog="$out/build.log"
-    log "building the extension (cargo pgrx package, release) and the bridge (cargo build --release); log in $buildlog"
+    log "building the extension (cargo pgrx package) and the bridge (cargo build), $profile; log in $buildlog"
     { rm -rf "$pgrx_out" \
-        && CARGO_TARGET_DIR=$EXT_TARGET cargo pgrx package --pg-config "$PG_CONFIG" --out-dir "$pgrx_out" \
-        && cargo build --release -p envelopes-bridge; } >"$buildlog" 2>&1 \
+        && CARGO_TARGET_DIR=$ext_target cargo pgrx package "${pgrx_flags[@]}" --pg-config "$PG_CONFIG" --out-dir "$pgrx_out" \
+        && cargo build "${cargo_flags[@]}" -p envelopes-bridge; } >"$buildlog" 2>&1 \
         || { tail -n 40 "$buildlog" >&2; log "build failed (whole log: $buildlog)"; exit 1; }
 fi
 [ -f "$pgrx_out$pkglibdir/pg_envelopes.so" ] || { log "no extension built in $pgrx_out (run without --no-build)"; exit 1; }

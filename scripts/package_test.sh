@@ -13,7 +13,7 @@
 # then dpkg -r them, and check that nothing dpkg -L listed is left (files, and
 # directories the packages created), and purge what dpkg keeps in its database.
 #
-#   scripts/package_test.sh [scripts/package.sh options, e.g. --no-build]
+#   scripts/package_test.sh [scripts/package.sh options: --debug, --no-build]
 #
 # The system Postgres directories are shared with other work on this machine
 # (install_extension puts debug builds there): every pg_envelopes* and
