@@ -171,7 +171,7 @@ reset_tables() { sql "$1" -q -f bench/sql/reset.sql >/dev/null; }
 # On any exit: stop what this script started in the background (listener, bridge,
 # probe), remove the benchmark's JetStream stream, stop the cluster and delete its
 # files (gigabytes after a full run).
-stream=""
+stream="" shards_dir=""
 cleanup() {
     local pids
     pids=$(jobs -p)
@@ -180,7 +180,7 @@ cleanup() {
     cluster_stop bench
     cluster_stop basebench
     cluster_stop logical
-    scripts/shards.sh down 2>/dev/null || true
+    [ -z "$shards_dir" ] || scripts/shards.sh down "$shards_dir" 2>/dev/null || true
     rm -rf "${ENVELOPES_TMP:?}/bench" "${ENVELOPES_TMP:?}/basebench" "${ENVELOPES_TMP:?}/logical"
 }
 
@@ -707,8 +707,8 @@ for durability in off on; do
         #              their rows to the client in both forms. Also recorded:
         #              how busy each CPU was, and CPU 0's time per call (pgbench
         #              alone when direct, pgbench and the proxy when routed).
-        ENVELOPES_SHARDS_INSTALL=0 scripts/shards.sh up 4 >/dev/null
-        source "$ENVELOPES_TMP/shards/env"
+        shards_dir=$(ENVELOPES_SHARDS_OWNER=$$ ENVELOPES_SHARDS_INSTALL=0 scripts/shards.sh up 4)
+        source "$shards_dir/env"
         shard0=${SHARD_PORTS[0]}
         for p in "${SHARD_PORTS[@]}" "$PROXY_PORT"; do
             cluster_psql x "$p" postgres -q -c "ALTER SYSTEM SET synchronous_commit = off" \
@@ -772,8 +772,8 @@ for durability in off on; do
                 pm=$(head -n 1 "$1/data/postmaster.pid")
                 for pid in "$pm" $(pgrep -P "$pm"); do taskset -apc "$2" "$pid" >/dev/null; done
             }
-            for i in $(seq 0 $((SHARD_COUNT - 1))); do pin_cluster "$ENVELOPES_TMP/shards/shard$i" 1; done
-            pin_cluster "$ENVELOPES_TMP/shards/proxy" 0
+            for i in $(seq 0 $((SHARD_COUNT - 1))); do pin_cluster "$shards_dir/shard$i" 1; done
+            pin_cluster "$shards_dir/proxy" 0
             # cpu_busy N: busy jiffies of CPU N so far (all but idle and iowait).
             cpu_busy() { awk -v c="cpu$1" '$1 == c { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
             # The writes of the pinned cells carry their ids from the client, as
@@ -830,7 +830,8 @@ print(f'{100 * d0 / e:.0f} {100 * d1 / e:.0f} {1e6 * d0 / ($tps * e):.0f} {1e6 *
                 done
             done
         fi
-        scripts/shards.sh down 2>/dev/null
+        scripts/shards.sh down "$shards_dir" 2>/dev/null
+        shards_dir=""
     fi
 
     if selected read && [ "$durability" = off ]; then

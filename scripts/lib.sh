@@ -35,6 +35,36 @@ for port in random.sample(range(20000, 32000), 12000):
 '
 }
 
+# pick_ports COUNT LOW-HIGH: COUNT distinct ports in [LOW, HIGH], chosen at
+# random among those nothing is bound to right now, one a line. Random, so that
+# scripts picking ports at the same moment rarely collide (a server that still
+# loses the race fails to bind and says so).
+pick_ports() {
+    local count=$1 range=$2
+    [[ "$range" =~ ^([0-9]+)-([0-9]+)$ ]] && [ "${BASH_REMATCH[1]}" -ge 1024 ] \
+        && [ "${BASH_REMATCH[1]}" -lt "${BASH_REMATCH[2]}" ] && [ "${BASH_REMATCH[2]}" -le 65535 ] \
+        || { log "bad port range '$range' (want LOW-HIGH, 1024 <= LOW < HIGH <= 65535)"; return 1; }
+    python3 - "$count" "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}" <<'PY'
+import random, socket, sys
+count, low, high = (int(a) for a in sys.argv[1:])
+found = []
+for port in random.sample(range(low, high + 1), high + 1 - low):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    found.append(port)
+    if len(found) == count:
+        break
+if len(found) < count:
+    sys.exit(f"only {len(found)} free ports in {low}-{high}, {count} needed")
+print("\n".join(map(str, found)))
+PY
+}
+
 # cluster_start NAME PORT [postgresql.conf lines...]
 # Creates a fresh cluster in $ENVELOPES_TMP/NAME and starts it on PORT.
 cluster_start() {
@@ -118,6 +148,8 @@ cluster_stop() {
 
 # Stops servers left behind by runs that were killed (our clusters, and the ones
 # `cargo pgrx test` starts under $ENVELOPES_TMP/pgrx/15-<pid>), then removes them.
+# Sharded stores of scripts/shards.sh are left alone unless the process that
+# owned them (ENVELOPES_SHARDS_OWNER when they were started) has exited.
 cleanup_leftover_clusters() {
     local pidfile dir
     for pidfile in "$ENVELOPES_TMP"/*/data/postmaster.pid "$ENVELOPES_TMP"/shards/*/data/postmaster.pid \
@@ -128,6 +160,54 @@ cleanup_leftover_clusters() {
         as_postgres "$PG_BIN/pg_ctl" -D "$dir" -m immediate stop >/dev/null 2>&1 || true
     done
     rm -rf "$ENVELOPES_TMP"/pgrx/15-* 2>/dev/null || true
+    for dir in "$ENVELOPES_TMP"/shards.*/; do
+        [ -f "$dir/owner" ] || continue
+        process_alive "$(cat "$dir/owner")" && continue
+        log "stopping the sharded store in ${dir%/} (its owner has exited)"
+        shards_down "${dir%/}" || true
+    done
+}
+
+# process_id PID: "PID STARTTIME", which names a process even after its pid is
+# reused (the start time, in clock ticks after boot, is field 22 of its stat).
+process_id() {
+    local stat
+    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    stat=${stat##*) }   # the fields after the command name (which may hold spaces)
+    echo "$1 $(echo "$stat" | cut -d' ' -f20)"
+}
+
+# process_alive "PID STARTTIME": whether that process still runs.
+process_alive() {
+    local id
+    id=$(process_id "${1%% *}") && [ "$id" = "$1" ]
+}
+
+# shards_down DIR: stops what scripts/shards.sh started in state directory DIR
+# (the clusters it lists in DIR/clusters, the NATS servers in DIR/nats.pids,
+# checked to be the ones serving from DIR) and removes DIR. Nothing else: a
+# directory without the state marker is refused.
+shards_down() {
+    local dir=$1 name pid
+    [ -f "$dir/.envelopes-shards" ] || { log "$dir is not a scripts/shards.sh state directory: left alone"; return 1; }
+    if [ -f "$dir/nats.pids" ]; then
+        while read -r pid; do
+            [ -n "$pid" ] || continue
+            # Only a nats-server that serves from this directory (a pid may
+            # have been reused since).
+            if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "-sd $dir/nats"; then
+                kill "$pid" 2>/dev/null || true
+                for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+            fi
+        done <"$dir/nats.pids"
+    fi
+    if [ -f "$dir/clusters" ]; then
+        while read -r name; do
+            [ -n "$name" ] || continue
+            ENVELOPES_TMP=$dir cluster_stop "$name"
+        done <"$dir/clusters"
+    fi
+    rm -rf "$dir"
 }
 
 # psql against a cluster started by cluster_start: cluster_psql NAME PORT DB args...
@@ -136,24 +216,44 @@ cluster_psql() {
     "$PG_BIN/psql" -X -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres -d "$db" "$@"
 }
 
+# Release builds of the extension (install_extension release, scripts/package.sh)
+# use a target directory of their own: cargo pgrx links with flags of its own
+# (--no-gc-sections), and in target/ the bridge's release build and the
+# extension's would each recompile the dependencies they share after the other.
+EXT_TARGET=${ENVELOPES_EXT_TARGET:-$PWD/target/ext}
+
+# Held while the system Postgres directories get pg_envelopes files (by
+# install_extension, or the packages of scripts/package_test.sh), so that one
+# does not land in the middle of the other.
+INSTALL_LOCK=${INSTALL_LOCK:-/var/lock/pg_envelopes-install.lock}
+
 # Builds the extension and installs it, and pg_envelopes_router, into the system
 # Postgres directories.
 install_extension() {
     local profile=${1:-debug}
-    local flags=()
-    [ "$profile" = release ] || flags+=(--debug)
+    local flags=() env=() target=${CARGO_TARGET_DIR:-$PWD/target}
+    if [ "$profile" = release ]; then
+        env+=("CARGO_TARGET_DIR=$EXT_TARGET")
+        target=$EXT_TARGET
+    else
+        flags+=(--debug)
+    fi
     log "installing the extension ($profile build)"
     # Built into a package directory (which mirrors the absolute paths of
-    # PG_CONFIG's installation), then copied with --remove-destination: each
-    # installed file is unlinked before the new one is written, so the library
-    # that running backends (another test's server) have mapped never changes
-    # under them (cargo pgrx install writes it in place); they keep the old one
-    # until they exit.
-    cargo pgrx package --pg-config "$PG_CONFIG" "${flags[@]}" >/dev/null
-    cp -R --remove-destination "${CARGO_TARGET_DIR:-target}/$profile/pg_envelopes-pg15/." /
-    # Install scripts of released versions, so older versions can be created and
-    # upgraded (the upgrade scripts in sql/ are in the package).
-    cp sql/releases/pg_envelopes--*.sql "$("$PG_CONFIG" --sharedir)/extension/"
-    # The router extension (pure SQL, for a proxy database in front of shards).
-    make -s -C router install PG_CONFIG="$PG_CONFIG" >/dev/null
+    # PG_CONFIG's installation), then, under the install lock, copied with
+    # --remove-destination: each installed file is unlinked before the new one
+    # is written, so the library that running backends (another test's server)
+    # have mapped never changes under them (cargo pgrx install writes it in
+    # place); they keep the old one until they exit. Then the install scripts of
+    # released versions (so older versions can be created and upgraded; the
+    # upgrade scripts in sql/ are in the package) and the router extension (pure
+    # SQL, for a proxy database in front of shards). Chained with &&: a caller
+    # may run this where set -e is off (install_extension || ...).
+    env "${env[@]}" cargo pgrx package --pg-config "$PG_CONFIG" "${flags[@]}" >/dev/null || return 1
+    (
+        { flock -w 900 9 || { log "waited 15 minutes for $INSTALL_LOCK"; false; }; } \
+            && cp -R --remove-destination "$target/$profile/pg_envelopes-pg15/." / \
+            && cp sql/releases/pg_envelopes--*.sql "$("$PG_CONFIG" --sharedir)/extension/" \
+            && make -s -C router install PG_CONFIG="$PG_CONFIG" >/dev/null
+    ) 9>"$INSTALL_LOCK"
 }

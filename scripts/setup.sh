@@ -5,7 +5,9 @@
 #   - Debian packages: Postgres 15 server + headers, clang (bindgen), sudo
 #     (cargo pgrx test --runas), spin (model checks), the message buses,
 #     PL/Proxy for the router extension, pg_partman for the benchmark's peer comparison (bench/run.sh fetches
-#     matplotlib itself: only the benchmark plot needs it).
+#     matplotlib itself: only the benchmark plot needs it), pg_cron for the
+#     retention schedule's test (scripts/cron_test.sh), and dpkg-dev and lintian
+#     to build and check the Debian packages (scripts/package.sh).
 #   - cargo-pgrx, the exact version the crates pin.
 #   - `cargo pgrx init` pointed at the system pg_config, only when missing
 #     (re-running it makes pgrx regenerate bindings and rebuild everything).
@@ -25,7 +27,7 @@ fi
 
 packages=(postgresql-15 postgresql-server-dev-15 postgresql-contrib libclang-dev clang sudo
           spin nats-server redis-server mosquitto mosquitto-clients rabbitmq-server python3
-          postgresql-15-partman postgresql-15-plproxy)
+          postgresql-15-partman postgresql-15-plproxy postgresql-15-cron dpkg-dev lintian)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -8,8 +8,12 @@
 #   5. client integration tests (tests/) and the bridge's end-to-end tests
 #      (bridge/tests/) against a throwaway cluster and the local message buses,
 #      and the router's against four throwaway shards (scripts/shards.sh)
-#   6. the integrity tier (scripts/integrity.sh: racing writers, amcheck,
+#   6. scripts beside the code: two scripts/shards.sh side by side
+#      (scripts/shards_test.sh), prune_expired on a pg_cron schedule
+#      (scripts/cron_test.sh)
+#   7. the integrity tier (scripts/integrity.sh: racing writers, amcheck,
 #      decoding, a standby, crash rounds) against a server of its own
+#   8. the Debian packages, installed, used and removed (scripts/package_test.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,7 +48,8 @@ scripts/run_pg_test.sh
 step "integration tests"
 port=$(free_port)
 cluster_start itest "$port" "wal_level = logical" "max_replication_slots = 10"
-trap 'cluster_stop itest_standby; cluster_stop itest; cluster_stop noworkers; scripts/shards.sh down 2>/dev/null' EXIT
+shards_dir=""
+trap 'cluster_stop itest_standby; cluster_stop itest; cluster_stop noworkers; [ -z "$shards_dir" ] || scripts/shards.sh down "$shards_dir" 2>/dev/null' EXIT
 cluster_enable_tls itest
 export ENVELOPES_TEST_PG="host=127.0.0.1 port=$port user=postgres"
 # A hot standby of it, for what the feed does during recovery (tests/tests/standby.rs).
@@ -59,15 +64,25 @@ export ENVELOPES_TEST_PG_NO_WORKERS="host=127.0.0.1 port=$port_nw user=postgres"
 export ENVELOPES_TEST_PG_CA="$ENVELOPES_TMP/itest/ca.crt"
 # Four shard servers, a proxy with pg_envelopes_router, and one spare shard for
 # the partition move (tests/tests/router.rs, bridge/tests/shards.rs).
-scripts/shards.sh up 4 >/dev/null
-scripts/shards.sh add >/dev/null
-export ENVELOPES_TEST_SHARDS="$ENVELOPES_TMP/shards/env"
+shards_dir=$(ENVELOPES_SHARDS_OWNER=$$ scripts/shards.sh up 4)
+scripts/shards.sh add "$shards_dir" >/dev/null
+export ENVELOPES_TEST_SHARDS="$shards_dir/env"
 cargo test -p pg_envelopes_tests -- --test-threads=4
 
 step "bridge tests (real NATS JetStream, Redis, Mosquitto, RabbitMQ, a webhook receiver, bridges per shard)"
 cargo test -p envelopes-bridge -- --test-threads=2
 
+step "shards.sh side by side; prune_expired on a pg_cron schedule (about 3 minutes: pg_cron 1.4 runs once a minute)"
+scripts/shards_test.sh
+scripts/cron_test.sh
+
 step "integrity tier (races, amcheck, decoding, standby, crashes)"
 scripts/integrity.sh
+
+step "Debian packages: build, install, create and upgrade, router, bridge, remove"
+# From the debug builds the steps above made: the packaging is what is tested,
+# and release builds from cold would add a quarter of an hour
+# (scripts/package_test.sh without --debug tests the release packages).
+scripts/package_test.sh --debug
 
 step "all tests passed"
