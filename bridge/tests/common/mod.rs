@@ -169,11 +169,16 @@ impl Bridge {
             sink,
             "--poll-interval-ms",
             "100",
-            "--register",
         ]
         .into_iter()
         .map(str::to_owned)
         .collect::<Vec<_>>();
+        // A bridge from before 0.4.0 (ENVELOPES_TEST_BRIDGE_OLD=1, with
+        // ENVELOPES_TEST_BRIDGE_BIN) registers an unknown name by itself and
+        // does not know the flag.
+        if std::env::var_os("ENVELOPES_TEST_BRIDGE_OLD").is_none() {
+            args.push("--register".to_owned());
+        }
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut cmd = Command::new(bridge_binary());
         cmd.args(&args)
