@@ -52,6 +52,15 @@ const COMMANDS: [&str; 4] = ["egress", "ingress", "register", "status"];
 /// Applies the configuration file, if one is given, to the environment, and
 /// returns the arguments to parse (`run` replaced by the file's `command`).
 pub fn apply(mut args: Vec<OsString>) -> Result<Vec<OsString>, ConfigError> {
+    // Asking for help or the version needs no file: the parser answers
+    // (`envelopes-bridge run --help` describes `run`).
+    if args
+        .iter()
+        .skip(1)
+        .any(|a| matches!(a.to_str(), Some("--help" | "-h" | "--version" | "-V")))
+    {
+        return Ok(args);
+    }
     let path = config_path(&args);
     let position = args
         .iter()
@@ -201,6 +210,22 @@ mod tests {
         assert_eq!(egress["sink"], "ENVELOPES_SINK");
         let ingress = options_of("ingress");
         assert!(ingress.contains_key("source") && !ingress.contains_key("sink"));
+    }
+
+    #[test]
+    fn help_needs_no_file() {
+        for ask in ["--help", "-h", "--version"] {
+            let args: Vec<OsString> = ["envelopes-bridge", "run", ask]
+                .iter()
+                .map(OsString::from)
+                .collect();
+            assert_eq!(apply(args.clone()).unwrap(), args, "{ask}");
+        }
+        let args: Vec<OsString> = ["envelopes-bridge", "run"]
+            .iter()
+            .map(OsString::from)
+            .collect();
+        assert!(matches!(apply(args), Err(ConfigError::NoFile)));
     }
 
     #[test]
