@@ -10,10 +10,14 @@
  *   1. takes an envelope marker naming s (readers listing the markers see
  *      "someone is inserting s or above"); a transaction inserting two rows
  *      keeps only its lowest marker; markers go when it commits or aborts;
- *   2. checks whether another transaction has already COMMITTED a higher row
- *      of the originator (reading what is committed at that moment); if so,
- *      row s ARRIVES LATE: it is flagged late and an entry for it is added to
- *      the late feed in the same transaction (visible when the row commits);
+ *   2. checks whether another transaction has already brought a higher row
+ *      of the originator to its PRE-COMMIT step (the committed mark in shared
+ *      memory, which each writer raises to its highest row in that step, before
+ *      its commit makes the rows visible); if so, row s ARRIVES LATE: it is
+ *      flagged late and an entry for it is added to the late feed in the same
+ *      transaction (visible when the row commits). A transaction may still
+ *      abort after its pre-commit step; the mark stays raised (a later row may
+ *      then be late needlessly, which costs an entry, never a row);
  *   3. inserts the row.
  * Then it commits -- or aborts (at most MAX_ABORTS times in all), and then the
  * rows are either retried by a new transaction (from step 1) or given up for
@@ -59,7 +63,7 @@
  *   <> DONE  : (d) eventually every writer has finished, every row that
  *              committed is on the bus exactly once, the late position is at
  *              the end of the late feed and the cursor is at the highest
- *              committed row (nothing left to hand out) -- with weak fairness
+ *              committed row that is not late (nothing left to hand out) -- with weak fairness
  *              and finitely many crashes, aborts, lost publishes and rollbacks,
  *              while the unrelated transaction is still open;
  *   assert   : (e) the cursor and the late position only ever move forward
@@ -83,6 +87,7 @@ bool finished[N+1];	/* finished[k]: row k's writer committed or gave up */
 byte late_row[N+1];	/* late_row[i]: the row of late entry i */
 byte late_idx[N+1];	/* late_idx[k]: row k's late entry, 0 if none */
 byte late_len;		/* committed late entries */
+byte cmark;		/* the committed mark: highest row raised at a pre-commit */
 /* database: the egress's durable positions */
 byte cursor;		/* the originator's cursor (highest row handed out) */
 byte late_pos;		/* the late-feed position (last entry handed out) */
@@ -104,16 +109,20 @@ byte rollbacks;
 #define IN(snap, k)    ((snap & (1 << (k))) != 0)
 /* the lowest marker held right now, NONE if there is none */
 #define LOWEST_MARKER  (marker[1] -> 1 : (marker[2] -> 2 : (marker[3] -> 3 : NONE)))
-/* the lateness check of row s: has another transaction committed a higher
-   row? (the checking transaction's own rows are not committed yet, so every
-   committed row is another's) */
-#define COMMITTED_ABOVE(s) ((s < 2 && committed[2]) || (s < 3 && committed[3]))
-/* the cursor is at the highest committed row (0 if none); spelled without
-   "a -> b : c", which an ltl formula would read as an implication */
-#define AT_TOP         ((committed[3] && cursor == 3) || \
-                        (!committed[3] && committed[2] && cursor == 2) || \
-                        (!committed[3] && !committed[2] && committed[1] && cursor == 1) || \
-                        (!committed[3] && !committed[2] && !committed[1] && cursor == 0))
+/* the lateness check of row s: has another transaction brought a higher row
+   to its pre-commit step? (the checking transaction's own rows raise the mark
+   only at its own pre-commit, after every check it makes) */
+#define COMMITTED_ABOVE(s) (cmark > s)
+/* the cursor is at the highest committed row that is not late (0 if none):
+   late rows are the late feed's, and a late row with no committed row above it
+   (late because a transaction that raised the mark then failed) leaves the
+   cursor below it; spelled without "a -> b : c", which an ltl formula would
+   read as an implication */
+#define IN_ORDER(k)    (committed[k] && !late[k])
+#define AT_TOP         ((IN_ORDER(3) && cursor == 3) || \
+                        (!IN_ORDER(3) && IN_ORDER(2) && cursor == 2) || \
+                        (!IN_ORDER(3) && !IN_ORDER(2) && IN_ORDER(1) && cursor == 1) || \
+                        (!IN_ORDER(3) && !IN_ORDER(2) && !IN_ORDER(1) && cursor == 0))
 
 #define ON_BUS(k)      (copies[k] > 0)
 #define LATE_PENDING(k) (late_idx[k] > late_pos)
@@ -191,27 +200,39 @@ retry:
 	:: else -> skip
 	fi;
 	if
-	:: d_step {				/* COMMIT */
-		commit_row(a);
+	:: d_step {				/* PRE-COMMIT: raise the mark */
+		cmark = (a > cmark -> a : cmark);
+		cmark = (b > cmark -> b : cmark)
+	   };
 		if
-		:: b != 0 -> commit_row(b)
-		:: else -> skip
-		fi
-	   }
-	:: aborts < MAX_ABORTS ->		/* ROLLBACK: nothing of it stays */
-		d_step {
-			aborts++;
-			marker[a] = false; late[a] = false;
-			marker[b] = false; late[b] = false
-		};
-		if
-		:: goto retry			/* a new transaction tries again */
-		:: d_step {			/* or the rows are given up */
-			finished[a] = true;
-			finished[b] = true
+		:: d_step {			/* COMMIT */
+			commit_row(a);
+			if
+			:: b != 0 -> commit_row(b)
+			:: else -> skip
+			fi
 		   }
+		:: aborts < MAX_ABORTS -> goto rollback	/* fails after it */
 		fi
-	fi
+	:: aborts < MAX_ABORTS -> goto rollback
+	fi;
+	goto finish;
+rollback:					/* ROLLBACK: nothing of it stays */
+	skip;
+	d_step {
+		aborts++;
+		marker[a] = false; late[a] = false;
+		marker[b] = false; late[b] = false
+	};
+	if
+	:: goto retry				/* a new transaction tries again */
+	:: d_step {				/* or the rows are given up */
+		finished[a] = true;
+		finished[b] = true
+	   }
+	fi;
+finish:
+	skip
 }
 
 /* who writes what: one transaction per row, or row 1 alone and rows 2 and 3

@@ -701,8 +701,9 @@ fn blob_index_scans(client: &mut impl postgres::GenericClient) -> i64 {
 /// insert path answers them from the high-water marks again (no index scan at
 /// all: no lateness scan, and no conflict probe for keys above the marks), instead
 /// of holding them to the marks of the rows that were truncated.
-/// Before the truncation, rows below a committed one do take the scan (which is
-/// what makes the count below meaningful).
+/// Before the truncation, rows below a committed one are late by the marks (the
+/// committed mark of 1,000): after it, that mark is gone too, or 2..=50 would be
+/// late.
 #[test]
 fn truncating_the_store_starts_the_high_water_marks_again() {
     let db = TestDb::new("marks_truncate");
@@ -714,10 +715,18 @@ fn truncating_the_store_starts_the_high_water_marks_again() {
     insert(&mut tx, 3, 11);
     insert(&mut tx, 3, 12);
     let below = meta_index_scans(&mut tx) - before;
-    assert!(
-        below >= 4,
-        "rows below a committed one must take the exact check ({below} scans for 2 rows)"
+    assert_eq!(
+        below, 2,
+        "rows below a committed one are late by the marks alone: a conflict probe each, no scan"
     );
+    let late: i64 = tx
+        .query_one(
+            "SELECT count(*) FROM envelopes.gateway_envelopes_meta WHERE late",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(late, 3, "10, 11 and 12 are below 1,000, which is committed");
     tx.rollback().unwrap();
 
     c.batch_execute("TRUNCATE envelopes.gateway_envelopes_meta, envelopes.gateway_envelopes_blob")

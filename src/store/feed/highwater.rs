@@ -12,6 +12,13 @@
 //! existed. So a ready slot whose mark (before this insert raised it) is at most
 //! this row's sequence id proves that no committed row lies above it.
 //!
+//! A second value per slot answers the other case, a row below the mark (late
+//! arrivals, backfills, replays): the highest sequence id that a transaction has
+//! brought to its pre-commit step, raised there before its rows can become
+//! visible. A row of a ready slot above which no such id lies is not late; one
+//! below it is recorded as late without a scan (perhaps needlessly, if that
+//! transaction then failed: a feed entry too many, never a row lost).
+//!
 //! Rows written into meta directly (not through the insert functions) do not
 //! raise marks. The statement trigger counts such transactions while they run,
 //! and when one ends it moves its database's generation on, which makes every
@@ -34,7 +41,7 @@ use crate::pg::shmem::Lazy;
 use pgrx::pg_sys;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Slots of the table (16 bytes each).
+/// Slots of the table (24 bytes each).
 pub const SLOTS: usize = 2048;
 
 /// Direct-writer counters, shared by databases by hash (16 bytes each).
@@ -55,6 +62,10 @@ struct Slot {
     key: AtomicU64,
     /// Highest sequence id noted + 1 (0: none).
     mark: AtomicU64,
+    /// Highest sequence id + 1 of a transaction that has reached its pre-commit
+    /// (or pre-prepare) step, or that a ready scan found (0: none). Raised before
+    /// the rows become visible, never lowered but by [`forget_database`].
+    committed: AtomicU64,
 }
 
 #[repr(C)]
@@ -67,7 +78,7 @@ struct Table {
     slots: [Slot; SLOTS],
 }
 
-const SHMEM_NAME: &std::ffi::CStr = c"pg_envelopes high-water marks v3";
+const SHMEM_NAME: &std::ffi::CStr = c"pg_envelopes high-water marks v4";
 
 thread_local! {
     static TABLE: Lazy<Table> = const { Lazy::new() };
@@ -133,6 +144,12 @@ pub enum Noted {
     /// them: none of their keys can exist yet, except by a write around the
     /// functions racing this one.
     NotLate { fresh: bool },
+    /// A transaction other than this one has reached its commit with a row of
+    /// the originator at `above`, which is above the lowest of the rows (or a
+    /// ready scan found such a row): the rows below it are late. It may since
+    /// have failed to commit, or the row may be gone: recording a row as late
+    /// that need not be costs a feed entry, never a row.
+    Late { above: i64 },
     /// Take the exact check; with `Some`, also make the slot ready afterwards
     /// ([`ready`]) with the highest row that check's snapshot sees.
     Check(Option<Ready>),
@@ -146,6 +163,14 @@ pub struct Ready {
 
 /// Notes that rows of `node` with sequence ids in `lo..=hi` are being inserted
 /// (their in-flight marker is held), and tells whether they might arrive late.
+///
+/// A ready slot answers without reading anything: its `committed` value covers
+/// every row committed before the scan that made it ready (the scan raised it)
+/// and every row committed through the functions since (each writer raises it
+/// in its pre-commit step, before its rows become visible, see [`committed`]).
+/// So a row committed before this call with a sequence id above `lo` has raised
+/// it above `lo + 1`, unless a write around the functions is running or has
+/// ended since the slot was made ready, which makes the slot unready.
 pub fn note(node: i32, lo: i64, hi: i64) -> Noted {
     let Some(table) = shared() else {
         return Noted::Check(None);
@@ -156,18 +181,28 @@ pub fn note(node: i32, lo: i64, hi: i64) -> Noted {
     let before = table.slots[slot]
         .mark
         .fetch_max((hi as u64).saturating_add(1), Ordering::SeqCst);
+    committed::pending(slot, hi);
     // Direct writers first, generation second: a writer that ended between the two
     // reads has moved the generation on already.
     let writers = writers(table);
     let direct = writers.running.load(Ordering::SeqCst);
     let generation = writers.generation.load(Ordering::SeqCst);
     let ready = table.ready[slot].load(Ordering::SeqCst) == generation + 1;
-    if direct == 0 && ready && before <= (lo as u64).saturating_add(1) {
+    if direct != 0 || !ready {
+        return Noted::Check((direct == 0 && !ready).then_some(Ready { slot, generation }));
+    }
+    let lo = lo as u64;
+    if before <= lo.saturating_add(1) {
         return Noted::NotLate {
-            fresh: before <= lo as u64,
+            fresh: before <= lo,
         };
     }
-    Noted::Check((direct == 0 && !ready).then_some(Ready { slot, generation }))
+    match table.slots[slot].committed.load(Ordering::SeqCst) {
+        c if c > lo.saturating_add(1) => Noted::Late {
+            above: (c - 1) as i64,
+        },
+        _ => Noted::NotLate { fresh: false },
+    }
 }
 
 /// Makes a slot ready: `highest` is the highest sequence id of the originator
@@ -175,11 +210,75 @@ pub fn note(node: i32, lo: i64, hi: i64) -> Noted {
 pub fn ready(slot: Ready, highest: Option<i64>) {
     let Some(table) = shared() else { return };
     if let Some(highest) = highest {
+        let above = (highest as u64).saturating_add(1);
         table.slots[slot.slot]
             .mark
-            .fetch_max((highest as u64).saturating_add(1), Ordering::SeqCst);
+            .fetch_max(above, Ordering::SeqCst);
+        // Rows the snapshot sees are committed, or this transaction's own: counting
+        // those as committed too is on the safe side.
+        table.slots[slot.slot]
+            .committed
+            .fetch_max(above, Ordering::SeqCst);
     }
     table.ready[slot.slot].fetch_max(slot.generation + 1, Ordering::SeqCst);
+}
+
+/// The `committed` values: raised for the rows a transaction noted, in its
+/// pre-commit (or pre-prepare) step, which runs before its commit record is
+/// written and so before any snapshot can see its rows. A transaction that
+/// fails after that step leaves them raised (on the safe side).
+mod committed {
+    use super::shared;
+    use std::cell::RefCell;
+    use std::sync::atomic::Ordering;
+
+    struct Pending {
+        /// Local transaction id the raises belong to.
+        lxid: u32,
+        /// Slot and the highest sequence id + 1 noted in it.
+        raises: Vec<(usize, u64)>,
+    }
+
+    thread_local! {
+        static PENDING: RefCell<Pending> = const {
+            RefCell::new(Pending { lxid: 0, raises: Vec::new() })
+        };
+    }
+
+    /// Notes that the current transaction writes a row of `slot` at `hi`.
+    pub(super) fn pending(slot: usize, hi: i64) {
+        let above = (hi as u64).saturating_add(1);
+        // SAFETY: MyProc is this backend's PGPROC, valid for the backend's life.
+        let lxid = unsafe { (*pgrx::pg_sys::MyProc).lxid };
+        let first = PENDING.with(|p| {
+            let mut p = p.borrow_mut();
+            let first = p.lxid != lxid || p.raises.is_empty();
+            if p.lxid != lxid {
+                p.lxid = lxid;
+                p.raises.clear();
+            }
+            match p.raises.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, v)) => *v = (*v).max(above),
+                None => p.raises.push((slot, above)),
+            }
+            first
+        });
+        if first {
+            pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::PreCommit, raise);
+            pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::PrePrepare, raise);
+        }
+    }
+
+    fn raise() {
+        let raises = PENDING.with(|p| std::mem::take(&mut p.borrow_mut().raises));
+        if let Some(table) = shared() {
+            for (slot, above) in raises {
+                table.slots[slot]
+                    .committed
+                    .fetch_max(above, Ordering::SeqCst);
+            }
+        }
+    }
 }
 
 /// A transaction started writing meta around the insert functions.
@@ -210,6 +309,7 @@ pub fn forget_database() {
         if slot.key.load(Ordering::SeqCst) >> 32 == database {
             table.ready[at].store(0, Ordering::SeqCst);
             slot.mark.store(0, Ordering::SeqCst);
+            slot.committed.store(0, Ordering::SeqCst);
         }
     }
 }

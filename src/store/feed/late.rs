@@ -9,9 +9,11 @@
 //! flagged `late`, and the consumer functions hand it out from there. See
 //! [`super`] for why asking after the marker, with a fresh snapshot, is enough.
 //!
-//! Most inserts are answered by the originator's high-water mark in shared memory
-//! ([`super::highwater`]) without reading anything; the others scan the
-//! originator's newest bands backwards with a fresh snapshot.
+//! Most inserts, in order or late, are answered by the originator's high-water
+//! marks in shared memory ([`super::highwater`]) without reading anything; the
+//! others (the first insert of an originator after a start, or while a write
+//! around the functions runs) scan the originator's newest bands backwards with
+//! a fresh snapshot.
 
 use super::highwater::{self, Noted};
 use crate::pg::scan::Reading;
@@ -39,6 +41,12 @@ pub struct Lateness {
 pub fn committed_above(node: i32, lo: i64, hi: i64) -> Result<Lateness, PartitionError> {
     let ready = match highwater::note(node, lo, hi) {
         Noted::NotLate { fresh } => return Ok(Lateness { above: None, fresh }),
+        Noted::Late { above } => {
+            return Ok(Lateness {
+                above: Some(above),
+                fresh: false,
+            })
+        }
         Noted::Check(ready) => ready,
     };
     // A band attached by a transaction that has finished is then in the
