@@ -57,6 +57,29 @@ statements() {
         [ "$variant" = batch_plain ] && conflict=""
         echo "PREPARE s(int, bigint) AS WITH m AS (INSERT INTO envelopes.gateway_envelopes_meta (originator_node_id, originator_sequence_id, topic) SELECT \$1, g, $TOPIC FROM pg_catalog.generate_series(\$2, \$2 + $size - 1) g $conflict RETURNING originator_node_id, originator_sequence_id) INSERT INTO envelopes.gateway_envelopes_blob (originator_node_id, originator_sequence_id, originator_envelope) SELECT originator_node_id, originator_sequence_id, $ENVELOPE FROM m $conflict;"
         for ((i = 0; i < n / size; i++)); do echo "EXECUTE s($((i % 4 + 1)), $((i * size + 1)));"; done ;;
+    late_extension|late_plain_idempotent)
+        # Descending ids per originator: each row lands below one committed
+        # before it, a late arrival (the plain form records nothing about it).
+        local stmt
+        if [ "$variant" = late_extension ]; then
+            stmt="SELECT envelopes.insert_gateway_envelope(\$1, \$2, $TOPIC, $ENVELOPE);"
+        else
+            stmt="WITH m AS (INSERT INTO envelopes.gateway_envelopes_meta (originator_node_id, originator_sequence_id, topic) VALUES (\$1, \$2, $TOPIC) ON CONFLICT DO NOTHING RETURNING originator_node_id, originator_sequence_id) INSERT INTO envelopes.gateway_envelopes_blob (originator_node_id, originator_sequence_id, originator_envelope) SELECT originator_node_id, originator_sequence_id, $ENVELOPE FROM m ON CONFLICT DO NOTHING;"
+        fi
+        echo "PREPARE s(int, bigint) AS $stmt"
+        for ((i = 1; i <= n; i++)); do echo "EXECUTE s($((i % 4 + 1)), $((1000000 - i)));"; done ;;
+    late_batch_extension|late_batch_plain_idempotent)
+        # A parallel backfill of originator 1 taken in turns: four ascending
+        # ranges of 100-row batches, the k-th batch of each range after the k-th
+        # of the others, so three batches in four land below committed rows.
+        local stmt
+        if [ "$variant" = late_batch_extension ]; then
+            stmt="SELECT envelopes.insert_gateway_envelopes(array_agg(1), array_agg(g::bigint), array_agg($TOPIC), array_agg($ENVELOPE)) FROM pg_catalog.generate_series(\$2, \$2 + 99) g;"
+        else
+            stmt="WITH m AS (INSERT INTO envelopes.gateway_envelopes_meta (originator_node_id, originator_sequence_id, topic) SELECT \$1, g, $TOPIC FROM pg_catalog.generate_series(\$2, \$2 + 99) g ON CONFLICT DO NOTHING RETURNING originator_node_id, originator_sequence_id) INSERT INTO envelopes.gateway_envelopes_blob (originator_node_id, originator_sequence_id, originator_envelope) SELECT originator_node_id, originator_sequence_id, $ENVELOPE FROM m ON CONFLICT DO NOTHING;"
+        fi
+        echo "PREPARE s(int, bigint) AS $stmt"
+        for ((i = 0; i < n / 100; i++)); do echo "EXECUTE s(1, $(( (i % 4) * 1000000 + (i / 4) * 100 + 1 )));"; done ;;
     bulk_copy)
         # COPY of meta then blob from server-side files of 10,000 rows each.
         local size=10000
@@ -83,7 +106,7 @@ statements() {
 instructions() {
     local variant=$1 n=$2 script="$dir/script.sql"
     {
-        echo "TRUNCATE envelopes.gateway_envelopes_meta, envelopes.gateway_envelopes_blob;"
+        echo "TRUNCATE envelopes.gateway_envelopes_meta, envelopes.gateway_envelopes_blob, envelopes.late_envelopes;"
         statements "$variant" "$n"
     } >"$script"
     chown postgres "$script"
@@ -98,13 +121,14 @@ instructions() {
 }
 
 for variant in extension plain plain_idempotent batch_extension batch_plain batch_plain_idempotent \
-    bulk_extension bulk_plain_idempotent bulk_copy; do
+    bulk_extension bulk_plain_idempotent bulk_copy late_extension late_plain_idempotent \
+    late_batch_extension late_batch_plain_idempotent; do
     # The extension's first call for an originator after the TRUNCATE also scans
     # it once (its high-water mark, see src/store/feed/highwater.rs); N1 covers that
     # call for each of the 4 originators, so the difference is the steady state.
     case $variant in
     bulk_*) n1=40000 n2=80000 ;;
-    batch_*) n1=1000 n2=3000 ;;
+    batch_*|late_batch_*) n1=1000 n2=3000 ;;
     *) n1=500 n2=1500 ;;
     esac
     i1=$(instructions "$variant" "$n1")

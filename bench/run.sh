@@ -35,7 +35,9 @@
 # rate with its per-round lag query on vs off, and the query's cost at 10 and
 # 10,000 originators), and for the change feed: feedcost (in-order single-row and 100-row
 # inserts, this version vs a baseline build of an earlier commit running in a
-# second cluster), latebridge (drain rate with 10% late arrivals vs in order),
+# second cluster), latebridge (drain rate with 10% and 50% late arrivals vs in
+# order), late (writers out of order: random-order single rows and a parallel
+# backfill, extension vs the idempotent plain SQL),
 # idle (an idle consumer poll and the idle bridge's CPU at 10, 1,000 and 10,000
 # originators, this version and the baseline), horizon (commit -> bus latency of
 # envelopes and outbox rows with and without an unrelated transaction held open
@@ -305,6 +307,26 @@ for durability in off on; do
                 extension=bench/sql/inorder_batch_extension.sql \
                 plain=bench/sql/inorder_batch_plain.sql \
                 plain_idempotent=bench/sql/inorder_batch_plain_idempotent.sql
+        done
+    fi
+
+    if selected late; then
+        # Writers out of order, against the idempotent plain SQL doing the same
+        # work into the same pre-created partitions: single rows at random ids
+        # of each client's own originator (almost all of them late arrivals), at
+        # 2 and 8 clients; and a parallel backfill of one originator, each client
+        # inserting 100-row batches of its own ascending range, the ranges
+        # growing side by side (all but the highest client's rows late), at 4
+        # and 8 clients.
+        for clients in 2 8; do
+            interleave "late$clients" "$durability" "$clients" bench \
+                extension=bench/sql/late_extension.sql \
+                plain_idempotent=bench/sql/late_plain_idempotent.sql
+        done
+        for clients in 4 8; do
+            interleave "backfill$clients" "$durability" "$clients" bench \
+                extension=bench/sql/backfill_extension.sql \
+                plain_idempotent=bench/sql/backfill_plain_idempotent.sql
         done
     fi
 
@@ -986,10 +1008,11 @@ print(f'{100 * d0 / e:.0f} {100 * d1 / e:.0f} {1e6 * d0 / ($tps * e):.0f} {1e6 *
 
     if selected latebridge && [ "$durability" = off ]; then
         # Bridge to JetStream draining a backlog in order, and the same backlog with
-        # every tenth envelope inserted after the rest (a late arrival each).
+        # every tenth envelope inserted after the rest (a late arrival each), and
+        # with every other one (half of them late).
         if $quick; then backlog=20000; else backlog=200000; fi
         for run in $(seq "$RUNS"); do
-            for variant in inorder late; do
+            for variant in inorder late late50; do
                 db="late_${run}_$variant"
                 stream="BENCHL$$_${run}_$variant" prefix="benchl$$r${run}$variant"
                 sql postgres -q -c "CREATE DATABASE $db"
@@ -1000,10 +1023,14 @@ print(f'{100 * d0 / e:.0f} {100 * d1 / e:.0f} {1e6 * d0 / ($tps * e):.0f} {1e6 *
                         array_agg(pg_catalog.convert_to(repeat('e', 200), 'UTF8')))
                       FROM generate_series(1::bigint, $backlog) s WHERE $1" >/dev/null
                 }
-                if [ "$variant" = inorder ]; then load true; else load "s % 10 <> 0"; load "s % 10 = 0"; fi
+                case $variant in
+                    inorder) load true ;;
+                    late) load "s % 10 <> 0"; load "s % 10 = 0" ;;
+                    late50) load "s % 2 <> 0"; load "s % 2 = 0" ;;
+                esac
                 sql "$db" -q -c "SELECT envelopes.consumer_register('bench')"
                 drain_backlog "$db" "$stream" "$prefix" "$backlog"
-                late=$(sql "$db" -At -c "SELECT count(*) FROM envelopes.late_envelopes")
+                late=$(sql "$db" -At -c "SELECT count(*) FROM envelopes.gateway_envelopes_meta WHERE late")
                 record latebridge "$variant" "$durability" "$run" "$rate" envelopes/s
                 log "latebridge [$durability] $variant run $run: $backlog envelopes ($late late) in ${elapsed}s = $rate/s"
                 kill -TERM "$bridge"; wait "$bridge" || true

@@ -96,7 +96,7 @@ echo "inserted $inserted of 5000 rows in one call, across $(q -c "SELECT count(*
 if [ -n "$already" ]; then
     echo "the batch repeats $already, stored in step 1: a key already stored counts 0, as a replay would"
 fi
-echo "$(q -c "SELECT count(*) FROM envelopes.late_envelopes") of them arrived late (step 6 says why)"
+echo "$(q -c "SELECT count(*) FROM envelopes.gateway_envelopes_meta WHERE late") of them arrived late (step 6 says why), recorded in $(q -c "SELECT count(*) FROM envelopes.late_envelopes") late-feed entries (one per originator)"
 
 echo
 echo "== 3. What landed, per originator (every band: SELECT * FROM envelopes.partitions())"
@@ -147,20 +147,21 @@ echo
 echo "== 6. A late arrival: originator 20's id 4 commits after its id 5 was forwarded"
 q -c "SELECT envelopes.insert_gateway_envelope(20, 4, convert_to('topic-20', 'UTF8'), convert_to('retried envelope 20:4', 'UTF8'))" >/dev/null
 echo "the late feed of originator 20 (envelopes.late_envelopes):"
-sql -q -c "SELECT id AS late_id, originator_node_id, originator_sequence_id, recorded_at FROM envelopes.late_envelopes WHERE originator_node_id = 20 ORDER BY id"
+sql -q -c "SELECT id AS entry, originator_node_id, originator_sequence_id AS first_id, last_sequence_id AS last_id, recorded_at FROM envelopes.late_envelopes WHERE originator_node_id = 20 ORDER BY id"
 # Why the batch of step 2 made late rows: per originator, its batch rows below
 # the highest id it already had.
 nodes=() maxima=() counts=()
 while read -r node n; do
     nodes+=("$node"); maxima+=("${before_max[$node]}"); counts+=("$n")
-done < <(q -F ' ' -c "SELECT originator_node_id, count(*) FROM envelopes.late_envelopes
-                       WHERE (originator_node_id, originator_sequence_id) <> (20, 4) GROUP BY 1 ORDER BY 1")
+done < <(q -F ' ' -c "SELECT originator_node_id, count(*) FROM envelopes.gateway_envelopes_meta
+                       WHERE late AND (originator_node_id, originator_sequence_id) <> (20, 4) GROUP BY 1 ORDER BY 1")
 # list A B C -> "A, B and C"
 list() { local IFS=,; local all="$*"; all=${all//,/, }; [ $# -gt 1 ] && all="${all%, *} and ${all##*, }"; echo "$all"; }
-total_late=$(q -c "SELECT count(*) FROM envelopes.late_envelopes WHERE (originator_node_id, originator_sequence_id) <> (20, 4)")
+total_late=$(q -c "SELECT count(*) FROM envelopes.gateway_envelopes_meta WHERE late AND (originator_node_id, originator_sequence_id) <> (20, 4)")
 echo "Why $total_late more from the batch of step 2: originators $(list "${nodes[@]}") already had ids $(list "${maxima[@]}")"
 echo "from step 1, so the batch's $(list "${counts[@]}") rows below those landed below a row already stored: late,"
-echo "recorded in this feed so that a consumer whose cursor has passed their ids still gets them."
+echo "recorded in this feed (one entry per originator for the batch, one for the retried id 4) so that"
+echo "a consumer whose cursor has passed their ids still gets them."
 forward "$forwarded.late"
 echo "the bridge, started again, forwarded $(wc -l <"$forwarded.late") message:"
 cat "$forwarded.late"
@@ -196,7 +197,7 @@ IFS='|' read -r rows originators bands orphans < <(q -c "
            (SELECT count(*) FROM envelopes.partitions()),
            (SELECT count(*) FROM envelopes.orphaned_envelopes())")
 IFS='|' read -r late dead lag < <(q -c "
-    SELECT (SELECT count(*) FROM envelopes.late_envelopes),
+    SELECT (SELECT count(*) FROM envelopes.gateway_envelopes_meta WHERE late),
            (SELECT count(*) FROM envelopes.consumer_dead_letters('demo')),
            envelopes.consumer_lag('demo')")
 sent=$(cat "$forwarded" "$forwarded.late" | wc -l)

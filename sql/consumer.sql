@@ -370,7 +370,8 @@ $$;
 -- plus the late-feed and outbox ids drawn after the consumer's positions. It
 -- counts ids, not rows: a gap (a rolled-back insert) or a late arrival counted
 -- in both its originator's range and the late feed make it a little larger than
--- consumer_status's exact counts; with dense ids the two agree.
+-- consumer_status's exact counts, and a late-feed entry covering several rows
+-- (a late batch) counts once; with dense ids and rows in order the two agree.
 CREATE FUNCTION consumer_lag(consumer text) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -394,7 +395,7 @@ BEGIN
       LEFT JOIN @extschema@.consumer_envelope_cursors k
              ON k.consumer = c.name AND k.originator_node_id = g.originator_node_id;
     RETURN behind
-         + GREATEST(COALESCE(pg_catalog.pg_sequence_last_value('@extschema@.late_envelopes_id_seq'), 0) - c.late_id, 0)
+         + GREATEST(COALESCE(pg_catalog.pg_sequence_last_value('@extschema@.late_envelopes_id_seq'), 0) - (c.late_id >> 16), 0)
          + GREATEST(COALESCE(pg_catalog.pg_sequence_last_value('@extschema@.outbox_id_seq'), 0) - c.outbox_id, 0);
 END $$;
 

@@ -35,6 +35,16 @@ ALTER TABLE ingress_positions DROP CONSTRAINT ingress_positions_pkey,
 COMMENT ON TABLE ingress_positions IS
     'Last bus stream sequence each ingress consumer stored per stream, committed with the envelopes.';
 
+-- The late-envelope feed records a range per (transaction, originator, statement)
+-- instead of a row per late envelope (src/store/feed/late.rs): the rows are the
+-- meta rows flagged late with the entry's inserted_xid. Existing entries keep
+-- covering their one row (both columns NULL). A consumer's late-feed position
+-- becomes the entry id times 65,536 plus a row index inside the entry (65,535:
+-- the whole entry), so ids stop at 2^47 - 1.
+ALTER TABLE late_envelopes ADD COLUMN last_sequence_id bigint, ADD COLUMN inserted_xid xid8;
+ALTER TABLE late_envelopes ALTER COLUMN id SET MAXVALUE 140737488355327;
+UPDATE consumers SET late_id = late_id * 65536 + 65535 WHERE late_id > 0;
+
 -- Refused rows are set aside at the first refusal and tried again by the bridge
 -- on a short schedule, so one refused row no longer holds up the rest of the feed.
 ALTER TABLE dead_letters ADD COLUMN next_attempt_at timestamptz;
@@ -187,7 +197,8 @@ $$;
 -- plus the late-feed and outbox ids drawn after the consumer's positions. It
 -- counts ids, not rows: a gap (a rolled-back insert) or a late arrival counted
 -- in both its originator's range and the late feed make it a little larger than
--- consumer_status's exact counts; with dense ids the two agree.
+-- consumer_status's exact counts, and a late-feed entry covering several rows
+-- (a late batch) counts once; with dense ids and rows in order the two agree.
 CREATE FUNCTION consumer_lag(consumer text) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -211,7 +222,7 @@ BEGIN
       LEFT JOIN @extschema@.consumer_envelope_cursors k
              ON k.consumer = c.name AND k.originator_node_id = g.originator_node_id;
     RETURN behind
-         + GREATEST(COALESCE(pg_catalog.pg_sequence_last_value('@extschema@.late_envelopes_id_seq'), 0) - c.late_id, 0)
+         + GREATEST(COALESCE(pg_catalog.pg_sequence_last_value('@extschema@.late_envelopes_id_seq'), 0) - (c.late_id >> 16), 0)
          + GREATEST(COALESCE(pg_catalog.pg_sequence_last_value('@extschema@.outbox_id_seq'), 0) - c.outbox_id, 0);
 END $$;
 -- Leases: one active bridge per consumer (src/store/lease.rs).

@@ -79,19 +79,28 @@ AS $$
                           AND m.originator_sequence_id = b.originator_sequence_id)
 $$;
 
--- The late-envelope feed: one entry per envelope that arrived below a sequence id
--- of its originator that another transaction had already committed (a consumer
--- may have moved past it). Written by the insert functions in the inserting
--- statement; read by the consumer functions in id order, like the outbox. The ids
--- come from a CACHE 1 sequence, so they are drawn in increasing order across
--- sessions, which the feed's in-flight markers rely on (src/store/feed/markers.rs).
+-- The late-envelope feed: entries for envelopes that arrived below a sequence id
+-- of their originator that another transaction had already committed (a consumer
+-- may have moved past them). Written by the insert functions in the inserting
+-- statement; read by the consumer functions in id order, like the outbox. An
+-- entry covers the late rows of one originator that its transaction inserted with
+-- sequence ids from originator_sequence_id to last_sequence_id: the meta rows
+-- flagged late with that inserted_xid (a transaction records one entry per
+-- originator and statement, none overlapping another of its own). Entries from
+-- before 0.4.0 have neither and cover their one row. The ids come from a CACHE 1
+-- sequence, so they are drawn in increasing order across sessions, which the
+-- feed's in-flight markers rely on (src/store/feed/markers.rs); a consumer's
+-- late-feed position is an id times 65,536 plus a row index inside the entry, so
+-- ids stop at 2^47 - 1.
 CREATE TABLE late_envelopes (
-    id                     bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id                     bigint      GENERATED ALWAYS AS IDENTITY (MAXVALUE 140737488355327) PRIMARY KEY,
     originator_node_id     integer     NOT NULL,
     originator_sequence_id bigint      NOT NULL,
-    recorded_at            timestamptz NOT NULL DEFAULT pg_catalog.now()
+    recorded_at            timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    last_sequence_id       bigint,
+    inserted_xid           xid8
 );
--- prune_expired() deletes the entries of the envelopes it deletes.
+-- prune_expired() deletes the one-row entries of the envelopes it deletes.
 CREATE INDEX late_envelopes_key_idx ON late_envelopes (originator_node_id, originator_sequence_id);
 COMMENT ON TABLE late_envelopes IS
     'Envelopes inserted below a sequence id their originator had already committed; consumers read them from here.';

@@ -358,8 +358,9 @@ fn relation_name(relid: Oid) -> Result<Option<String>, PruneError> {
     })
 }
 
-/// Deletes the band's expired rows from meta, and the same keys from blob and
-/// from the late-envelope feed; records how many. Waits for nothing: the tables'
+/// Deletes the band's expired rows from meta, the same keys from blob, and the
+/// late-envelope feed's entries of one such row (an entry covering a range is
+/// left: it hands out whatever of its range is still there); records how many. Waits for nothing: the tables'
 /// ROW EXCLUSIVE locks are asked for without waiting (a band being dropped or
 /// altered right now is left for the next run; once held, nobody can drop it
 /// under the DELETE), and rows another transaction has locked (another pruner's,
@@ -408,6 +409,7 @@ fn delete_expired(entry: &mut Entry, cutoff: i64, late: Oid) -> Result<(), Prune
              DELETE FROM envelopes.late_envelopes l USING gone g
               WHERE l.originator_node_id = g.originator_node_id
                 AND l.originator_sequence_id = g.originator_sequence_id
+                AND (l.last_sequence_id IS NULL OR l.last_sequence_id = l.originator_sequence_id)
          )
          SELECT pg_catalog.count(*) FROM gone"
     );

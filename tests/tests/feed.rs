@@ -890,3 +890,318 @@ fn fresh_keys_skip_the_probe_and_still_meet_a_hidden_row() {
         "a hidden row's blob was replaced"
     );
 }
+
+/// Inserts a batch of originator `node`'s rows `seqs` in one statement.
+fn insert_batch(client: &mut impl postgres::GenericClient, node: i32, seqs: &[i64]) -> i64 {
+    let nodes = vec![node; seqs.len()];
+    let topics = vec![b"t".to_vec(); seqs.len()];
+    let envelopes: Vec<Vec<u8>> = seqs.iter().map(|s| s.to_be_bytes().to_vec()).collect();
+    client
+        .query_one(
+            "SELECT envelopes.insert_gateway_envelopes($1, $2, $3, $4)",
+            &[&nodes, &seqs, &topics, &envelopes],
+        )
+        .expect("insert batch")
+        .get(0)
+}
+
+/// Reads batches of `size` rows and acknowledges each until one comes back
+/// empty.
+fn drain_in(client: &mut Client, consumer: &str, size: i32) -> Vec<Handed> {
+    let mut all = Vec::new();
+    loop {
+        let batch = envelope_batch(client, consumer, size).expect("envelope batch");
+        if batch.is_empty() {
+            return all;
+        }
+        envelope_ack(client, consumer, &batch).expect("envelope ack");
+        all.extend(batch);
+    }
+}
+
+/// Asserts that `handed` holds every key of `expected` exactly once.
+fn assert_once(handed: &[Handed], expected: &BTreeSet<(i32, i64)>, what: &str) {
+    let mut seen = BTreeMap::new();
+    for h in handed {
+        *seen.entry((h.node, h.seq)).or_insert(0) += 1;
+    }
+    let twice: Vec<_> = seen.iter().filter(|(_, &n)| n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "{what}: handed out more than once: {twice:?}"
+    );
+    let got: BTreeSet<(i32, i64)> = seen.keys().copied().collect();
+    let missing: Vec<_> = expected.difference(&got).collect();
+    let extra: Vec<_> = got.difference(expected).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "{what}: missing {missing:?}, not expected {extra:?}"
+    );
+}
+
+/// A late batch is one entry of the late feed, however many rows it has; a
+/// consumer reading it in batches smaller than the entry stops inside it and
+/// goes on from there: every row once, in sequence order.
+#[test]
+fn a_late_batch_is_one_entry_and_small_batches_stop_inside_it() {
+    let db = TestDb::new("late_range");
+    let mut c = db.connect();
+    register(&mut c, "small");
+    insert(&mut c, 7, 1_000);
+    let seqs: Vec<i64> = (1..=300).collect();
+    assert_eq!(insert_batch(&mut c, 7, &seqs), 300);
+    assert_eq!(
+        db.int8("SELECT count(*) FROM envelopes.late_envelopes"),
+        1,
+        "300 late rows of one statement: one entry"
+    );
+    assert_eq!(
+        db.int8(
+            "SELECT count(*) FROM envelopes.late_envelopes
+              WHERE originator_sequence_id = 1 AND last_sequence_id = 300"
+        ),
+        1
+    );
+    let handed = drain_in(&mut c, "small", 7);
+    let expected: BTreeSet<(i32, i64)> = (1..=300).chain([1_000]).map(|s| (7, s)).collect();
+    assert_once(&handed, &expected, "batches of 7");
+    let late: Vec<i64> = handed
+        .iter()
+        .filter(|h| h.late_id.is_some())
+        .map(|h| h.seq)
+        .collect();
+    assert_eq!(late, (1..=300).collect::<Vec<_>>(), "in sequence order");
+    let pending: i64 = c
+        .query_one(
+            "SELECT envelopes_pending FROM envelopes.consumer_status WHERE consumer = 'small'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(pending, 0);
+    // A consumer registered afterwards from the start counts and reads them too.
+    register(&mut c, "later");
+    let pending: i64 = c
+        .query_one(
+            "SELECT envelopes_pending FROM envelopes.consumer_status WHERE consumer = 'later'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(pending, 301, "the late rows counted as rows, not entries");
+    assert_once(&drain_in(&mut c, "later", 1000), &expected, "one batch");
+}
+
+/// Statements of one transaction, some inside savepoints that are released and
+/// one inside a savepoint rolled back, write overlapping ranges of late rows:
+/// every row that committed is handed out once, none of the rolled-back ones.
+#[test]
+fn savepoints_leave_no_row_in_two_entries() {
+    let db = TestDb::new("late_savepoints");
+    let mut c = db.connect();
+    register(&mut c, "c");
+    insert(&mut c, 8, 1_000);
+    let mut tx = c.transaction().unwrap();
+    insert_batch(&mut tx, 8, &(10..=20).collect::<Vec<_>>());
+    tx.batch_execute("SAVEPOINT a").unwrap();
+    insert_batch(&mut tx, 8, &(15..=30).collect::<Vec<_>>());
+    tx.batch_execute("RELEASE SAVEPOINT a").unwrap();
+    insert_batch(&mut tx, 8, &(5..=25).step_by(2).collect::<Vec<_>>());
+    tx.batch_execute("SAVEPOINT b").unwrap();
+    insert_batch(&mut tx, 8, &(40..=50).collect::<Vec<_>>());
+    insert(&mut tx, 8, 60);
+    tx.batch_execute("ROLLBACK TO SAVEPOINT b").unwrap();
+    insert_batch(&mut tx, 8, &[45, 47, 4]);
+    insert(&mut tx, 8, 46);
+    tx.commit().unwrap();
+    let expected: BTreeSet<(i32, i64)> = (10..=30)
+        .chain((5..=25).step_by(2))
+        .chain([45, 46, 47, 4, 1_000])
+        .map(|s| (8, s))
+        .collect();
+    let handed = drain_in(&mut c, "c", 4);
+    assert_once(&handed, &expected, "savepoints");
+}
+
+/// Two transactions write late rows of one originator whose ranges interleave:
+/// each entry hands out its own transaction's rows only.
+#[test]
+fn overlapping_entries_of_two_transactions_hand_out_their_own_rows() {
+    let db = TestDb::new("late_overlap");
+    let mut c = db.connect();
+    register(&mut c, "c");
+    insert(&mut c, 9, 1_000);
+    let mut a = db.connect();
+    let mut b = db.connect();
+    let mut ta = a.transaction().unwrap();
+    let mut tb = b.transaction().unwrap();
+    insert_batch(&mut ta, 9, &[10, 12, 14, 16]);
+    insert_batch(&mut tb, 9, &[11, 13, 15, 17]);
+    insert_batch(&mut ta, 9, &[20, 22]);
+    tb.commit().unwrap();
+    ta.commit().unwrap();
+    assert_eq!(db.int8("SELECT count(*) FROM envelopes.late_envelopes"), 3);
+    let expected: BTreeSet<(i32, i64)> = [10, 11, 12, 13, 14, 15, 16, 17, 20, 22, 1_000]
+        .into_iter()
+        .map(|s| (9, s))
+        .collect();
+    for size in [1, 3, 1000] {
+        let name = format!("c{size}");
+        register(&mut c, &name);
+        assert_once(&drain_in(&mut c, &name, size), &expected, &name);
+    }
+}
+
+/// Writers inserting one originator's rows in random order, singly and in small
+/// batches, some rolled back, while a consumer reads and acknowledges
+/// concurrently: every committed row is handed out once.
+#[test]
+fn random_order_writers_and_a_concurrent_reader_hand_out_every_row_once() {
+    let db = TestDb::new("late_random");
+    let mut c = db.connect();
+    register(&mut c, "c");
+    c.execute("SELECT envelopes.ensure_gateway_parts(11, 1)", &[])
+        .unwrap();
+    let committed = Arc::new(Mutex::new(BTreeSet::new()));
+    let done = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..4u64)
+        .map(|w| {
+            let url = db.url();
+            let committed = committed.clone();
+            thread::spawn(move || {
+                let mut client = Client::connect(&url, postgres::NoTls).unwrap();
+                // A fixed shuffle of this writer's ids (w, w + 4, w + 8, ...).
+                let mut ids: Vec<i64> = (0..600).map(|i| (i * 4 + w as i64) + 1).collect();
+                let mut state = 0x9E37_79B9_7F4A_7C15u64 ^ w;
+                for i in (1..ids.len()).rev() {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    ids.swap(i, (state % (i as u64 + 1)) as usize);
+                }
+                let mut at = 0;
+                let mut round = 0;
+                while at < ids.len() {
+                    round += 1;
+                    let take = (round % 5 + 1).min(ids.len() - at);
+                    let chunk: Vec<i64> = ids[at..at + take].to_vec();
+                    at += take;
+                    let mut tx = client.transaction().unwrap();
+                    if take == 1 {
+                        insert(&mut tx, 11, chunk[0]);
+                    } else {
+                        insert_batch(&mut tx, 11, &chunk);
+                    }
+                    if round % 7 == 0 {
+                        tx.rollback().unwrap();
+                    } else {
+                        tx.commit().unwrap();
+                        committed
+                            .lock()
+                            .unwrap()
+                            .extend(chunk.iter().map(|&s| (11, s)));
+                    }
+                }
+            })
+        })
+        .collect();
+    let reader = {
+        let url = db.url();
+        let done = done.clone();
+        thread::spawn(move || {
+            let mut client = Client::connect(&url, postgres::NoTls).unwrap();
+            let mut all = Vec::new();
+            while !done.load(Ordering::SeqCst) {
+                let batch = envelope_batch(&mut client, "c", 17).unwrap();
+                envelope_ack(&mut client, "c", &batch).unwrap();
+                all.extend(batch);
+            }
+            all.extend(drain_in(&mut client, "c", 17));
+            all
+        })
+    };
+    for w in writers {
+        w.join().unwrap();
+    }
+    done.store(true, Ordering::SeqCst);
+    let handed = reader.join().unwrap();
+    let expected = committed.lock().unwrap().clone();
+    assert!(
+        handed.iter().any(|h| h.late_id.is_some()),
+        "some rows were late"
+    );
+    assert_once(&handed, &expected, "random order");
+}
+
+/// The late feed's ids stop at 2^47 - 1 (a position is an id times 65,536 plus a
+/// row index): the last id works and is handed out; the next late insert fails
+/// whole with 2200H, writing nothing.
+#[test]
+fn the_last_late_entry_id_works_and_the_next_fails_whole() {
+    let db = TestDb::new("late_last_id");
+    let mut c = db.connect();
+    register(&mut c, "c");
+    insert(&mut c, 12, 1_000);
+    c.batch_execute("SELECT pg_catalog.setval('envelopes.late_envelopes_id_seq', 140737488355326)")
+        .unwrap();
+    insert_batch(&mut c, 12, &[5, 6]);
+    assert_eq!(
+        db.int8("SELECT max(id) FROM envelopes.late_envelopes"),
+        140_737_488_355_327
+    );
+    let handed = drain_in(&mut c, "c", 1);
+    let expected: BTreeSet<(i32, i64)> = [5, 6, 1_000].into_iter().map(|s| (12, s)).collect();
+    assert_once(&handed, &expected, "last id");
+    assert_eq!(
+        handed.iter().filter_map(|h| h.late_id).max(),
+        Some(i64::MAX),
+        "the whole of the last entry is the highest position"
+    );
+    let err = c
+        .query_one(
+            "SELECT envelopes.insert_gateway_envelope(12, 7, '\\x01', '\\x02')",
+            &[],
+        )
+        .unwrap_err();
+    assert_eq!(sqlstate(&err), "2200H");
+    assert_eq!(
+        db.int8("SELECT count(*) FROM envelopes.gateway_envelopes_meta WHERE originator_sequence_id = 7"),
+        0
+    );
+}
+
+/// Late rows written through the SQL path (a trigger on meta keeps the direct
+/// path away) and through the direct path in the same transaction, with ranges
+/// that overlap, some keys already stored: every row once.
+#[test]
+fn late_rows_of_both_write_paths_in_one_transaction_are_handed_out_once() {
+    let db = TestDb::new("late_paths");
+    let mut c = db.connect();
+    register(&mut c, "c");
+    insert(&mut c, 13, 1_000);
+    insert(&mut c, 13, 30); // stored and handed out before; late now
+    c.batch_execute(
+        "CREATE FUNCTION public.same() RETURNS trigger LANGUAGE plpgsql AS
+             $$ BEGIN RETURN NEW; END $$",
+    )
+    .unwrap();
+    let mut tx = c.transaction().unwrap();
+    tx.batch_execute(
+        "CREATE TRIGGER same BEFORE INSERT ON envelopes.gateway_envelopes_meta
+             FOR EACH ROW EXECUTE FUNCTION public.same()",
+    )
+    .unwrap();
+    insert_batch(&mut tx, 13, &[10, 20, 30, 40]); // SQL path, 30 is not new
+    insert(&mut tx, 13, 25); // SQL path, inside the range above
+    insert(&mut tx, 13, 5);
+    tx.batch_execute("DROP TRIGGER same ON envelopes.gateway_envelopes_meta")
+        .unwrap();
+    insert_batch(&mut tx, 13, &[1, 15, 35, 45]); // direct path, overlapping
+    insert(&mut tx, 13, 12); // direct path, inside
+    tx.commit().unwrap();
+    let expected: BTreeSet<(i32, i64)> = [1, 5, 10, 12, 15, 20, 25, 30, 35, 40, 45, 1_000]
+        .into_iter()
+        .map(|s| (13, s))
+        .collect();
+    assert_once(&drain_in(&mut c, "c", 3), &expected, "both paths");
+}

@@ -1,9 +1,11 @@
 //! Envelope batches, pending counts and acknowledgements of a consumer.
 
+use super::late;
 use super::owner::{self, Owner, OWNER_COLUMNS};
 use super::state::{with_consumer, Access};
-use super::{drawn_rows, Budget, ConsumerError};
+use super::{Budget, ConsumerError};
 use crate::store::feed::clock;
+use crate::store::feed::late::position;
 use crate::store::feed::markers::Drawn;
 use crate::store::feed::{Gate, Sample};
 use crate::store::partition;
@@ -38,36 +40,14 @@ pub fn envelope_batch(consumer: &str, mut budget: Budget) -> Result<Vec<BatchRow
         // Late arrivals first, in the order they were recorded.
         let ceiling = gate.drawn_ceiling(Drawn::Late);
         let mut delivered_late = known.late_id;
-        let complete = drawn_rows(
-            c"late_envelopes",
-            known.late_id,
-            ceiling,
-            gate.rows(),
-            |scan| {
-                let cols = (
-                    scan.attno("id"),
-                    scan.attno("originator_node_id"),
-                    scan.attno("originator_sequence_id"),
-                );
-                let (Some(id), Some(node), Some(seq)) = (
-                    cols.0.and_then(|c| scan.get::<i64>(c)),
-                    cols.1.and_then(|c| scan.get::<i32>(c)),
-                    cols.2.and_then(|c| scan.get::<i64>(c)),
-                ) else {
-                    return Err(ConsumerError::Feed("late_envelopes"));
-                };
-                // The envelope committed with its entry; it is gone only if pruned.
-                let Some(row) = read::envelope(node, seq, gate.rows())? else {
-                    return Ok(true);
-                };
-                if !budget.take(row.bytes()) {
-                    return Ok(false);
-                }
-                delivered_late = id;
-                out.push((row, Some(id)));
-                Ok(true)
-            },
-        )?;
+        let complete = late::late_rows(known.late_id, ceiling, gate.rows(), Blobs::All, |late| {
+            if !budget.take(late.row.bytes()) {
+                return false;
+            }
+            delivered_late = late.position;
+            out.push((late.row, Some(late.position)));
+            true
+        })?;
         known.late_clean =
             (complete && ceiling == last_late).then_some((last_late, delivered_late));
 
@@ -277,19 +257,11 @@ pub fn envelopes_pending(
             }
         };
         let ceiling = gate.drawn_ceiling(Drawn::Late);
-        drawn_rows(
-            c"late_envelopes",
-            known.late_id,
-            ceiling,
-            gate.rows(),
-            |scan| {
-                pending += 1;
-                if let Some(at) = scan.attno("recorded_at").and_then(|c| scan.get(c)) {
-                    older(at);
-                }
-                Ok(true)
-            },
-        )?;
+        late::late_rows(known.late_id, ceiling, gate.rows(), Blobs::None, |late| {
+            pending += 1;
+            older(late.recorded_at.unwrap_or(late.row.gateway_time));
+            true
+        })?;
         for &node in &nodes {
             if let Some(clocks) = &gate.sample.clocks {
                 if known.node_is_clean(node, clocks) {
@@ -373,7 +345,7 @@ pub fn envelope_ack(
     owner::check_owner(consumer, owner, extension_owner)?;
     crate::store::lease::check(crate::store::lease::Kind::Egress, consumer, "")?;
     if let Some(id) = late_id {
-        if id > Drawn::Late.last_drawn()? {
+        if position::entry(id) > Drawn::Late.last_drawn()? {
             return Err(ConsumerError::NeverDrawn(id));
         }
     }
@@ -418,15 +390,17 @@ pub fn envelope_ack(
         })?;
     }
     if let Some(id) = late_moved {
-        drawn_rows(
-            c"late_envelopes",
+        late::late_rows(
             acked_late,
-            id,
+            position::entry(id),
             snapshot.as_ptr(),
-            |scan| {
-                let at = scan.attno("recorded_at").and_then(|c| scan.get(c));
-                acked.add(at);
-                Ok(true)
+            Blobs::None,
+            |late| {
+                if late.position > id {
+                    return false;
+                }
+                acked.add(late.recorded_at);
+                true
             },
         )?;
     }

@@ -20,6 +20,7 @@
 //! acknowledgements; [`outbox`]: outbox batches; [`register`]: new consumers.
 
 pub mod envelopes;
+mod late;
 pub mod outbox;
 pub mod owner;
 pub mod register;

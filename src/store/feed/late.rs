@@ -67,3 +67,141 @@ pub fn committed_above(node: i32, lo: i64, hi: i64) -> Result<Lateness, Partitio
         fresh: false,
     })
 }
+
+/// Rows one late-feed entry covers at most: a consumer's late-feed position names
+/// an entry and the index of the last row handed out from it in 16 bits
+/// (see [`position`]), the highest index meaning "the whole entry".
+pub const MAX_ROWS_PER_ENTRY: usize = position::WHOLE as usize - 1;
+
+/// One entry of the late-envelope feed to record: the late rows of `node` that
+/// the current transaction inserted with sequence ids in `first..=last`. Readers
+/// find them by the `late` flag and the transaction's `inserted_xid`, so an
+/// entry may span rows of other transactions, never rows of its own that
+/// another of its entries covers (see [`entries`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    pub node: i32,
+    pub first: i64,
+    pub last: i64,
+}
+
+/// Late-feed positions, as consumers store and acknowledge them: an entry id
+/// shifted left by 16 bits, and in the low bits the index (1-based) of the last
+/// row of that entry handed out, or [`position::WHOLE`] once all of them were.
+/// Entries recorded before 0.4.0 (one row each) are whole once their row is.
+pub mod position {
+    /// The low bits of a position that covers its whole entry.
+    pub const WHOLE: i64 = 0xFFFF;
+    /// Bits of a position below the entry id.
+    const SHIFT: u32 = 16;
+
+    /// The position of row `index` of entry `entry`.
+    pub fn of(entry: i64, index: i64) -> i64 {
+        (entry << SHIFT) | index
+    }
+    /// The position after every row of entry `entry`.
+    pub fn whole(entry: i64) -> i64 {
+        of(entry, WHOLE)
+    }
+    /// The entry a position is in.
+    pub fn entry(position: i64) -> i64 {
+        position >> SHIFT
+    }
+    /// How many rows of [`entry`]'s entry a position covers.
+    pub fn index(position: i64) -> i64 {
+        position & WHOLE
+    }
+}
+
+/// What the current transaction's entries cover, per originator, with the
+/// subtransaction each was recorded in (a rolled-back subtransaction takes its
+/// entries with it).
+struct Covered {
+    /// Local transaction id the ranges belong to.
+    lxid: u32,
+    /// (node, first, last, subtransaction id).
+    ranges: Vec<(i32, i64, i64, pg_sys::SubTransactionId)>,
+}
+
+thread_local! {
+    static COVERED: std::cell::RefCell<Covered> = const {
+        std::cell::RefCell::new(Covered { lxid: 0, ranges: Vec::new() })
+    };
+    static SUBXACT_CALLBACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Forgets the ranges of a subtransaction that rolled back, and of every one
+/// it contained (their ids are higher: they started inside it).
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn subxact_ended(
+    event: pg_sys::SubXactEvent::Type,
+    my_subid: pg_sys::SubTransactionId,
+    _parent: pg_sys::SubTransactionId,
+    _arg: *mut std::ffi::c_void,
+) {
+    if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
+        COVERED.with(|c| {
+            c.borrow_mut()
+                .ranges
+                .retain(|&(_, _, _, subid)| subid < my_subid)
+        });
+    }
+}
+
+/// The entries to record for the late rows `seqs` of `node` (ascending, each
+/// once) that the current transaction writes now: runs of them, at most
+/// [`MAX_ROWS_PER_ENTRY`] rows each, none reaching over a range an earlier entry
+/// of the transaction covers. A row inside such a range is left to that entry,
+/// which hands out every late row of the transaction in its range. The ranges
+/// returned are noted as covered: the caller records them in the same
+/// subtransaction.
+pub fn entries(node: i32, seqs: &[i64]) -> Vec<Entry> {
+    if !SUBXACT_CALLBACK.with(|c| c.replace(true)) {
+        // SAFETY: registers a callback with a static lifetime, once per backend.
+        unsafe { pg_sys::RegisterSubXactCallback(Some(subxact_ended), std::ptr::null_mut()) };
+    }
+    // SAFETY: MyProc is this backend's PGPROC, valid for the backend's life;
+    // GetCurrentSubTransactionId only reads the transaction state.
+    let (lxid, subid) = unsafe { ((*pg_sys::MyProc).lxid, pg_sys::GetCurrentSubTransactionId()) };
+    COVERED.with(|covered| {
+        let mut covered = covered.borrow_mut();
+        if covered.lxid != lxid {
+            covered.lxid = lxid;
+            covered.ranges.clear();
+        }
+        let mine: Vec<(i64, i64)> = covered
+            .ranges
+            .iter()
+            .filter(|r| r.0 == node)
+            .map(|r| (r.1, r.2))
+            .collect();
+        let mut out: Vec<Entry> = Vec::new();
+        let mut rows = 0usize;
+        for &seq in seqs {
+            if mine.iter().any(|&(a, b)| a <= seq && seq <= b) {
+                continue;
+            }
+            match out.last_mut() {
+                Some(run)
+                    if rows < MAX_ROWS_PER_ENTRY
+                        && !mine.iter().any(|&(a, b)| a < seq && b > run.last) =>
+                {
+                    run.last = seq;
+                    rows += 1;
+                }
+                _ => {
+                    out.push(Entry {
+                        node,
+                        first: seq,
+                        last: seq,
+                    });
+                    rows = 1;
+                }
+            }
+        }
+        covered
+            .ranges
+            .extend(out.iter().map(|e| (node, e.first, e.last, subid)));
+        out
+    })
+}

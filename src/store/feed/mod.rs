@@ -7,9 +7,11 @@
 //!   it inserts per originator, before the row exists ([`markers`]), bumps that
 //!   originator's **change clock** ([`clock`]), then checks whether its row
 //!   **arrives late**: whether another transaction has already committed a higher
-//!   sequence id of the same originator ([`late`]). A late row is also recorded in
-//!   the **late-envelope feed** (`envelopes.late_envelopes`), in the same
-//!   transaction, and flagged `late` in meta.
+//!   sequence id of the same originator ([`late`]). A late row is flagged `late`
+//!   in meta and covered by an entry of the **late-envelope feed**
+//!   (`envelopes.late_envelopes`), written in the same statement: one per
+//!   originator and statement, a range of sequence ids and the transaction,
+//!   which picks its own late rows out of the range ([`late::entries`]).
 //! * A writer of a drawn feed (the outbox, the late-envelope feed) takes a
 //!   **drawn-feed marker** naming the feed sequence's last value before it draws
 //!   its first id.

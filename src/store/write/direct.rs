@@ -34,6 +34,7 @@ use super::leaf::{
 };
 use crate::pg::scan::Path;
 use crate::pg::slot::{bytea_datum, clear_slot, index_entries, per_tuple_memory};
+use crate::store::feed::late;
 use crate::store::partition::band::Table;
 use crate::store::partition::cache::Route;
 use pgrx::datum::TimestampWithTimeZone;
@@ -270,9 +271,10 @@ impl Writer {
         Ok(opened)
     }
 
-    /// Records a new late row in `late_envelopes` (after [`Writer::open_late`]):
-    /// its id drawn from the table's sequence, `recorded_at` = now().
-    pub fn insert_late(&mut self, node: i32, seq: i64) -> Result<(), DirectError> {
+    /// Records an entry of the late-envelope feed in `late_envelopes` (after
+    /// [`Writer::open_late`]): its id drawn from the table's sequence,
+    /// `recorded_at` = now(), the current transaction as `inserted_xid`.
+    pub fn insert_late(&mut self, entry: late::Entry) -> Result<(), DirectError> {
         let (index, sequence) = self.late.expect("open_late before insert_late");
         let estate = self.estate;
         // SAFETY: as in insert_blob; nextval_oid draws from the identity sequence
@@ -293,11 +295,13 @@ impl Writer {
             let old = pg_sys::MemoryContextSwitchTo(cxt);
             let mut values = [
                 pg_sys::Datum::from(id),
-                pg_sys::Datum::from(node),
-                pg_sys::Datum::from(seq),
+                pg_sys::Datum::from(entry.node),
+                pg_sys::Datum::from(entry.first),
                 self.now,
+                pg_sys::Datum::from(entry.last),
+                self.inserted_xid,
             ];
-            let mut nulls = [false; 4];
+            let mut nulls = [false; 6];
             let tuple =
                 pg_sys::heap_form_tuple((*rel).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
             pg_sys::MemoryContextSwitchTo(old);

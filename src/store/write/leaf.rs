@@ -28,11 +28,13 @@ const BLOB_COLUMNS: [(&str, pg_sys::Oid, bool); 3] = [
     ("originator_sequence_id", pg_sys::INT8OID, false),
     ("originator_envelope", pg_sys::BYTEAOID, false),
 ];
-pub const LATE_COLUMNS: [(&str, pg_sys::Oid, bool); 4] = [
+pub const LATE_COLUMNS: [(&str, pg_sys::Oid, bool); 6] = [
     ("id", pg_sys::INT8OID, false),
     ("originator_node_id", pg_sys::INT4OID, false),
     ("originator_sequence_id", pg_sys::INT8OID, false),
     ("recorded_at", pg_sys::TIMESTAMPTZOID, false),
+    ("last_sequence_id", pg_sys::INT8OID, false),
+    ("inserted_xid", pg_sys::XID8OID, false),
 ];
 
 /// What a table of the store must look like (see [`META_COLUMNS`]).

@@ -159,8 +159,10 @@ INSERT INTO envelopes.gateway_envelopes_blob
 SELECT m.originator_node_id, m.originator_sequence_id, $4 FROM m
 ON CONFLICT DO NOTHING";
 
-/// [`INSERT_ONE`] for a row that arrives late: flagged in meta and recorded in the
-/// late-envelope feed, both only if the row is new.
+/// [`INSERT_ONE`] for a row that arrives late: flagged in meta if new, and
+/// recorded in the late-envelope feed when `$8` says so (an entry of the
+/// transaction does not cover it yet, see [`late::entries`]), new or not: the
+/// entry hands out only a row of this transaction.
 const INSERT_ONE_LATE: &str = "
 WITH m AS (
     INSERT INTO envelopes.gateway_envelopes_meta
@@ -169,8 +171,9 @@ WITH m AS (
     ON CONFLICT DO NOTHING
     RETURNING originator_node_id, originator_sequence_id
 ), l AS (
-    INSERT INTO envelopes.late_envelopes (originator_node_id, originator_sequence_id)
-    SELECT m.originator_node_id, m.originator_sequence_id FROM m
+    INSERT INTO envelopes.late_envelopes
+        (originator_node_id, originator_sequence_id, last_sequence_id, inserted_xid)
+    SELECT $1, $2, $2, pg_catalog.pg_current_xact_id() WHERE $8
 )
 INSERT INTO envelopes.gateway_envelopes_blob
     (originator_node_id, originator_sequence_id, originator_envelope)
@@ -201,8 +204,10 @@ SELECT m.originator_node_id, m.originator_sequence_id, input.envelope
   FROM m JOIN input ON input.node = m.originator_node_id AND input.seq = m.originator_sequence_id
 ON CONFLICT DO NOTHING";
 
-/// [`INSERT_MANY`] for a batch with late rows: `$8` flags them, and the new ones
-/// among them are recorded in the late-envelope feed.
+/// [`INSERT_MANY`] for a batch with late rows: `$8` flags them, and the entries
+/// `$9`..`$11` (node, first and last sequence id, see [`late::entries`]) record
+/// them in the late-envelope feed (an entry hands out only rows of this
+/// transaction: one for rows that turn out not to be new hands out nothing).
 const INSERT_MANY_LATE: &str = "
 WITH input AS (
     SELECT DISTINCT ON (u.node, u.seq) u.node, u.seq, u.topic, u.envelope, u.payer, u.at, u.expiry, u.late
@@ -218,8 +223,11 @@ WITH input AS (
     ON CONFLICT DO NOTHING
     RETURNING originator_node_id, originator_sequence_id, late
 ), l AS (
-    INSERT INTO envelopes.late_envelopes (originator_node_id, originator_sequence_id)
-    SELECT m.originator_node_id, m.originator_sequence_id FROM m WHERE m.late
+    INSERT INTO envelopes.late_envelopes
+        (originator_node_id, originator_sequence_id, last_sequence_id, inserted_xid)
+    SELECT e.node, e.first, e.last, pg_catalog.pg_current_xact_id()
+      FROM ROWS FROM (pg_catalog.unnest($9), pg_catalog.unnest($10), pg_catalog.unnest($11))
+           AS e(node, first, last)
 )
 INSERT INTO envelopes.gateway_envelopes_blob
     (originator_node_id, originator_sequence_id, originator_envelope)
@@ -257,7 +265,7 @@ impl Plan {
             PgOid::from(T::type_oid())
         }
         match self {
-            Plan::One | Plan::OneLate => vec![
+            Plan::One => vec![
                 oid::<i32>(),
                 oid::<i64>(),
                 oid::<&[u8]>(),
@@ -266,6 +274,11 @@ impl Plan {
                 oid::<TimestampWithTimeZone>(),
                 oid::<i64>(),
             ],
+            Plan::OneLate => {
+                let mut types = Plan::One.argument_types();
+                types.push(oid::<bool>());
+                types
+            }
             Plan::Many => vec![
                 oid::<Vec<i32>>(),
                 oid::<Vec<i64>>(),
@@ -278,6 +291,9 @@ impl Plan {
             Plan::ManyLate => {
                 let mut types = Plan::Many.argument_types();
                 types.push(oid::<Vec<bool>>());
+                types.push(oid::<Vec<i32>>());
+                types.push(oid::<Vec<i64>>());
+                types.push(oid::<Vec<i64>>());
                 types
             }
         }
@@ -352,13 +368,7 @@ pub fn insert_one(
     if let Some(new) = write_direct(&[routes], late, false, false, row)? {
         return Ok(new);
     }
-    let plan = if late {
-        markers::mark_drawn(Drawn::Late)?;
-        Plan::OneLate
-    } else {
-        Plan::One
-    };
-    let args = [
+    let mut args = vec![
         DatumWithOid::from(node),
         DatumWithOid::from(seq),
         DatumWithOid::from(topic),
@@ -367,7 +377,12 @@ pub fn insert_one(
         DatumWithOid::from(gateway_time),
         DatumWithOid::from(expiry),
     ];
-    execute(plan, &args)
+    if !late {
+        return execute(Plan::One, &args);
+    }
+    markers::mark_drawn(Drawn::Late)?;
+    args.push(DatumWithOid::from(!late::entries(node, &[seq]).is_empty()));
+    execute(Plan::OneLate, &args)
 }
 
 /// Refuses an infinite `gateway_time`: no reader could turn it into a point in
@@ -527,7 +542,26 @@ pub fn insert_batch(batch: Batch<'_>) -> Result<i64, InsertError> {
     match late_flags {
         Some(flags) => {
             markers::mark_drawn(Drawn::Late)?;
+            let late_keys: Vec<(i32, i64)> = distinct
+                .iter()
+                .copied()
+                .filter(|&key| is_late(key))
+                .collect();
+            let mut entries = Vec::new();
+            for run in late_keys.chunk_by(|a, b| a.0 == b.0) {
+                let seqs: Vec<i64> = run.iter().map(|&(_, seq)| seq).collect();
+                entries.extend(late::entries(run[0].0, &seqs));
+            }
             args.push(DatumWithOid::from(flags));
+            args.push(DatumWithOid::from(
+                entries.iter().map(|e| e.node).collect::<Vec<i32>>(),
+            ));
+            args.push(DatumWithOid::from(
+                entries.iter().map(|e| e.first).collect::<Vec<i64>>(),
+            ));
+            args.push(DatumWithOid::from(
+                entries.iter().map(|e| e.last).collect::<Vec<i64>>(),
+            ));
             execute(Plan::ManyLate, &args)
         }
         None => execute(Plan::Many, &args),
@@ -575,11 +609,14 @@ where
     }
     let mut new = 0i64;
     let mut any_meta = false;
+    // The late rows inserted, in key order: recorded as entries below, a run of
+    // them per originator.
+    let mut late_rows: Vec<(i32, i64)> = Vec::new();
     for (routes, Flags { late, fresh }, row) in rows() {
         if writer.insert_meta(routes[0].leaf, &row, late, fresh)? {
             any_meta = true;
             if late {
-                writer.insert_late(row.node, row.seq)?;
+                late_rows.push((row.node, row.seq));
             }
             if writer.insert_blob(
                 routes[1].leaf,
@@ -591,6 +628,12 @@ where
             )? {
                 new += 1;
             }
+        }
+    }
+    for run in late_rows.chunk_by(|a, b| a.0 == b.0) {
+        let seqs: Vec<i64> = run.iter().map(|&(_, seq)| seq).collect();
+        for entry in late::entries(run[0].0, &seqs) {
+            writer.insert_late(entry)?;
         }
     }
     let rings = writer.rings_doorbell();
