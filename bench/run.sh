@@ -1053,8 +1053,9 @@ print(f'{100 * d0 / e:.0f} {100 * d1 / e:.0f} {1e6 * d0 / ($tps * e):.0f} {1e6 *
                 db="idle_$n"
                 cluster_psql bench "$port" postgres -q -c "CREATE DATABASE $db"
                 cluster_psql bench "$port" "$db" -q -c "CREATE EXTENSION pg_envelopes"
-                for first in $(seq 1 500 "$n"); do
-                    last=$((first + 499 < n ? first + 499 : n))
+                for first in $(seq 1 100 "$n"); do
+                    # 100 new originators a call: envelopes.max_new_partitions_per_call
+                    last=$((first + 99 < n ? first + 99 : n))
                     cluster_psql bench "$port" "$db" -q -c "SET envelopes.create_partitions_in = transaction" \
                         -c "SET envelopes.notify = off" -c "SELECT envelopes.insert_gateway_envelopes(
                             array_agg(g::int), array_agg(1::bigint), array_agg('\x01'::bytea), array_agg('\x02'::bytea))
@@ -1132,8 +1133,9 @@ print(f'{100 * d0 / e:.0f} {100 * d1 / e:.0f} {1e6 * d0 / ($tps * e):.0f} {1e6 *
             db="lagcost_$n"
             sql postgres -q -c "CREATE DATABASE $db"
             sql "$db" -q -c "CREATE EXTENSION pg_envelopes"
-            for first in $(seq 1 500 "$n"); do
-                last=$((first + 499 < n ? first + 499 : n))
+            for first in $(seq 1 100 "$n"); do
+                # 100 new originators a call: envelopes.max_new_partitions_per_call
+                last=$((first + 99 < n ? first + 99 : n))
                 sql "$db" -q -c "SET envelopes.create_partitions_in = transaction" -c "SET envelopes.notify = off" \
                     -c "SELECT envelopes.insert_gateway_envelopes(array_agg(g::int), array_agg(1::bigint),
                           array_agg('\x01'::bytea), array_agg('\x02'::bytea)) FROM generate_series($first, $last) g" >/dev/null
