@@ -766,3 +766,77 @@ fn status_works_for_the_consumer_role() {
         "SELECT envelopes.revoke_consumer('{role}'); DROP OWNED BY \"{role}\"; DROP ROLE \"{role}\";"
     ));
 }
+
+/// A parallel backfill of one originator (the late-arrival shape of issue 33):
+/// four writers each insert 100-row batches of an ascending range of their own,
+/// the ranges growing side by side, some batches sent twice, while the bridge
+/// is killed with SIGKILL at random moments. Every row reaches JetStream once,
+/// the late ones through a handful of range entries.
+#[test]
+fn a_parallel_backfill_survives_kill_9() {
+    let db = TestDb::new("backfill_kill");
+    let target = Target::new(Bus::JetStream);
+    let mut setup = db.client();
+    setup
+        .execute("SELECT envelopes.consumer_register('backfill')", &[])
+        .unwrap();
+    setup
+        .execute("SELECT envelopes.ensure_gateway_parts(21, 1)", &[])
+        .unwrap();
+    let writers: Vec<_> = (0..4i64)
+        .map(|w| {
+            let conninfo = db.conninfo();
+            thread::spawn(move || {
+                let mut c = postgres::Client::connect(&conninfo, postgres::NoTls).unwrap();
+                let mut rng = fastrand::Rng::with_seed(300 + w as u64);
+                for k in 0..30i64 {
+                    let first = w * 100_000 + k * 100 + 1;
+                    let seqs: Vec<i64> = (first..first + 100).collect();
+                    let times = if rng.u8(..) < 40 { 2 } else { 1 }; // a replay now and then
+                    for _ in 0..times {
+                        c.execute(
+                            "SELECT envelopes.insert_gateway_envelopes(
+                                 array_fill(21, ARRAY[100]), $1::bigint[],
+                                 array_fill('\\x74'::bytea, ARRAY[100]),
+                                 array_fill('\\x65'::bytea, ARRAY[100]))",
+                            &[&seqs],
+                        )
+                        .unwrap();
+                    }
+                    thread::sleep(Duration::from_millis(rng.u64(5..40)));
+                }
+            })
+        })
+        .collect();
+    let mut rng = fastrand::Rng::with_seed(33);
+    let mut kills = 0;
+    while !writers.iter().all(|w| w.is_finished()) || kills < 6 {
+        let mut bridge = Bridge::egress(&db, "backfill", &target.sink, &target.args(), &[]);
+        thread::sleep(Duration::from_millis(rng.u64(200..900)));
+        bridge.kill9();
+        kills += 1;
+    }
+    for w in writers {
+        w.join().unwrap();
+    }
+    let late_rows = db.int8("SELECT count(*) FROM envelopes.gateway_envelopes_meta WHERE late");
+    let entries = db.int8("SELECT count(*) FROM envelopes.late_envelopes");
+    assert!(late_rows > 1000, "the backfill made late rows ({late_rows})");
+    assert!(
+        entries * 50 <= late_rows,
+        "{entries} entries for {late_rows} late rows: not ranges"
+    );
+    let mut bridge = Bridge::egress(&db, "backfill", &target.sink, &target.args(), &[]);
+    wait_until("the backfill to drain", Duration::from_secs(120), || {
+        lag(&db, "backfill") == 0
+    });
+    thread::sleep(Duration::from_secs(1));
+    bridge.terminate();
+    let committed = committed_ids(&db);
+    assert_eq!(committed.len(), 12_000);
+    let delivered = target.delivered();
+    let set: BTreeSet<String> = delivered.iter().cloned().collect();
+    let lost = missing(&committed, &set);
+    assert!(lost.is_empty(), "{} of 12,000 lost: {lost:?}", lost.len());
+    assert_eq!(delivered.len(), set.len(), "JetStream kept duplicates");
+}
