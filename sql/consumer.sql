@@ -395,7 +395,7 @@ BEGIN
       LEFT JOIN @extschema@.consumer_envelope_cursors k
              ON k.consumer = c.name AND k.originator_node_id = g.originator_node_id;
     RETURN behind
-         + GREATEST(COALESCE(pg_catalog.pg_sequence_last_value('@extschema@.late_envelopes_id_seq'), 0) - (c.late_id >> 16), 0)
+         + GREATEST(COALESCE(pg_catalog.pg_sequence_last_value('@extschema@.late_envelopes_id_seq'), 0) - (c.late_id >> 24), 0)
          + GREATEST(COALESCE(pg_catalog.pg_sequence_last_value('@extschema@.outbox_id_seq'), 0) - c.outbox_id, 0);
 END $$;
 

@@ -39,11 +39,11 @@ COMMENT ON TABLE ingress_positions IS
 -- instead of a row per late envelope (src/store/feed/late.rs): the rows are the
 -- meta rows flagged late with the entry's inserted_xid. Existing entries keep
 -- covering their one row (both columns NULL). A consumer's late-feed position
--- becomes the entry id times 65,536 plus a row index inside the entry (65,535:
--- the whole entry), so ids stop at 2^47 - 1.
+-- becomes the entry id times 2^24 plus how far into the entry's range it has
+-- read (2^24 - 1: the whole entry), so ids stop at 2^39 - 1.
 ALTER TABLE late_envelopes ADD COLUMN last_sequence_id bigint, ADD COLUMN inserted_xid xid8;
-ALTER TABLE late_envelopes ALTER COLUMN id SET MAXVALUE 140737488355327;
-UPDATE consumers SET late_id = late_id * 65536 + 65535 WHERE late_id > 0;
+ALTER TABLE late_envelopes ALTER COLUMN id SET MAXVALUE 549755813887;
+UPDATE consumers SET late_id = late_id * 16777216 + 16777215 WHERE late_id > 0;
 
 -- Refused rows are set aside at the first refusal and tried again by the bridge
 -- on a short schedule, so one refused row no longer holds up the rest of the feed.
@@ -222,7 +222,7 @@ BEGIN
       LEFT JOIN @extschema@.consumer_envelope_cursors k
              ON k.consumer = c.name AND k.originator_node_id = g.originator_node_id;
     RETURN behind
-         + GREATEST(COALESCE(pg_catalog.pg_sequence_last_value('@extschema@.late_envelopes_id_seq'), 0) - (c.late_id >> 16), 0)
+         + GREATEST(COALESCE(pg_catalog.pg_sequence_last_value('@extschema@.late_envelopes_id_seq'), 0) - (c.late_id >> 24), 0)
          + GREATEST(COALESCE(pg_catalog.pg_sequence_last_value('@extschema@.outbox_id_seq'), 0) - c.outbox_id, 0);
 END $$;
 -- Leases: one active bridge per consumer (src/store/lease.rs).

@@ -90,10 +90,10 @@ $$;
 -- before 0.4.0 have neither and cover their one row. The ids come from a CACHE 1
 -- sequence, so they are drawn in increasing order across sessions, which the
 -- feed's in-flight markers rely on (src/store/feed/markers.rs); a consumer's
--- late-feed position is an id times 65,536 plus a row index inside the entry, so
--- ids stop at 2^47 - 1.
+-- late-feed position is an id times 2^24 plus how far into the entry's range it
+-- has read, so ids stop at 2^39 - 1.
 CREATE TABLE late_envelopes (
-    id                     bigint      GENERATED ALWAYS AS IDENTITY (MAXVALUE 140737488355327) PRIMARY KEY,
+    id                     bigint      GENERATED ALWAYS AS IDENTITY (MAXVALUE 549755813887) PRIMARY KEY,
     originator_node_id     integer     NOT NULL,
     originator_sequence_id bigint      NOT NULL,
     recorded_at            timestamptz NOT NULL DEFAULT pg_catalog.now(),

@@ -821,7 +821,10 @@ fn a_parallel_backfill_survives_kill_9() {
     }
     let late_rows = db.int8("SELECT count(*) FROM envelopes.gateway_envelopes_meta WHERE late");
     let entries = db.int8("SELECT count(*) FROM envelopes.late_envelopes");
-    assert!(late_rows > 1000, "the backfill made late rows ({late_rows})");
+    assert!(
+        late_rows > 1000,
+        "the backfill made late rows ({late_rows})"
+    );
     assert!(
         entries * 50 <= late_rows,
         "{entries} entries for {late_rows} late rows: not ranges"

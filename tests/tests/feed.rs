@@ -1133,21 +1133,21 @@ fn random_order_writers_and_a_concurrent_reader_hand_out_every_row_once() {
     assert_once(&handed, &expected, "random order");
 }
 
-/// The late feed's ids stop at 2^47 - 1 (a position is an id times 65,536 plus a
-/// row index): the last id works and is handed out; the next late insert fails
-/// whole with 2200H, writing nothing.
+/// The late feed's ids stop at 2^39 - 1 (a position is an id times 2^24 plus an
+/// offset into the entry's range): the last id works and is handed out; the next
+/// late insert fails whole with 2200H, writing nothing.
 #[test]
 fn the_last_late_entry_id_works_and_the_next_fails_whole() {
     let db = TestDb::new("late_last_id");
     let mut c = db.connect();
     register(&mut c, "c");
     insert(&mut c, 12, 1_000);
-    c.batch_execute("SELECT pg_catalog.setval('envelopes.late_envelopes_id_seq', 140737488355326)")
+    c.batch_execute("SELECT pg_catalog.setval('envelopes.late_envelopes_id_seq', 549755813886)")
         .unwrap();
     insert_batch(&mut c, 12, &[5, 6]);
     assert_eq!(
         db.int8("SELECT max(id) FROM envelopes.late_envelopes"),
-        140_737_488_355_327
+        549_755_813_887
     );
     let handed = drain_in(&mut c, "c", 1);
     let expected: BTreeSet<(i32, i64)> = [5, 6, 1_000].into_iter().map(|s| (12, s)).collect();
@@ -1204,4 +1204,40 @@ fn late_rows_of_both_write_paths_in_one_transaction_are_handed_out_once() {
         .map(|s| (13, s))
         .collect();
     assert_once(&drain_in(&mut c, "c", 3), &expected, "both paths");
+}
+
+/// Rows of a late-feed entry pruned after a consumer read part of it do not
+/// shift where it reads on: a position is an offset into the entry's range, not
+/// a count of rows.
+#[test]
+fn pruning_inside_a_partly_read_entry_skips_nothing() {
+    let db = TestDb::new("late_prune");
+    let mut c = db.connect();
+    register(&mut c, "c");
+    insert(&mut c, 14, 1_000);
+    c.batch_execute(
+        "SELECT envelopes.insert_gateway_envelopes(
+             array_fill(14, ARRAY[20]), ARRAY(SELECT g::bigint FROM generate_series(1, 20) g),
+             array_fill('\\x01'::bytea, ARRAY[20]), array_fill('\\x02'::bytea, ARRAY[20]),
+             expiries => ARRAY(SELECT CASE WHEN g BETWEEN 2 AND 4 THEN 1 END::bigint
+                                 FROM generate_series(1, 20) g))",
+    )
+    .unwrap();
+    let first = envelope_batch(&mut c, "c", 5).unwrap();
+    assert_eq!(
+        first.iter().map(|h| h.seq).collect::<Vec<_>>(),
+        vec![1, 2, 3, 4, 5]
+    );
+    envelope_ack(&mut c, "c", &first).unwrap();
+    c.batch_execute("SELECT * FROM envelopes.prune_expired()")
+        .unwrap();
+    assert_eq!(
+        db.int8(
+            "SELECT count(*) FROM envelopes.gateway_envelopes_meta WHERE originator_node_id = 14"
+        ),
+        18
+    );
+    let rest = drain_in(&mut c, "c", 4);
+    let expected: BTreeSet<(i32, i64)> = (6..=20).chain([1_000]).map(|s| (14, s)).collect();
+    assert_once(&rest, &expected, "after pruning");
 }

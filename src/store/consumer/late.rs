@@ -25,8 +25,10 @@ pub struct LateRow {
 ///
 /// An entry hands out the rows of its originator in its range that are flagged
 /// late and were inserted by its transaction (entries from before 0.4.0: their
-/// one row). The last row of an entry gets the position of the whole entry, so
-/// that a consumer that acknowledged it starts at the next entry.
+/// one row), in sequence order, each with the position of its offset in the
+/// range; the last one gets the position of the whole entry, so that a consumer
+/// that acknowledged it starts at the next entry. A position inside an entry
+/// reads on after its offset.
 pub fn late_rows(
     after: i64,
     upto: i64,
@@ -34,9 +36,9 @@ pub fn late_rows(
     blobs: Blobs,
     mut each: impl FnMut(LateRow) -> bool,
 ) -> Result<bool, ConsumerError> {
-    let (partial, skip) = match position::index(after) {
+    let (partial, skip) = match position::offset(after) {
         position::WHOLE => (None, 0),
-        index => (Some(position::entry(after)), index),
+        offset => (Some(position::entry(after)), offset),
     };
     // A partly handed-out entry is read again from its start.
     let from = partial.map_or(position::entry(after), |entry| entry - 1);
@@ -82,17 +84,13 @@ pub fn late_rows(
         // Each row is handed out once the next one is found (or the range ends),
         // when it is known whether it is the entry's last.
         let mut held: Option<(i64, EnvelopeRow)> = None;
-        let mut index = 0i64;
         let mut go_on = true;
-        read::originator_rows(node, first - 1, last, snapshot, blobs, |row| {
+        read::originator_rows(node, first - 1 + skip, last, snapshot, blobs, |row| {
             if !row.late || row.inserted_xid != xid {
                 return Flow::Continue;
             }
-            index += 1;
-            if index <= skip {
-                return Flow::Continue;
-            }
-            if let Some((at, prior)) = held.replace((index, row)) {
+            let offset = row.seq - first + 1;
+            if let Some((at, prior)) = held.replace((offset, row)) {
                 go_on = each(LateRow {
                     position: position::of(id, at),
                     recorded_at,

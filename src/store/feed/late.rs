@@ -68,10 +68,11 @@ pub fn committed_above(node: i32, lo: i64, hi: i64) -> Result<Lateness, Partitio
     })
 }
 
-/// Rows one late-feed entry covers at most: a consumer's late-feed position names
-/// an entry and the index of the last row handed out from it in 16 bits
-/// (see [`position`]), the highest index meaning "the whole entry".
-pub const MAX_ROWS_PER_ENTRY: usize = position::WHOLE as usize - 1;
+/// How far the sequence ids of one late-feed entry may spread (last - first + 1):
+/// a consumer's late-feed position names an entry and, in 24 bits, how far into
+/// its range it has handed rows out (see [`position`]), the highest value
+/// meaning "the whole entry".
+pub const MAX_SPAN: i64 = position::WHOLE - 1;
 
 /// One entry of the late-envelope feed to record: the late rows of `node` that
 /// the current transaction inserted with sequence ids in `first..=last`. Readers
@@ -86,18 +87,22 @@ pub struct Entry {
 }
 
 /// Late-feed positions, as consumers store and acknowledge them: an entry id
-/// shifted left by 16 bits, and in the low bits the index (1-based) of the last
-/// row of that entry handed out, or [`position::WHOLE`] once all of them were.
-/// Entries recorded before 0.4.0 (one row each) are whole once their row is.
+/// shifted left by 24 bits, and in the low bits how far into the entry's range
+/// rows were handed out (`seq - first + 1` of the last one), or
+/// [`position::WHOLE`] once all of them were. An offset, not a count of rows, so
+/// that rows pruned from the range do not shift it. Entries recorded before
+/// 0.4.0 (one row each) are whole once their row is.
 pub mod position {
     /// The low bits of a position that covers its whole entry.
-    pub const WHOLE: i64 = 0xFFFF;
+    pub const WHOLE: i64 = 0xFF_FFFF;
     /// Bits of a position below the entry id.
-    const SHIFT: u32 = 16;
+    const SHIFT: u32 = 24;
+    // The highest entry id a position can hold is i64::MAX >> SHIFT, 2^39 - 1:
+    // the MAXVALUE of late_envelopes' id (sql/storage.sql).
 
-    /// The position of row `index` of entry `entry`.
-    pub fn of(entry: i64, index: i64) -> i64 {
-        (entry << SHIFT) | index
+    /// The position `offset` into entry `entry`.
+    pub fn of(entry: i64, offset: i64) -> i64 {
+        (entry << SHIFT) | offset
     }
     /// The position after every row of entry `entry`.
     pub fn whole(entry: i64) -> i64 {
@@ -107,8 +112,8 @@ pub mod position {
     pub fn entry(position: i64) -> i64 {
         position >> SHIFT
     }
-    /// How many rows of [`entry`]'s entry a position covers.
-    pub fn index(position: i64) -> i64 {
+    /// How far into its entry's range a position reaches.
+    pub fn offset(position: i64) -> i64 {
         position & WHOLE
     }
 }
@@ -149,12 +154,11 @@ unsafe extern "C-unwind" fn subxact_ended(
 }
 
 /// The entries to record for the late rows `seqs` of `node` (ascending, each
-/// once) that the current transaction writes now: runs of them, at most
-/// [`MAX_ROWS_PER_ENTRY`] rows each, none reaching over a range an earlier entry
-/// of the transaction covers. A row inside such a range is left to that entry,
-/// which hands out every late row of the transaction in its range. The ranges
-/// returned are noted as covered: the caller records them in the same
-/// subtransaction.
+/// once) that the current transaction writes now: runs of them spreading over at
+/// most [`MAX_SPAN`] ids each, none reaching over a range an earlier entry of the
+/// transaction covers. A row inside such a range is left to that entry, which
+/// hands out every late row of the transaction in its range. The ranges returned
+/// are noted as covered: the caller records them in the same subtransaction.
 pub fn entries(node: i32, seqs: &[i64]) -> Vec<Entry> {
     if !SUBXACT_CALLBACK.with(|c| c.replace(true)) {
         // SAFETY: registers a callback with a static lifetime, once per backend.
@@ -176,27 +180,22 @@ pub fn entries(node: i32, seqs: &[i64]) -> Vec<Entry> {
             .map(|r| (r.1, r.2))
             .collect();
         let mut out: Vec<Entry> = Vec::new();
-        let mut rows = 0usize;
         for &seq in seqs {
             if mine.iter().any(|&(a, b)| a <= seq && seq <= b) {
                 continue;
             }
             match out.last_mut() {
                 Some(run)
-                    if rows < MAX_ROWS_PER_ENTRY
+                    if seq - run.first < MAX_SPAN
                         && !mine.iter().any(|&(a, b)| a < seq && b > run.last) =>
                 {
                     run.last = seq;
-                    rows += 1;
                 }
-                _ => {
-                    out.push(Entry {
-                        node,
-                        first: seq,
-                        last: seq,
-                    });
-                    rows = 1;
-                }
+                _ => out.push(Entry {
+                    node,
+                    first: seq,
+                    last: seq,
+                }),
             }
         }
         covered
