@@ -191,9 +191,14 @@ pub fn envelope_ack(
 /// Reads and acknowledges batches until one comes back empty; returns everything
 /// handed out, in order.
 pub fn drain_envelopes(client: &mut Client, consumer: &str) -> Vec<Handed> {
+    drain_envelopes_in(client, consumer, 1000)
+}
+
+/// [`drain_envelopes`] in batches of `size` rows.
+pub fn drain_envelopes_in(client: &mut Client, consumer: &str, size: i32) -> Vec<Handed> {
     let mut all = Vec::new();
     loop {
-        let batch = envelope_batch(client, consumer, 1000).expect("envelope batch");
+        let batch = envelope_batch(client, consumer, size).expect("envelope batch");
         if batch.is_empty() {
             return all;
         }

@@ -3,8 +3,8 @@
 //! caller's isolation level, or what else runs.
 
 use pg_envelopes_tests::{
-    drain_envelopes, envelope_ack, envelope_batch, insert, outbox_batch_ids, sqlstate, Handed,
-    TestDb,
+    drain_envelopes, drain_envelopes_in, envelope_ack, envelope_batch, insert, outbox_batch_ids,
+    sqlstate, Handed, TestDb,
 };
 use postgres::{Client, IsolationLevel};
 use std::collections::{BTreeMap, BTreeSet};
@@ -905,20 +905,6 @@ fn insert_batch(client: &mut impl postgres::GenericClient, node: i32, seqs: &[i6
         .get(0)
 }
 
-/// Reads batches of `size` rows and acknowledges each until one comes back
-/// empty.
-fn drain_in(client: &mut Client, consumer: &str, size: i32) -> Vec<Handed> {
-    let mut all = Vec::new();
-    loop {
-        let batch = envelope_batch(client, consumer, size).expect("envelope batch");
-        if batch.is_empty() {
-            return all;
-        }
-        envelope_ack(client, consumer, &batch).expect("envelope ack");
-        all.extend(batch);
-    }
-}
-
 /// Asserts that `handed` holds every key of `expected` exactly once.
 fn assert_once(handed: &[Handed], expected: &BTreeSet<(i32, i64)>, what: &str) {
     let mut seen = BTreeMap::new();
@@ -962,7 +948,7 @@ fn a_late_batch_is_one_entry_and_small_batches_stop_inside_it() {
         ),
         1
     );
-    let handed = drain_in(&mut c, "small", 7);
+    let handed = drain_envelopes_in(&mut c, "small", 7);
     let expected: BTreeSet<(i32, i64)> = (1..=300).chain([1_000]).map(|s| (7, s)).collect();
     assert_once(&handed, &expected, "batches of 7");
     let late: Vec<i64> = handed
@@ -989,7 +975,11 @@ fn a_late_batch_is_one_entry_and_small_batches_stop_inside_it() {
         .unwrap()
         .get(0);
     assert_eq!(pending, 301, "the late rows counted as rows, not entries");
-    assert_once(&drain_in(&mut c, "later", 1000), &expected, "one batch");
+    assert_once(
+        &drain_envelopes_in(&mut c, "later", 1000),
+        &expected,
+        "one batch",
+    );
 }
 
 /// Statements of one transaction, some inside savepoints that are released and
@@ -1019,7 +1009,7 @@ fn savepoints_leave_no_row_in_two_entries() {
         .chain([45, 46, 47, 4, 1_000])
         .map(|s| (8, s))
         .collect();
-    let handed = drain_in(&mut c, "c", 4);
+    let handed = drain_envelopes_in(&mut c, "c", 4);
     assert_once(&handed, &expected, "savepoints");
 }
 
@@ -1048,7 +1038,7 @@ fn overlapping_entries_of_two_transactions_hand_out_their_own_rows() {
     for size in [1, 3, 1000] {
         let name = format!("c{size}");
         register(&mut c, &name);
-        assert_once(&drain_in(&mut c, &name, size), &expected, &name);
+        assert_once(&drain_envelopes_in(&mut c, &name, size), &expected, &name);
     }
 }
 
@@ -1116,7 +1106,7 @@ fn random_order_writers_and_a_concurrent_reader_hand_out_every_row_once() {
                 envelope_ack(&mut client, "c", &batch).unwrap();
                 all.extend(batch);
             }
-            all.extend(drain_in(&mut client, "c", 17));
+            all.extend(drain_envelopes_in(&mut client, "c", 17));
             all
         })
     };
@@ -1149,7 +1139,7 @@ fn the_last_late_entry_id_works_and_the_next_fails_whole() {
         db.int8("SELECT max(id) FROM envelopes.late_envelopes"),
         549_755_813_887
     );
-    let handed = drain_in(&mut c, "c", 1);
+    let handed = drain_envelopes_in(&mut c, "c", 1);
     let expected: BTreeSet<(i32, i64)> = [5, 6, 1_000].into_iter().map(|s| (12, s)).collect();
     assert_once(&handed, &expected, "last id");
     assert_eq!(
@@ -1203,7 +1193,7 @@ fn late_rows_of_both_write_paths_in_one_transaction_are_handed_out_once() {
         .into_iter()
         .map(|s| (13, s))
         .collect();
-    assert_once(&drain_in(&mut c, "c", 3), &expected, "both paths");
+    assert_once(&drain_envelopes_in(&mut c, "c", 3), &expected, "both paths");
 }
 
 /// Rows of a late-feed entry pruned after a consumer read part of it do not
@@ -1237,7 +1227,7 @@ fn pruning_inside_a_partly_read_entry_skips_nothing() {
         ),
         18
     );
-    let rest = drain_in(&mut c, "c", 4);
+    let rest = drain_envelopes_in(&mut c, "c", 4);
     let expected: BTreeSet<(i32, i64)> = (6..=20).chain([1_000]).map(|s| (14, s)).collect();
     assert_once(&rest, &expected, "after pruning");
 }
