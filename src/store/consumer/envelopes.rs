@@ -345,7 +345,9 @@ pub fn envelope_ack(
     owner::check_owner(consumer, owner, extension_owner)?;
     crate::store::lease::check(crate::store::lease::Kind::Egress, consumer, "")?;
     if let Some(id) = late_id {
-        if position::entry(id) > Drawn::Late.last_drawn()? {
+        // A position names a drawn entry (ids start at 1), or is 0: nothing.
+        let entry = position::entry(id);
+        if entry > Drawn::Late.last_drawn()? || (entry == 0 && id > 0) {
             return Err(ConsumerError::NeverDrawn(id));
         }
     }

@@ -47,7 +47,7 @@ pub enum ConsumerError {
     BadBatchBytes(i64),
     #[error("originator_node_ids has {nodes} elements but sequence_ids has {seqs}")]
     AckLength { nodes: usize, seqs: usize },
-    #[error("cannot acknowledge late_id {0}: no such id has been drawn yet")]
+    #[error("cannot acknowledge late_id {0}: it names no late-feed entry drawn yet")]
     NeverDrawn(i64),
     #[error("permission denied for consumer \"{consumer}\"")]
     NotOwner { consumer: String, owner: String },
@@ -237,6 +237,11 @@ mod tests {
             ),
             (
                 "SELECT envelopes.consumer_envelope_ack('c', '{}', '{}', 5)",
+                "22023",
+            ),
+            (
+                // Entry 1000 (a position is the entry id << 24 | an offset).
+                "SELECT envelopes.consumer_envelope_ack('c', '{}', '{}', 16777216000)",
                 "22023",
             ),
         ];
