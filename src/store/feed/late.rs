@@ -204,3 +204,14 @@ pub fn entries(node: i32, seqs: &[i64]) -> Vec<Entry> {
         out
     })
 }
+
+/// [`entries`] for the late rows `keys` of several originators, in key order
+/// (each key once).
+pub fn entries_of(keys: &[(i32, i64)]) -> Vec<Entry> {
+    let mut out = Vec::new();
+    for run in keys.chunk_by(|a, b| a.0 == b.0) {
+        let seqs: Vec<i64> = run.iter().map(|&(_, seq)| seq).collect();
+        out.extend(entries(run[0].0, &seqs));
+    }
+    out
+}

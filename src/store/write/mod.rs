@@ -547,11 +547,7 @@ pub fn insert_batch(batch: Batch<'_>) -> Result<i64, InsertError> {
                 .copied()
                 .filter(|&key| is_late(key))
                 .collect();
-            let mut entries = Vec::new();
-            for run in late_keys.chunk_by(|a, b| a.0 == b.0) {
-                let seqs: Vec<i64> = run.iter().map(|&(_, seq)| seq).collect();
-                entries.extend(late::entries(run[0].0, &seqs));
-            }
+            let entries = late::entries_of(&late_keys);
             args.push(DatumWithOid::from(flags));
             args.push(DatumWithOid::from(
                 entries.iter().map(|e| e.node).collect::<Vec<i32>>(),
@@ -609,8 +605,7 @@ where
     }
     let mut new = 0i64;
     let mut any_meta = false;
-    // The late rows inserted, in key order: recorded as entries below, a run of
-    // them per originator.
+    // The late rows inserted, in key order: recorded as entries below.
     let mut late_rows: Vec<(i32, i64)> = Vec::new();
     for (routes, Flags { late, fresh }, row) in rows() {
         if writer.insert_meta(routes[0].leaf, &row, late, fresh)? {
@@ -630,11 +625,8 @@ where
             }
         }
     }
-    for run in late_rows.chunk_by(|a, b| a.0 == b.0) {
-        let seqs: Vec<i64> = run.iter().map(|&(_, seq)| seq).collect();
-        for entry in late::entries(run[0].0, &seqs) {
-            writer.insert_late(entry)?;
-        }
+    for entry in late::entries_of(&late_rows) {
+        writer.insert_late(entry)?;
     }
     let rings = writer.rings_doorbell();
     writer.finish()?;
