@@ -291,3 +291,80 @@ fn upgrading_from_0_2_0_keeps_the_data_and_matches_a_fresh_install() {
 fn upgrading_from_0_3_0_keeps_the_data_and_matches_a_fresh_install() {
     upgrade_keeps_the_data_and_matches_a_fresh_install("0.3.0");
 }
+
+/// The late feed across the upgrade from 0.3.0: a consumer's position in the
+/// old one-row entries becomes a position after their whole entry, so it gets
+/// the late row it had not acknowledged, once, and the late rows written after
+/// the upgrade (range entries), once; a consumer from the start gets them all.
+#[test]
+fn late_feed_positions_survive_the_upgrade_from_0_3_0() {
+    let db = TestDb::new("late_upgrade");
+    let mut c = connect_to(&db.name);
+    c.batch_execute(
+        "DROP EXTENSION pg_envelopes; CREATE EXTENSION pg_envelopes VERSION '0.3.0';
+         SELECT envelopes.consumer_register('late');
+         SELECT envelopes.insert_gateway_envelope(1, 100, '\\x01', '\\x02');
+         SELECT envelopes.insert_gateway_envelope(1, 10, '\\x01', '\\x02');",
+    )
+    .unwrap();
+    let read = |c: &mut Client| -> Vec<(i64, Option<i64>)> {
+        c.query(
+            "SELECT originator_sequence_id, late_id FROM envelopes.consumer_envelope_batch('late', 1000)",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+    };
+    let ack = |c: &mut Client, rows: &[(i64, Option<i64>)]| {
+        let late = rows.iter().filter_map(|r| r.1).max();
+        let top = rows
+            .iter()
+            .filter(|r| r.1.is_none())
+            .map(|r| r.0)
+            .max()
+            .unwrap_or(0);
+        c.execute(
+            "SELECT envelopes.consumer_envelope_ack('late', '{1}', ARRAY[$1::bigint], $2)",
+            &[&top, &late],
+        )
+        .unwrap();
+    };
+    let first = read(&mut c);
+    assert_eq!(first.len(), 2, "{first:?}");
+    ack(&mut c, &first);
+    c.batch_execute("SELECT envelopes.insert_gateway_envelope(1, 20, '\\x01', '\\x02')")
+        .unwrap();
+    c.batch_execute("ALTER EXTENSION pg_envelopes UPDATE")
+        .unwrap();
+    c.batch_execute(
+        "SELECT envelopes.insert_gateway_envelopes(ARRAY[1, 1, 1], ARRAY[30, 31, 33]::bigint[],
+             ARRAY['\\x01', '\\x01', '\\x01']::bytea[], ARRAY['\\x02', '\\x02', '\\x02']::bytea[])",
+    )
+    .unwrap();
+    let mut rest = Vec::new();
+    loop {
+        let batch = read(&mut c);
+        if batch.is_empty() {
+            break;
+        }
+        ack(&mut c, &batch);
+        rest.extend(batch.iter().map(|r| r.0));
+    }
+    rest.sort();
+    assert_eq!(rest, vec![20, 30, 31, 33]);
+    c.batch_execute("SELECT envelopes.consumer_register('again')")
+        .unwrap();
+    let all: i64 = c
+        .query_one(
+            "SELECT count(*) FROM envelopes.consumer_envelope_batch('again', 1000)",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        all, 6,
+        "100, then 10, 20 (one-row entries) and 30, 31, 33 (a range)"
+    );
+}
