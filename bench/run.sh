@@ -1026,7 +1026,8 @@ print(f'{100 * d0 / e:.0f} {100 * d1 / e:.0f} {1e6 * d0 / ($tps * e):.0f} {1e6 *
                 case $variant in
                     inorder) load true ;;
                     late) load "s % 10 <> 0"; load "s % 10 = 0" ;;
-                    late50) load "s % 2 <> 0"; load "s % 2 = 0" ;;
+                    # every other row of each originator (s % 4 is the originator)
+                    late50) load "(s / 4) % 2 <> 0"; load "(s / 4) % 2 = 0" ;;
                 esac
                 sql "$db" -q -c "SELECT envelopes.consumer_register('bench')"
                 drain_backlog "$db" "$stream" "$prefix" "$backlog"
