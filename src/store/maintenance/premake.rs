@@ -89,9 +89,12 @@ pub fn candidates(fraction: f64, lock_wait: Duration) -> Result<Selection, Maint
     Ok(selection)
 }
 
-/// Each originator's newest band that both tables have: node, start, end
-/// (`None` = `MAXVALUE`), and the meta leaf. From the catalog alone.
-fn newest_bands() -> Result<Vec<(i32, i64, Option<i64>, Oid)>, MaintenanceError> {
+/// One originator's newest band: node, start, end (`None` = `MAXVALUE`), and
+/// its meta leaf.
+type Newest = (i32, i64, Option<i64>, Oid);
+
+/// Each originator's newest band that both tables have. From the catalog alone.
+fn newest_bands() -> Result<Vec<Newest>, MaintenanceError> {
     Ok(Spi::connect(|client| {
         let rows = client.select(
             "SELECT DISTINCT ON (b.originator_node_id)
