@@ -392,9 +392,10 @@ pub fn in_own_transaction(work: impl FnOnce()) -> Result<(), (i32, String)> {
 }
 
 /// Registers a worker that the postmaster starts once recovery has finished, runs
-/// `function` of this library for the life of the server, connected to no
-/// database, and starts again `restart` after it exits with an error. Only
-/// possible while `shared_preload_libraries` is being loaded; `false` otherwise.
+/// `function` of this library for the life of the server (which should connect
+/// to no database, [`connect_to_no_database`]), and starts again `restart` after
+/// it exits with an error. Only possible while `shared_preload_libraries` is
+/// being loaded; `false` otherwise.
 pub fn register_static(name: &str, function: &str, restart: Duration) -> bool {
     // SAFETY: reads a flag the postmaster sets while it loads the preloaded
     // libraries.
@@ -405,11 +406,18 @@ pub fn register_static(name: &str, function: &str, restart: Duration) -> bool {
         .set_type(name)
         .set_library("pg_envelopes")
         .set_function(function)
-        .enable_shmem_access(None)
+        .enable_spi_access()
         .set_start_time(pgrx::bgworkers::BgWorkerStartTime::RecoveryFinished)
         .set_restart_time(Some(restart))
         .load();
     true
+}
+
+/// For a long-lived worker: attaches to shared catalogs only, as the logical
+/// replication launcher does, so that it shows in `pg_stat_activity` (and takes
+/// part in the server's barriers) without holding a database.
+pub fn connect_to_no_database() {
+    BackgroundWorker::connect_worker_to_spi(None, None);
 }
 
 /// For a long-lived worker's entry point: SIGHUP asks for a configuration

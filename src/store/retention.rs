@@ -694,7 +694,12 @@ pub fn prune_here(lock_timeout_ms: i32) -> (Pruned, Option<(i32, String)>) {
     });
     let (mut entries, cutoff, late) = match (listing, listed) {
         (Ok(()), Some(listed)) => listed,
-        (Err(e), _) => return (Pruned::default(), Some(e)),
+        (Err((code, message)), _) => {
+            return (
+                Pruned::default(),
+                Some((code, format!("listing the bands: {message}"))),
+            )
+        }
         (Ok(()), None) => return (Pruned::default(), None),
     };
     let failure = prune_bands(

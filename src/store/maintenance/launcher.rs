@@ -3,7 +3,8 @@
 //! The launcher is a static background worker, registered from `_PG_init` only
 //! while `shared_preload_libraries` is loaded, started once recovery has
 //! finished (so never on a standby) and started again 10 seconds after it exits
-//! with an error. It connects to no database. Each interval it starts, for each
+//! with an error. It connects to no database (only to the shared catalogs, so that
+//! it shows in `pg_stat_activity`). Each interval it starts, for each
 //! database in `envelopes.maintenance_databases` in turn, a dynamic worker that
 //! connects to it and runs [`super::run_here`], and waits for it (a run that is
 //! still going after [`RUN_TIMEOUT`] is stopped). With
@@ -42,6 +43,7 @@ pub fn register() {
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn envelopes_maintenance_launcher(_arg: pg_sys::Datum) {
     worker::install_long_lived_signals();
+    worker::connect_to_no_database();
     log!("pg_envelopes maintenance launcher started");
     let mut last_start: Option<Instant> = None;
     loop {
