@@ -1013,6 +1013,7 @@ COMMENT ON FUNCTION maintenance_status(integer) IS
 -- Nothing is usable by PUBLIC until granted (sql/privileges.sql does this for a
 -- fresh install).
 REVOKE ALL ON FUNCTION maintenance_status(integer) FROM PUBLIC;
+REVOKE ALL ON TABLE maintenance_runs FROM PUBLIC;
 
 -- The reader bundle shows the maintenance runs, as it shows partitions(): roles
 -- granted it before the upgrade (EXECUTE on partitions()) get them too.
