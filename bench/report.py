@@ -206,7 +206,7 @@ RATIOS = [
     ("crossing", "p99_transaction", "p99_steady", 2.0, "lower",
      "p99 insert latency, 8 writers crossing a band every 10k rows / into existing bands, creation in the writer's transaction"),
     ("premake", "p99_premake", "p99_steady", 1.02, "lower",
-     "p99 insert latency, 8 writers crossing a band every 10k rows, the bands created ahead by the maintenance worker / into existing bands"),
+     "p99 insert latency, 8 writers crossing a band every 10k rows, the bands created ahead by the maintenance worker (every 1 s, premake_fraction 0) / into existing bands"),
     ("premake", "p99_ondemand", "p99_steady", None, "lower",
      "p99 insert latency, 8 writers crossing a band every 10k rows, the bands created on demand (in a worker) / into existing bands (same cluster)"),
     ("premake", "max_premake", "max_ondemand", None, "lower",

@@ -412,9 +412,11 @@ for durability in off on; do
         # originator crossing a band every 10,000 ids, on a second cluster with
         # pg_envelopes preloaded. ondemand: the maintenance worker off, each band
         # created by the writer that first needs it (in a worker, the default);
-        # premake: the maintenance worker on (every second, premake_fraction 0.5:
-        # at ~5,000 inserts/s the band's second half lasts about one interval, so
-        # a run always falls inside it); steady: every band created beforehand.
+        # premake: the maintenance worker on, every second, with
+        # premake_fraction 0 (one band always ahead: at ~10,000 inserts/s a band
+        # of 10,000 ids lasts about one interval, so the next band must be made
+        # as soon as the newest has a row for a run to come in time); steady:
+        # every band created beforehand.
         # Each run a fresh originator whose first band exists, so the only
         # creations are crossings. Then (synchronous_commit = off only) the time
         # of one maintenance run with nothing to do, at 10 and 10,000
@@ -423,7 +425,7 @@ for durability in off on; do
         MPORT=$(free_port)
         cluster_start premake "$MPORT" "${TUNING[@]}" "synchronous_commit = $durability" \
             "shared_preload_libraries = 'pg_envelopes'" "envelopes.maintenance_databases = 'bench'" \
-            "envelopes.premake_fraction = 0.5" "envelopes.band_width = 10000" "max_worker_processes = 16"
+            "envelopes.premake_fraction = 0" "envelopes.band_width = 10000" "max_worker_processes = 16"
         msql() { cluster_psql premake "$MPORT" "$@"; }
         maintenance() { # maintenance SECONDS DATABASES: the worker's interval (0: off) and databases
             msql postgres -q -o /dev/null -c "ALTER SYSTEM SET envelopes.maintenance_interval = $1" \
@@ -476,9 +478,9 @@ for durability in off on; do
                 maintenance 0 "$db"
                 # The first run is left out (it may have met a cold cache).
                 msql "$db" -At -F ' ' -c "SELECT row_number() OVER (ORDER BY run_id),
-                        extract(epoch FROM finished - started) * 1000, coalesce(error, '')
-                          FROM envelopes.maintenance_runs WHERE finished IS NOT NULL
-                         ORDER BY run_id OFFSET 1 LIMIT $RUNS" >"$OUT/maint.txt"
+                        round(extract(epoch FROM finished - started) * 1000, 2), coalesce(error, '')
+                          FROM (SELECT * FROM envelopes.maintenance_runs WHERE finished IS NOT NULL
+                                 ORDER BY run_id OFFSET 1 LIMIT $RUNS) r" >"$OUT/maint.txt"
                 while read -r run ms error; do
                     [ -z "$error" ] || { log "maintenance run failed: $error"; exit 1; }
                     record maintcost "originators_$n" "$durability" "$run" "$ms" ms
