@@ -321,6 +321,25 @@ mod tests {
     }
 
     #[pg_test]
+    fn readers_see_the_runs_and_nothing_more() {
+        Spi::run("CREATE ROLE maintenance_reader").unwrap();
+        Spi::run("SELECT envelopes.grant_reader('maintenance_reader')").unwrap();
+        let may = |what: &str| {
+            Spi::get_one::<bool>(&format!("SELECT {what}"))
+                .unwrap()
+                .unwrap()
+        };
+        let status = "pg_catalog.has_function_privilege('maintenance_reader', \
+                      'envelopes.maintenance_status(integer)', 'EXECUTE')";
+        let table = "pg_catalog.has_table_privilege('maintenance_reader', \
+                     'envelopes.maintenance_runs', 'SELECT, INSERT, UPDATE, DELETE')";
+        assert!(may(status));
+        assert!(!may(table));
+        Spi::run("SELECT envelopes.revoke_reader('maintenance_reader')").unwrap();
+        assert!(!may(status));
+    }
+
+    #[pg_test]
     fn maintenance_settings_are_the_servers() {
         for sql in [
             "SET envelopes.maintenance_interval = 5",
