@@ -18,6 +18,9 @@
 # bench/read_instructions.sh), routerinstr (the shard's instructions per call,
 # straight vs through the router, bench/router_instructions.sh), notify (doorbell on/off, 2 and 8 writers),
 # crossing (p99 latency crossing bands, worker vs transaction vs existing bands),
+# premake (the same crossing with the bands created ahead by the maintenance
+# worker vs on demand vs existing bands, on a cluster with pg_envelopes
+# preloaded; and the cost of one maintenance run at 10 and 10,000 originators),
 # prune (p99 latency of 8 writers while prune_expired drops 104 bands of their
 # originators, in its worker or in one transaction, vs no pruning), view
 # (xmtpd-shaped reads through gateway_envelopes_view vs a key-lookup form),
@@ -182,8 +185,9 @@ cleanup() {
     cluster_stop bench
     cluster_stop basebench
     cluster_stop logical
+    cluster_stop premake
     [ -z "$shards_dir" ] || scripts/shards.sh down "$shards_dir" 2>/dev/null || true
-    rm -rf "${ENVELOPES_TMP:?}/bench" "${ENVELOPES_TMP:?}/basebench" "${ENVELOPES_TMP:?}/logical"
+    rm -rf "${ENVELOPES_TMP:?}/bench" "${ENVELOPES_TMP:?}/basebench" "${ENVELOPES_TMP:?}/logical" "${ENVELOPES_TMP:?}/premake"
 }
 
 # refusing_bus SINK: starts a private instance of that bus configured to refuse
@@ -423,6 +427,97 @@ for durability in off on; do
             done
         done
         rm -f "$OUT"/lat.*
+    fi
+
+    if selected premake; then
+        # The crossing above with the bands created ahead: 8 writers into one
+        # originator crossing a band every 10,000 ids, on a second cluster with
+        # pg_envelopes preloaded. ondemand: the maintenance worker off, each band
+        # created by the writer that first needs it (in a worker, the default);
+        # premake: the maintenance worker on, every second, with
+        # premake_fraction 0 (one band always ahead: at ~10,000 inserts/s a band
+        # of 10,000 ids lasts about one interval, so the next band must be made
+        # as soon as the newest has a row for a run to come in time); steady:
+        # every band created beforehand.
+        # Each run a fresh originator whose first band exists, so the only
+        # creations are crossings. Then (synchronous_commit = off only) the time
+        # of one maintenance run with nothing to do, at 10 and 10,000
+        # originators: the run every interval costs, read from
+        # envelopes.maintenance_runs.
+        MPORT=$(free_port)
+        cluster_start premake "$MPORT" "${TUNING[@]}" "synchronous_commit = $durability" \
+            "shared_preload_libraries = 'pg_envelopes'" "envelopes.maintenance_databases = 'bench'" \
+            "envelopes.premake_fraction = 0" "envelopes.band_width = 10000" "max_worker_processes = 16"
+        msql() { cluster_psql premake "$MPORT" "$@"; }
+        maintenance() { # maintenance SECONDS DATABASES: the worker's interval (0: off) and databases
+            msql postgres -q -o /dev/null -c "ALTER SYSTEM SET envelopes.maintenance_interval = $1" \
+                -c "ALTER SYSTEM SET envelopes.maintenance_databases = '$2'" -c "SELECT pg_reload_conf()"
+            sleep 1
+        }
+        msql postgres -q -c "CREATE DATABASE bench"
+        msql bench -q -f bench/sql/setup.sql >/dev/null
+        msql bench -q -c "CREATE SEQUENCE IF NOT EXISTS crossing_seq"
+        node=100
+        for run in $(seq "$RUNS"); do
+            for variant in ondemand premake steady; do
+                node=$((node + 1))
+                msql bench -q -c "ALTER SEQUENCE crossing_seq RESTART WITH 1"
+                last=1; [ "$variant" = steady ] && last=200
+                msql bench -q -c "SELECT envelopes.ensure_gateway_parts($node, b * 10000 + 1)
+                                   FROM generate_series(0, $((last - 1))) b" >/dev/null
+                if [ "$variant" = premake ]; then maintenance 1 bench; else maintenance 0 bench; fi
+                rm -f "$OUT"/lat.*
+                "$PG_BIN/pgbench" -n -M prepared -h 127.0.0.1 -p "$MPORT" -U postgres -c 8 -j 8 \
+                    -T "$SECONDS_PER_RUN" -D node=$node -l --log-prefix="$OUT/lat" \
+                    -f bench/sql/insert_crossing.sql bench >/dev/null 2>"$OUT/pgbench.err" \
+                    || { cat "$OUT/pgbench.err" >&2; exit 1; }
+                read -r p50 p99 max n < <(python3 bench/latency.py "$OUT"/lat.*)
+                bands=$(msql bench -At -c "SELECT count(*) FROM envelopes._bands() WHERE originator_node_id = $node")
+                record premake "p99_$variant" "$durability" "$run" "$p99" us
+                record premake "max_$variant" "$durability" "$run" "$max" us
+                record premake "p50_$variant" "$durability" "$run" "$p50" us
+                log "premake [$durability] $variant run $run: p50 ${p50}us p99 ${p99}us max ${max}us ($n inserts, $bands bands)"
+            done
+        done
+        maintenance 0 bench
+        rm -f "$OUT"/lat.*
+        if [ "$durability" = off ]; then
+            for n in 10 10000; do
+                db="maint_$n"
+                msql postgres -q -c "CREATE DATABASE $db"
+                msql "$db" -q -c "CREATE EXTENSION pg_envelopes"
+                for first in $(seq 1 500 "$n"); do
+                    last=$((first + 499 < n ? first + 499 : n))
+                    msql "$db" -q -c "SET envelopes.create_partitions_in = transaction" -c "SET envelopes.notify = off" \
+                        -c "SET envelopes.max_new_partitions_per_call = 1000" \
+                        -c "SELECT envelopes.insert_gateway_envelopes(array_agg(g::int), array_agg(1::bigint),
+                              array_agg('\x01'::bytea), array_agg('\x02'::bytea)) FROM generate_series($first, $last) g" >/dev/null
+                done
+                # The cost of a run with nothing to create: premake_fraction 0.8
+                # (at 0, the crossing's setting, the first run would create a band
+                # for every originator, 20,000 tables, which is not the recurring
+                # cost); the first run is left out below.
+                msql postgres -q -o /dev/null -c "ALTER SYSTEM SET envelopes.premake_fraction = 0.8"
+                maintenance 1 "$db"
+                until [ "$(msql "$db" -At -c "SELECT count(*) FROM envelopes.maintenance_runs WHERE finished IS NOT NULL")" -gt "$RUNS" ]; do
+                    sleep 0.5
+                done
+                maintenance 0 "$db"
+                # The first run is left out (it may have met a cold cache).
+                msql "$db" -At -F ' ' -c "SELECT row_number() OVER (ORDER BY run_id),
+                        round(extract(epoch FROM finished - started) * 1000, 2), coalesce(error, '')
+                          FROM (SELECT * FROM envelopes.maintenance_runs WHERE finished IS NOT NULL
+                                 ORDER BY run_id OFFSET 1 LIMIT $RUNS) r" >"$OUT/maint.txt"
+                while read -r run ms error; do
+                    [ -z "$error" ] || { log "maintenance run failed: $error"; exit 1; }
+                    record maintcost "originators_$n" "$durability" "$run" "$ms" ms
+                    log "maintcost [$durability] one run at $n originators run $run: $ms ms"
+                done <"$OUT/maint.txt"
+                msql postgres -q -c "DROP DATABASE $db WITH (FORCE)"
+                msql postgres -q -o /dev/null -c "ALTER SYSTEM RESET envelopes.premake_fraction"
+            done
+        fi
+        cluster_stop premake
     fi
 
     if selected prune && [ "$durability" = off ]; then

@@ -10,7 +10,8 @@
 #      and the router's against four throwaway shards (scripts/shards.sh)
 #   6. scripts beside the code: two scripts/shards.sh side by side
 #      (scripts/shards_test.sh), prune_expired on a pg_cron schedule
-#      (scripts/cron_test.sh)
+#      (scripts/cron_test.sh), the extension's own maintenance worker
+#      (scripts/maintenance_test.sh)
 #   7. the integrity tier (scripts/integrity.sh: racing writers, amcheck,
 #      decoding, a standby, crash rounds) against a server of its own
 #   8. the Debian packages, installed, used and removed (scripts/package_test.sh)
@@ -72,9 +73,10 @@ cargo test -p pg_envelopes_tests -- --test-threads=4
 step "bridge tests (real NATS JetStream, Redis, Mosquitto, RabbitMQ, a webhook receiver, bridges per shard)"
 cargo test -p envelopes-bridge -- --test-threads=2
 
-step "shards.sh side by side; prune_expired on a pg_cron schedule (about 3 minutes: pg_cron 1.4 runs once a minute)"
+step "shards.sh side by side; prune_expired on a pg_cron schedule (about 3 minutes: pg_cron 1.4 runs once a minute); the maintenance worker"
 scripts/shards_test.sh
 scripts/cron_test.sh
+scripts/maintenance_test.sh
 
 step "integrity tier (races, amcheck, decoding, standby, crashes)"
 scripts/integrity.sh

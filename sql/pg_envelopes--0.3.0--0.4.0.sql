@@ -975,3 +975,112 @@ BEGIN
         @extschema@.partitions()
         FROM %I', role);
 END $$;
+
+
+-- ---------------------------------------------------------------------------
+-- Issue 31: the maintenance worker (appended here, in a section of its own,
+-- while 0.4.0 is unreleased). Where pg_envelopes is in shared_preload_libraries,
+-- a background worker prunes and creates bands ahead every
+-- envelopes.maintenance_interval seconds in envelopes.maintenance_databases, and
+-- records each run in this database (src/store/maintenance/). The same objects as
+-- sql/maintenance.sql.
+
+-- The maintenance worker's record (src/store/maintenance/): one row per run in
+-- this database, inserted when the run starts (finished stays NULL while it
+-- runs, and for a run whose worker was stopped) and completed when it ends. The
+-- worker keeps the newest 1,000 runs. A run that failed somewhere names the
+-- first failure in error (and counts the others); it still did what it could,
+-- and the next interval tries again.
+CREATE TABLE maintenance_runs (
+    run_id        bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    started       timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
+    finished      timestamptz,
+    bands_dropped bigint      NOT NULL DEFAULT 0,
+    bands_created bigint      NOT NULL DEFAULT 0,
+    rows_deleted  bigint      NOT NULL DEFAULT 0,
+    error         text
+);
+COMMENT ON TABLE maintenance_runs IS
+    'Runs of the maintenance worker (pruning, bands created ahead) in this database, newest 1,000.';
+
+-- The newest runs, newest first, with how long each took (NULL while it runs).
+CREATE FUNCTION maintenance_status(max_runs integer DEFAULT 10)
+RETURNS TABLE (run_id bigint, started timestamptz, finished timestamptz,
+               duration interval, bands_dropped bigint, bands_created bigint,
+               rows_deleted bigint, error text)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT r.run_id, r.started, r.finished, r.finished - r.started,
+           r.bands_dropped, r.bands_created, r.rows_deleted, r.error
+      FROM @extschema@.maintenance_runs r
+     ORDER BY r.run_id DESC
+     LIMIT GREATEST(max_runs, 0)
+$$;
+
+COMMENT ON FUNCTION maintenance_status(integer) IS
+    'The newest runs of the maintenance worker in this database, newest first.';
+
+-- Nothing is usable by PUBLIC until granted (sql/privileges.sql does this for a
+-- fresh install).
+REVOKE ALL ON FUNCTION maintenance_status(integer) FROM PUBLIC;
+REVOKE ALL ON TABLE maintenance_runs FROM PUBLIC;
+
+-- The reader bundle shows the maintenance runs, as it shows partitions(): roles
+-- granted it before the upgrade (EXECUTE on partitions()) get them too.
+DO $$
+DECLARE
+    grantee pg_catalog.regrole;
+BEGIN
+    FOR grantee IN
+        SELECT DISTINCT a.grantee::pg_catalog.regrole
+          FROM pg_catalog.pg_proc p,
+               LATERAL pg_catalog.aclexplode(p.proacl) a
+         WHERE p.oid = '@extschema@.partitions()'::pg_catalog.regprocedure
+           AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner AND a.grantee <> 0
+    LOOP
+        EXECUTE pg_catalog.format(
+            'GRANT EXECUTE ON FUNCTION @extschema@.maintenance_status(integer) TO %s', grantee);
+    END LOOP;
+END $$;
+
+CREATE OR REPLACE FUNCTION grant_reader(role name) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@._check_role(role);
+    EXECUTE format('GRANT USAGE ON SCHEMA @extschema@ TO %I', role);
+    EXECUTE format('GRANT SELECT ON @extschema@.gateway_envelopes_view TO %I', role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION
+        @extschema@.envelope_of(integer, bigint),
+        @extschema@.select_gateway_envelopes(integer[], bigint[], bytea[], integer[], integer),
+        @extschema@.select_by_topic_cursors(bytea[], integer[], bigint[], integer, integer, boolean),
+        @extschema@.select_wave(bytea[], integer[], bigint[], integer[], bigint[], integer, bigint, integer, boolean),
+        @extschema@.select_newest_by_topic(bytea[]),
+        @extschema@.select_originator(integer, bigint, integer, boolean),
+        @extschema@.originator_maxima(integer[]),
+        @extschema@.originator_ceilings(),
+        @extschema@.partitions(),
+        @extschema@.maintenance_status(integer)
+        TO %I', role);
+END $$;
+
+CREATE OR REPLACE FUNCTION revoke_reader(role name) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@._check_role(role);
+    EXECUTE format('REVOKE SELECT ON @extschema@.gateway_envelopes_view FROM %I', role);
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION
+        @extschema@.envelope_of(integer, bigint),
+        @extschema@.select_gateway_envelopes(integer[], bigint[], bytea[], integer[], integer),
+        @extschema@.select_by_topic_cursors(bytea[], integer[], bigint[], integer, integer, boolean),
+        @extschema@.select_wave(bytea[], integer[], bigint[], integer[], bigint[], integer, bigint, integer, boolean),
+        @extschema@.select_newest_by_topic(bytea[]),
+        @extschema@.select_originator(integer, bigint, integer, boolean),
+        @extschema@.originator_maxima(integer[]),
+        @extschema@.originator_ceilings(),
+        @extschema@.partitions(),
+        @extschema@.maintenance_status(integer)
+        FROM %I', role);
+END $$;

@@ -3,7 +3,8 @@
 --
 --   writer    inserts envelopes (creating partitions for new originators and
 --             bands), publishes outbox messages, stores ingress positions
---   reader    reads envelopes: the selectors, the view, ceilings, partitions
+--   reader    reads envelopes: the selectors, the view, ceilings, partitions,
+--             the maintenance worker's runs
 --   consumer  a reader that also keeps a consumer cursor (the egress bridge)
 --
 -- A consumer belongs to the role that registered it, an ingress position to the
@@ -75,7 +76,8 @@ BEGIN
         @extschema@.select_originator(integer, bigint, integer, boolean),
         @extschema@.originator_maxima(integer[]),
         @extschema@.originator_ceilings(),
-        @extschema@.partitions()
+        @extschema@.partitions(),
+        @extschema@.maintenance_status(integer)
         TO %I', role);
 END $$;
 
@@ -94,7 +96,8 @@ BEGIN
         @extschema@.select_originator(integer, bigint, integer, boolean),
         @extschema@.originator_maxima(integer[]),
         @extschema@.originator_ceilings(),
-        @extschema@.partitions()
+        @extschema@.partitions(),
+        @extschema@.maintenance_status(integer)
         FROM %I', role);
 END $$;
 

@@ -134,6 +134,99 @@ static PARTITION_WORKER_TIMEOUT: GucSetting<i32> = GucSetting::<i32>::new(30_000
 /// tests, which use it to make a commit land inside that window on purpose.
 static GATE_PAUSE: GucSetting<i32> = GucSetting::<i32>::new(0);
 
+/// Seconds between two runs of the maintenance worker (pruning and band
+/// pre-creation) in each of `envelopes.maintenance_databases`; 0 turns it off.
+/// Only a server with pg_envelopes in `shared_preload_libraries` has the worker.
+static MAINTENANCE_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(0);
+
+/// The databases the maintenance worker looks after, comma-separated.
+static MAINTENANCE_DATABASES: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c""));
+
+/// How full an originator's newest band may get (by its highest sequence id in
+/// the band) before the maintenance worker creates the next one.
+static PREMAKE_FRACTION: GucSetting<f64> = GucSetting::<f64>::new(0.8);
+
+/// The database names of a `envelopes.maintenance_databases` value: separated by
+/// commas, blanks around each name ignored, a name in double quotes taken as it
+/// is (with `""` for a quote; needed for a comma or blanks at the ends), every
+/// name non-empty, shorter than an identifier's limit and given once. `None` for
+/// a value that breaks any of that.
+pub fn parse_database_list(value: &str) -> Option<Vec<String>> {
+    let mut names: Vec<String> = Vec::new();
+    if value.trim().is_empty() {
+        return Some(names);
+    }
+    let mut chars = value.chars().peekable();
+    loop {
+        while chars.peek().is_some_and(|c| c.is_whitespace()) {
+            chars.next();
+        }
+        let mut name = String::new();
+        if chars.peek() == Some(&'"') {
+            chars.next();
+            loop {
+                match chars.next()? {
+                    '"' if chars.peek() == Some(&'"') => {
+                        chars.next();
+                        name.push('"');
+                    }
+                    '"' => break,
+                    c => name.push(c),
+                }
+            }
+            while chars.peek().is_some_and(|c| c.is_whitespace()) {
+                chars.next();
+            }
+        } else {
+            while let Some(&c) = chars.peek() {
+                if c == ',' || c == '"' {
+                    break;
+                }
+                name.push(c);
+                chars.next();
+            }
+            name.truncate(name.trim_end().len());
+        }
+        if name.is_empty()
+            || name.len() >= pg_sys::NAMEDATALEN as usize
+            || name.contains('\0')
+            || names.contains(&name)
+        {
+            return None;
+        }
+        names.push(name);
+        match chars.next() {
+            None => return Some(names),
+            Some(',') => {}
+            Some(_) => return None,
+        }
+    }
+}
+
+/// Rejects a `envelopes.maintenance_databases` value that is not a list of
+/// database names, so a bad value fails at ALTER SYSTEM or reload instead of
+/// leaving the worker with nothing to do.
+#[pg_guard]
+unsafe extern "C-unwind" fn check_maintenance_databases(
+    newval: *mut *mut std::ffi::c_char,
+    _extra: *mut *mut std::ffi::c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
+    // SAFETY: Postgres passes a valid pointer to the proposed value, which is a
+    // NUL-terminated string or NULL (the empty list).
+    unsafe {
+        if newval.is_null() || (*newval).is_null() {
+            return true;
+        }
+        CStr::from_ptr(*newval)
+            .to_str()
+            .ok()
+            .and_then(parse_database_list)
+            .is_some()
+    }
+}
+
 /// One integer setting: how it is registered and how a placeholder is checked.
 struct IntSetting {
     name: &'static CStr,
@@ -146,8 +239,8 @@ struct IntSetting {
     flags: GucFlags,
 }
 
-fn int_settings() -> [IntSetting; 11] {
-    use GucContext::{Suset, Userset};
+fn int_settings() -> [IntSetting; 12] {
+    use GucContext::{Sighup, Suset, Userset};
     [
         IntSetting {
             name: c"envelopes.band_width",
@@ -256,6 +349,19 @@ fn int_settings() -> [IntSetting; 11] {
             flags: GucFlags::UNIT_MS,
         },
         IntSetting {
+            name: c"envelopes.maintenance_interval",
+            short: c"Seconds between two runs of the maintenance worker; 0 turns it off.",
+            long: c"Each run prunes expired envelopes and creates the next band of every \
+                    originator whose newest band is fuller than envelopes.premake_fraction, \
+                    in each of envelopes.maintenance_databases. Needs pg_envelopes in \
+                    shared_preload_libraries.",
+            setting: &MAINTENANCE_INTERVAL,
+            min: 0,
+            max: 7 * 24 * 3600,
+            context: Sighup,
+            flags: GucFlags::UNIT_S,
+        },
+        IntSetting {
             name: c"envelopes.test_gate_pause",
             short: c"Testing aid: pause of the change feed's readers between marker listing \
                      and snapshot.",
@@ -272,6 +378,8 @@ fn int_settings() -> [IntSetting; 11] {
 const NOTIFY_NAME: &CStr = c"envelopes.notify";
 const NOTIFY_CHANNEL_NAME: &CStr = c"envelopes.notify_channel";
 const CREATE_PARTITIONS_IN_NAME: &CStr = c"envelopes.create_partitions_in";
+const MAINTENANCE_DATABASES_NAME: &CStr = c"envelopes.maintenance_databases";
+const PREMAKE_FRACTION_NAME: &CStr = c"envelopes.premake_fraction";
 
 /// Errors of settings given before the library was loaded.
 #[derive(Debug, thiserror::Error)]
@@ -337,6 +445,15 @@ fn parse_bool(value: &str) -> Option<bool> {
     unsafe { pg_sys::parse_bool(text.as_ptr(), &mut result) }.then_some(result)
 }
 
+fn parse_real(value: &str) -> Option<f64> {
+    let text = CString::new(value).ok()?;
+    let mut result = 0.0;
+    let mut hint = std::ptr::null();
+    // SAFETY: text is NUL-terminated; parse_real writes the result and, on failure,
+    // a pointer to a static hint, and allocates nothing.
+    unsafe { pg_sys::parse_real(text.as_ptr(), &mut result, 0, &mut hint) }.then_some(result)
+}
+
 fn parse_create_in(value: &str) -> Option<CreatePartitionsIn> {
     match value.to_ascii_lowercase().as_str() {
         "worker" => Some(CreatePartitionsIn::Worker),
@@ -384,6 +501,16 @@ pub fn init() {
             invalid(NOTIFY_CHANNEL_NAME, &value);
         }
     }
+    if let Some(value) = current_value(MAINTENANCE_DATABASES_NAME) {
+        if parse_database_list(&value).is_none() {
+            invalid(MAINTENANCE_DATABASES_NAME, &value);
+        }
+    }
+    if let Some(value) = current_value(PREMAKE_FRACTION_NAME) {
+        if !parse_real(&value).is_some_and(|v| (0.0..=1.0).contains(&v)) {
+            invalid(PREMAKE_FRACTION_NAME, &value);
+        }
+    }
 
     // 2. Define them; Postgres applies the placeholders it is allowed to.
     let defined: Vec<(&CStr, GucFlags, &GucSetting<i32>)> =
@@ -428,6 +555,34 @@ pub fn init() {
             None,
         );
     }
+    // SAFETY: the check hook is a #[pg_guard] function with the signature Postgres
+    // expects, and only reads the proposed value it is given.
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            MAINTENANCE_DATABASES_NAME,
+            c"Databases the maintenance worker looks after, comma-separated.",
+            c"Each needs pg_envelopes installed; a run in each every \
+              envelopes.maintenance_interval seconds. Names in double quotes are taken as \
+              they are.",
+            &MAINTENANCE_DATABASES,
+            GucContext::Sighup,
+            GucFlags::default(),
+            Some(check_maintenance_databases),
+            None,
+            None,
+        );
+    }
+    GucRegistry::define_float_guc(
+        PREMAKE_FRACTION_NAME,
+        c"How full an originator's newest band gets before maintenance creates the next.",
+        c"By the band's highest sequence id: with 0.8 the next band is created once the \
+          newest holds an id in its last fifth. 1 never creates ahead.",
+        &PREMAKE_FRACTION,
+        0.0,
+        1.0,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
     // SAFETY: the prefix is a static NUL-terminated string. From now on an unknown
     // envelopes.* name is an error instead of a silent placeholder.
     unsafe { pg_sys::MarkGUCPrefixReserved(c"envelopes".as_ptr()) };
@@ -555,6 +710,26 @@ pub fn gate_pause() -> std::time::Duration {
     std::time::Duration::from_millis(u64::try_from(GATE_PAUSE.get()).unwrap_or(0))
 }
 
+/// `envelopes.maintenance_interval`; `None` when maintenance is off.
+pub fn maintenance_interval() -> Option<std::time::Duration> {
+    let seconds = u64::try_from(MAINTENANCE_INTERVAL.get()).unwrap_or(0);
+    (seconds > 0).then(|| std::time::Duration::from_secs(seconds))
+}
+
+/// `envelopes.maintenance_databases`, as names (its check hook keeps it valid).
+pub fn maintenance_databases() -> Vec<String> {
+    MAINTENANCE_DATABASES
+        .get()
+        .and_then(|s| s.into_string().ok())
+        .and_then(|s| parse_database_list(&s))
+        .unwrap_or_default()
+}
+
+/// `envelopes.premake_fraction`, between 0 and 1.
+pub fn premake_fraction() -> f64 {
+    PREMAKE_FRACTION.get()
+}
+
 /// `envelopes.notify_channel`.
 pub fn notify_channel() -> String {
     NOTIFY_CHANNEL
@@ -565,7 +740,28 @@ pub fn notify_channel() -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::topic_index_max;
+    use super::{parse_database_list, topic_index_max};
+
+    #[test]
+    fn database_lists_are_names_separated_by_commas() {
+        let list = |v: &str| parse_database_list(v);
+        assert_eq!(list(""), Some(vec![]));
+        assert_eq!(list("  "), Some(vec![]));
+        assert_eq!(list("app"), Some(vec!["app".to_owned()]));
+        assert_eq!(
+            list(" app , Other db,x"),
+            Some(vec!["app".into(), "Other db".into(), "x".into()])
+        );
+        assert_eq!(
+            list(r#""a,b", "say ""hi"" ""#),
+            Some(vec!["a,b".into(), r#"say "hi" "#.into()])
+        );
+        for bad in ["a,,b", "a,", ",a", "a,a", r#""a"b"#, r#""open"#, r#""""#] {
+            assert_eq!(list(bad), None, "{bad}");
+        }
+        assert_eq!(list(&"x".repeat(64)), None);
+        assert!(list(&"x".repeat(63)).is_some());
+    }
 
     #[test]
     fn the_topic_limit_is_what_a_btree_tuple_can_hold() {

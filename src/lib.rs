@@ -93,6 +93,13 @@ pgrx::extension_sql_file!(
     ]
 );
 
+// The maintenance worker's record of its runs, and their status.
+pgrx::extension_sql_file!(
+    "../sql/maintenance.sql",
+    name = "maintenance",
+    requires = ["storage"]
+);
+
 // Roles: grant_writer / grant_reader / grant_consumer and their revoke_ twins.
 pgrx::extension_sql_file!(
     "../sql/roles.sql",
@@ -100,6 +107,7 @@ pgrx::extension_sql_file!(
     requires = [
         "storage",
         "retention",
+        "maintenance",
         "outbox_tables",
         "consumers",
         "ingress_positions",
@@ -121,6 +129,8 @@ pub extern "C-unwind" fn _PG_init() {
     error::no_backtraces();
     gucs::init();
     store::partition::cache::register_invalidation_callback();
+    // Only when preloaded (shared_preload_libraries): the maintenance launcher.
+    store::maintenance::launcher::register();
 }
 
 /// Required by `cargo pgrx test`: hooks for the throwaway test cluster.

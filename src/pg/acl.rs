@@ -104,3 +104,13 @@ pub fn statement() -> Statement {
         )
     }
 }
+
+/// For a background worker, outside any transaction: acts as `role` from now on
+/// (each transaction starts and, when it aborts, ends as this role), as a
+/// `SECURITY DEFINER` function acts as its owner.
+pub fn act_as(role: Oid) {
+    // SAFETY: sets the current user for the rest of the process; a transaction
+    // that aborts restores the user it started with, which is this one.
+    // SECURITY_LOCAL_USERID_CHANGE keeps SET ROLE from undoing it.
+    unsafe { pg_sys::SetUserIdAndSecContext(role, pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32) };
+}

@@ -77,12 +77,19 @@ impl Outcome {
 /// What every job starts with: where the worker connects and as whom, the
 /// caller's virtual transaction (so the worker can tell whether it still waits),
 /// and the outcome.
+///
+/// A job for a backend names its database and role by oid; a job from a process
+/// connected to no database (the maintenance launcher) names the database by
+/// name, and the worker connects as the bootstrap superuser.
 #[repr(C)]
 pub struct Header {
     database: Oid,
     role: Oid,
+    /// `-1` when no backend waits in a transaction (a job from the launcher).
     caller_backend: i32,
     caller_lxid: u32,
+    /// NUL-terminated; used when `database` is invalid.
+    database_name: [u8; pg_sys::NAMEDATALEN as usize],
     pub outcome: Outcome,
 }
 
@@ -98,19 +105,59 @@ impl Header {
                 role: pg_sys::GetUserId(),
                 caller_backend: pg_sys::MyBackendId,
                 caller_lxid: (*pg_sys::MyProc).lxid,
+                database_name: [0; pg_sys::NAMEDATALEN as usize],
                 outcome: Outcome::new(),
             }
         }
     }
 
-    /// For the worker: connects to the caller's database as the caller's role.
+    /// For a job from a process that is in no transaction of a database: the
+    /// worker connects to the database `name` (shorter than an identifier's
+    /// limit, else cut there) as the bootstrap superuser, and no caller's
+    /// transaction is watched.
+    pub fn for_database(name: &str) -> Header {
+        let mut database_name = [0; pg_sys::NAMEDATALEN as usize];
+        let bytes = name.as_bytes();
+        let len = bytes.len().min(database_name.len() - 1);
+        database_name[..len].copy_from_slice(&bytes[..len]);
+        Header {
+            database: pg_sys::InvalidOid,
+            role: pg_sys::InvalidOid,
+            caller_backend: -1,
+            caller_lxid: 0,
+            database_name,
+            outcome: Outcome::new(),
+        }
+    }
+
+    /// The database a [`Header::for_database`] job names.
+    pub fn database_name(&self) -> String {
+        let len = self
+            .database_name
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(self.database_name.len());
+        String::from_utf8_lossy(&self.database_name[..len]).into_owned()
+    }
+
+    /// For the worker: connects to the caller's database as the caller's role
+    /// (or, for a [`Header::for_database`] job, to the named database as the
+    /// bootstrap superuser). A database that does not exist is a FATAL error:
+    /// the worker exits without reporting.
     pub fn connect(&self) {
-        BackgroundWorker::connect_worker_to_spi_by_oid(Some(self.database), Some(self.role));
+        if self.database == pg_sys::InvalidOid {
+            BackgroundWorker::connect_worker_to_spi(Some(&self.database_name()), None);
+        } else {
+            BackgroundWorker::connect_worker_to_spi_by_oid(Some(self.database), Some(self.role));
+        }
     }
 
     /// For the worker: whether the caller's transaction (identified by its
-    /// virtual transaction id) has ended.
+    /// virtual transaction id) has ended. Never, for a job without a caller.
     pub fn caller_ended(&self) -> bool {
+        if self.caller_backend < 0 {
+            return false;
+        }
         let caller = pg_sys::VirtualTransactionId {
             backendId: self.caller_backend,
             localTransactionId: self.caller_lxid,
@@ -144,6 +191,14 @@ impl Segment {
     pub fn handle(&self) -> pg_sys::dsm_handle {
         // SAFETY: the handle identifies the segment created above.
         unsafe { pg_sys::dsm_segment_handle(self.0) }
+    }
+
+    /// Once the worker has stopped (or never started), in a process connected to
+    /// no database (which has no catalog caches to refresh): detaches the segment.
+    pub fn detach(self) {
+        // SAFETY: no worker uses the segment any more, and nothing points into it
+        // after this.
+        unsafe { pg_sys::dsm_detach(self.0) };
     }
 
     /// Once the worker has stopped (or never started): detaches the segment and
@@ -334,4 +389,80 @@ pub fn in_own_transaction(work: impl FnOnce()) -> Result<(), (i32, String)> {
         unsafe { pg_sys::AbortCurrentTransaction() };
     }
     result
+}
+
+/// Registers a worker that the postmaster starts once recovery has finished, runs
+/// `function` of this library for the life of the server (which should connect
+/// to no database, [`connect_to_no_database`]), and starts again `restart` after
+/// it exits with an error. Only possible while `shared_preload_libraries` is
+/// being loaded; `false` otherwise.
+pub fn register_static(name: &str, function: &str, restart: Duration) -> bool {
+    // SAFETY: reads a flag the postmaster sets while it loads the preloaded
+    // libraries.
+    if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        return false;
+    }
+    BackgroundWorkerBuilder::new(name)
+        .set_type(name)
+        .set_library("pg_envelopes")
+        .set_function(function)
+        .enable_spi_access()
+        .set_start_time(pgrx::bgworkers::BgWorkerStartTime::RecoveryFinished)
+        .set_restart_time(Some(restart))
+        .load();
+    true
+}
+
+/// For a long-lived worker: attaches to shared catalogs only, as the logical
+/// replication launcher does, so that it shows in `pg_stat_activity` (and takes
+/// part in the server's barriers) without holding a database.
+pub fn connect_to_no_database() {
+    BackgroundWorker::connect_worker_to_spi(None, None);
+}
+
+/// For a long-lived worker's entry point: SIGHUP asks for a configuration
+/// reload ([`reload_if_asked`]), SIGTERM stops the worker at its next interrupt
+/// check.
+pub fn install_long_lived_signals() {
+    pgrx::bgworkers::BackgroundWorker::attach_signal_handlers(
+        pgrx::bgworkers::SignalWakeFlags::SIGHUP,
+    );
+    install_sigterm();
+}
+
+/// Rereads the configuration files if a SIGHUP came since the last call; true
+/// when it did.
+pub fn reload_if_asked() -> bool {
+    if !pgrx::bgworkers::BackgroundWorker::sighup_received() {
+        return false;
+    }
+    // SAFETY: outside any transaction, on the main thread, as the postmaster's
+    // children do on SIGHUP; the flag is ours to clear.
+    unsafe {
+        (&raw mut pg_sys::ConfigReloadPending).write_volatile(0);
+        pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP);
+    }
+    true
+}
+
+/// For a worker's transaction: sets `name` to `value` until the transaction ends
+/// (as `SET LOCAL`, with a superuser's right to set it, whoever the worker acts
+/// as: the worker's own settings, not a user's). An invalid value is an ERROR.
+pub fn set_for_transaction(name: &std::ffi::CStr, value: &str) {
+    let value = std::ffi::CString::new(value).unwrap_or_default();
+    // SAFETY: both strings are NUL-terminated and live through the call;
+    // set_config_option copies what it keeps, and raises an ERROR (elevel 0 means
+    // ERROR) for an unknown name or a bad value.
+    unsafe {
+        pg_sys::set_config_option(
+            name.as_ptr(),
+            value.as_ptr(),
+            pg_sys::GucContext::PGC_SUSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_LOCAL,
+            true,
+            0,
+            false,
+        );
+    }
 }

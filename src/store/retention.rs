@@ -601,16 +601,40 @@ pub extern "C-unwind" fn envelopes_prune_worker(arg: pg_sys::Datum) {
         (job, entries)
     };
     job.header.connect();
-    let mut failure = None;
+    let (cutoff, timeout, late) = (job.cutoff, job.lock_timeout_ms, job.late);
+    let failure = prune_bands(
+        entries,
+        cutoff,
+        timeout,
+        late,
+        || job.header.caller_ended(),
+        || {
+            job.processed.fetch_add(1, Ordering::Release);
+        },
+    );
+    job.header.outcome.set(failure.map_or(Ok(()), Err));
+    drop(segment);
+}
+
+/// For a worker outside any transaction: deletes each band's expired rows and
+/// drops the band if it may be, each step in a transaction of its own, until
+/// `stop()` says the work is no longer wanted (then a 57014 failure) or a step
+/// fails (its SQLSTATE and message). `done()` follows each band handled.
+fn prune_bands(
+    entries: &mut [Entry],
+    cutoff: i64,
+    timeout: i32,
+    late: Oid,
+    mut stop: impl FnMut() -> bool,
+    mut done: impl FnMut(),
+) -> Option<(i32, String)> {
     for entry in entries.iter_mut() {
-        if job.header.caller_ended() {
-            failure = Some((
+        if stop() {
+            return Some((
                 PgSqlErrorCode::ERRCODE_QUERY_CANCELED as i32,
                 "the session that asked for pruning is gone".to_owned(),
             ));
-            break;
         }
-        let (cutoff, timeout, late) = (job.cutoff, job.lock_timeout_ms, job.late);
         let droppable = entry.droppable;
         let deleted = worker::in_own_transaction(|| {
             worker_settings(timeout);
@@ -633,13 +657,77 @@ pub extern "C-unwind" fn envelopes_prune_worker(arg: pg_sys::Datum) {
             Ok(()) => Ok(()),
         };
         if let Err(e) = result {
-            failure = Some(e);
-            break;
+            return Some(e);
         }
-        job.processed.fetch_add(1, Ordering::Release);
+        done();
     }
-    job.header.outcome.set(failure.map_or(Ok(()), Err));
-    drop(segment);
+    None
+}
+
+/// What [`prune_here`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Pruned {
+    pub rows_deleted: i64,
+    pub bands_dropped: i64,
+}
+
+/// For a background worker outside any transaction (the maintenance worker):
+/// what `prune_expired()` does, with the current time as the cutoff, run here
+/// rather than in a worker of its own. The bands are listed in one transaction,
+/// then each is pruned in transactions of its own (see [`prune_bands`]). What was
+/// done up to a failure is returned with it.
+pub fn prune_here(lock_timeout_ms: i32) -> (Pruned, Option<(i32, String)>) {
+    let mut listed = None;
+    let listing = worker::in_own_transaction(|| {
+        worker_settings(lock_timeout_ms);
+        let cutoff = Spi::get_one::<i64>(
+            "SELECT pg_catalog.floor(EXTRACT(epoch FROM pg_catalog.now()))::bigint",
+        )
+        .map_err(PruneError::from)
+        .or_raise()
+        .unwrap_or(0);
+        let late = Spi::get_one::<Oid>(
+            "SELECT 'envelopes.late_envelopes'::pg_catalog.regclass::pg_catalog.oid",
+        )
+        .map_err(PruneError::from)
+        .or_raise()
+        .unwrap_or(pg_sys::InvalidOid);
+        listed = Some((list_bands().or_raise(), cutoff, late));
+    });
+    let (mut entries, cutoff, late) = match (listing, listed) {
+        (Ok(()), Some(listed)) => listed,
+        (Err((code, message)), _) => {
+            return (
+                Pruned::default(),
+                Some((code, format!("listing the bands: {message}"))),
+            )
+        }
+        (Ok(()), None) => return (Pruned::default(), None),
+    };
+    let failure = prune_bands(
+        &mut entries,
+        cutoff,
+        lock_timeout_ms.max(1),
+        late,
+        || false,
+        || {},
+    );
+    let pruned = Pruned {
+        rows_deleted: entries.iter().map(|e| e.deleted).sum(),
+        bands_dropped: entries.iter().filter(|e| e.dropped).count() as i64,
+    };
+    (pruned, failure)
+}
+
+/// The highest sequence id in one band leaf, read with `snapshot` under an
+/// ACCESS SHARE lock asked for without waiting: `Some(None)` when the band has
+/// no visible row, `None` when the lock was refused (or the band is gone, or it
+/// is not a plain band the index path reads).
+pub fn band_highest(relid: Oid, node: i32, snapshot: &Latest) -> Option<Option<i64>> {
+    match edge_row(relid, node, snapshot.as_ptr(), true)? {
+        Edge::Empty => Some(None),
+        Edge::Row(seq) => seq.map(Some),
+    }
 }
 
 /// The settings of each of the worker's transactions: a pinned search_path (its

@@ -337,6 +337,19 @@ pub fn ensure_band(node: i32, seq: i64, width: i64) -> Result<(), PartitionError
     Err(PartitionError::StillMissing { node, seq })
 }
 
+/// For maintenance: creates the band holding `(node, seq)` ahead of its rows,
+/// the way an insert would ([`ensure_band`]), unless both tables have one
+/// already. True when it was missing.
+pub fn create_ahead(node: i32, seq: i64, width: i64) -> Result<bool, PartitionError> {
+    Band::containing(seq, width)?;
+    crate::pg::invalidation::accept();
+    if refresh(node, seq)? {
+        return Ok(false);
+    }
+    ensure_band(node, seq, width)?;
+    Ok(true)
+}
+
 /// Lower bound of the meta band that holds `(node, seq)`, read afresh from the
 /// catalog, if both tables have a band for it.
 fn covering_band_start(node: i32, seq: i64) -> Result<Option<i64>, PartitionError> {
