@@ -300,13 +300,17 @@ fn upgrading_from_0_3_0_keeps_the_data_and_matches_a_fresh_install() {
 fn late_feed_positions_survive_the_upgrade_from_0_3_0() {
     let db = TestDb::new("late_upgrade");
     let mut c = connect_to(&db.name);
-    c.batch_execute(
-        "DROP EXTENSION pg_envelopes; CREATE EXTENSION pg_envelopes VERSION '0.3.0';
-         SELECT envelopes.consumer_register('late');
-         SELECT envelopes.insert_gateway_envelope(1, 100, '\\x01', '\\x02');
-         SELECT envelopes.insert_gateway_envelope(1, 10, '\\x01', '\\x02');",
-    )
-    .unwrap();
+    // The extension committed first: 0.3.0 creates bands in a worker, which
+    // would wait for the locks of an uncommitted CREATE EXTENSION.
+    c.batch_execute("DROP EXTENSION pg_envelopes; CREATE EXTENSION pg_envelopes VERSION '0.3.0'")
+        .unwrap();
+    for sql in [
+        "SELECT envelopes.consumer_register('late')",
+        "SELECT envelopes.insert_gateway_envelope(1, 100, '\\x01', '\\x02')",
+        "SELECT envelopes.insert_gateway_envelope(1, 10, '\\x01', '\\x02')",
+    ] {
+        c.batch_execute(sql).unwrap();
+    }
     let read = |c: &mut Client| -> Vec<(i64, Option<i64>)> {
         c.query(
             "SELECT originator_sequence_id, late_id FROM envelopes.consumer_envelope_batch('late', 1000)",

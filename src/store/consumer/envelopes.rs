@@ -5,7 +5,7 @@ use super::owner::{self, Owner, OWNER_COLUMNS};
 use super::state::{with_consumer, Access};
 use super::{Budget, ConsumerError};
 use crate::store::feed::clock;
-use crate::store::feed::late::position;
+use crate::store::feed::late::Positions;
 use crate::store::feed::markers::Drawn;
 use crate::store::feed::{Gate, Sample};
 use crate::store::partition;
@@ -346,7 +346,7 @@ pub fn envelope_ack(
     crate::store::lease::check(crate::store::lease::Kind::Egress, consumer, "")?;
     if let Some(id) = late_id {
         // A position names a drawn entry (ids start at 1), or is 0: nothing.
-        let entry = position::entry(id);
+        let entry = Positions::current().entry(id);
         if entry > Drawn::Late.last_drawn()? || (entry == 0 && id > 0) {
             return Err(ConsumerError::NeverDrawn(id));
         }
@@ -394,7 +394,7 @@ pub fn envelope_ack(
     if let Some(id) = late_moved {
         late::late_rows(
             acked_late,
-            position::entry(id),
+            Positions::current().entry(id),
             snapshot.as_ptr(),
             Blobs::None,
             |late| {

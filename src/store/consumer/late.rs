@@ -4,7 +4,7 @@
 //! [`crate::store::feed::late::position`]).
 
 use super::{drawn_rows, ConsumerError};
-use crate::store::feed::late::position;
+use crate::store::feed::late::{position, Positions};
 use crate::store::read::{self, Blobs, EnvelopeRow, Flow};
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
@@ -36,12 +36,13 @@ pub fn late_rows(
     blobs: Blobs,
     mut each: impl FnMut(LateRow) -> bool,
 ) -> Result<bool, ConsumerError> {
-    let (partial, skip) = match position::offset(after) {
+    let pos = Positions::current();
+    let (partial, skip) = match pos.offset(after) {
         position::WHOLE => (None, 0),
-        offset => (Some(position::entry(after)), offset),
+        offset => (Some(pos.entry(after)), offset),
     };
     // A partly handed-out entry is read again from its start.
-    let from = partial.map_or(position::entry(after), |entry| entry - 1);
+    let from = partial.map_or(pos.entry(after), |entry| entry - 1);
     drawn_rows(c"late_envelopes", from, upto, snapshot, |scan| {
         let cols = [
             "id",
@@ -76,7 +77,7 @@ pub fn late_rows(
                 return Ok(true);
             };
             return Ok(each(LateRow {
-                position: position::whole(id),
+                position: pos.whole(id),
                 recorded_at,
                 row,
             }));
@@ -92,7 +93,7 @@ pub fn late_rows(
             let offset = row.seq - first + 1;
             if let Some((at, prior)) = held.replace((offset, row)) {
                 go_on = each(LateRow {
-                    position: position::of(id, at),
+                    position: pos.of(id, at),
                     recorded_at,
                     row: prior,
                 });
@@ -107,7 +108,7 @@ pub fn late_rows(
         }
         Ok(match held {
             Some((_, row)) => each(LateRow {
-                position: position::whole(id),
+                position: pos.whole(id),
                 recorded_at,
                 row,
             }),

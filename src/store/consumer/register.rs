@@ -4,7 +4,7 @@ use super::envelopes::move_cursor;
 use super::owner::{self, Owner};
 use super::ConsumerError;
 use crate::pg::acl;
-use crate::store::feed::late::position;
+use crate::store::feed::late::Positions;
 use crate::store::feed::markers::Drawn;
 use crate::store::feed::Gate;
 use crate::store::partition;
@@ -12,7 +12,7 @@ use pgrx::datum::DatumWithOid;
 use pgrx::spi::Spi;
 
 /// Where a new consumer starts: `(late_id, outbox_id, per-originator cursor)`
-/// (`late_id` a late-feed position, see [`position`]).
+/// (`late_id` a late-feed position, see [`Positions`]).
 /// From the start: the beginning of every feed. From the end: the ceilings, so a
 /// row that a running transaction commits later is still ahead.
 #[allow(clippy::type_complexity)]
@@ -32,7 +32,7 @@ fn starting_positions(from_start: bool) -> Result<(i64, i64, Vec<(i32, i64)>), C
         }
     }
     Ok((
-        position::whole(gate.drawn_ceiling(Drawn::Late)),
+        Positions::current().whole(gate.drawn_ceiling(Drawn::Late)),
         gate.drawn_ceiling(Drawn::Outbox),
         cursor,
     ))

@@ -68,6 +68,69 @@ pub fn committed_above(node: i32, lo: i64, hi: i64) -> Result<Lateness, Partitio
     })
 }
 
+/// The layout of `envelopes.late_envelopes`: before `ALTER EXTENSION pg_envelopes
+/// UPDATE` to 0.4.0 an entry is one row and a consumer's position an entry id
+/// ([`Layout::Rows`]); after it, entries are ranges and positions carry an offset
+/// ([`Layout::Ranges`]). The library of 0.4.0 serves both, so that installing
+/// it before running the upgrade script loses nothing and breaks no write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    Rows,
+    Ranges,
+}
+
+/// The layout of the current database's late-envelope feed (see [`Layout`]).
+pub fn layout() -> Layout {
+    // SAFETY: syscache lookups by name; InvalidOid or InvalidAttrNumber when
+    // missing.
+    let has_ranges = unsafe {
+        let schema = pg_sys::get_namespace_oid(c"envelopes".as_ptr(), true);
+        let rel = pg_sys::get_relname_relid(c"late_envelopes".as_ptr(), schema);
+        rel == pg_sys::InvalidOid || pg_sys::get_attnum(rel, c"inserted_xid".as_ptr()) > 0
+    };
+    if has_ranges {
+        Layout::Ranges
+    } else {
+        Layout::Rows
+    }
+}
+
+/// Positions in the late-envelope feed of one [`Layout`]: [`position`]'s for
+/// ranges, the entry id itself for one-row entries.
+#[derive(Debug, Clone, Copy)]
+pub struct Positions(pub Layout);
+
+impl Positions {
+    /// The positions of the current database's feed.
+    pub fn current() -> Positions {
+        Positions(layout())
+    }
+    pub fn of(self, entry: i64, offset: i64) -> i64 {
+        match self.0 {
+            Layout::Ranges => position::of(entry, offset),
+            Layout::Rows => entry,
+        }
+    }
+    pub fn whole(self, entry: i64) -> i64 {
+        match self.0 {
+            Layout::Ranges => position::whole(entry),
+            Layout::Rows => entry,
+        }
+    }
+    pub fn entry(self, position: i64) -> i64 {
+        match self.0 {
+            Layout::Ranges => position::entry(position),
+            Layout::Rows => position,
+        }
+    }
+    pub fn offset(self, position: i64) -> i64 {
+        match self.0 {
+            Layout::Ranges => position::offset(position),
+            Layout::Rows => position::WHOLE,
+        }
+    }
+}
+
 /// How far the sequence ids of one late-feed entry may spread (last - first + 1):
 /// a consumer's late-feed position names an entry and, in 24 bits, how far into
 /// its range it has handed rows out (see [`position`]), the highest value

@@ -133,9 +133,9 @@ pub struct Writer {
     /// first need (REPEATABLE READ conflicts only).
     conflict_slot: *mut pg_sys::TupleTableSlot,
     doorbell: bool,
-    /// `late_envelopes` (index into `leaves`) and its id sequence, opened on the
-    /// first late row.
-    late: Option<(usize, pg_sys::Oid)>,
+    /// `late_envelopes` (index into `leaves`), its id sequence and its layout,
+    /// opened on the first late row.
+    late: Option<(usize, pg_sys::Oid, late::Layout)>,
     /// The speculative-insertion token held across the fresh meta rows of a
     /// batch, see [`Writer::speculative_insert`].
     token: Option<u32>,
@@ -261,21 +261,40 @@ impl Writer {
         // the end of the transaction); the relation is opened below.
         unsafe { pg_sys::LockRelationOid(table, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE) };
         refuse_insert_rules(table)?;
+        // The layout before the upgrade script to 0.4.0 ran is the first four
+        // columns (one row per entry).
+        let mut layout = late::Layout::Ranges;
         let opened = self.open_relation(table, |rel| {
             // SAFETY: rel is the relation just opened.
-            unsafe { heap_table(rel) && leaf_is_plain(rel, &LATE_COLUMNS) }
+            unsafe {
+                if !heap_table(rel) {
+                    return false;
+                }
+                if leaf_is_plain(rel, &LATE_COLUMNS) {
+                    return true;
+                }
+                layout = late::Layout::Rows;
+                leaf_is_plain(rel, &LATE_COLUMNS[..4])
+            }
         });
         if opened {
-            self.late = Some((self.leaves.len() - 1, sequence));
+            self.late = Some((self.leaves.len() - 1, sequence, layout));
         }
         Ok(opened)
     }
 
+    /// The layout of the `late_envelopes` opened by [`Writer::open_late`].
+    pub fn late_layout(&self) -> Option<late::Layout> {
+        self.late.map(|(_, _, layout)| layout)
+    }
+
     /// Records an entry of the late-envelope feed in `late_envelopes` (after
     /// [`Writer::open_late`]): its id drawn from the table's sequence,
-    /// `recorded_at` = now(), the current transaction as `inserted_xid`.
+    /// `recorded_at` = now(), and for [`late::Layout::Ranges`] the range's last
+    /// id and the current transaction as `inserted_xid` (a [`late::Layout::Rows`]
+    /// table takes entries of one row only).
     pub fn insert_late(&mut self, entry: late::Entry) -> Result<(), DirectError> {
-        let (index, sequence) = self.late.expect("open_late before insert_late");
+        let (index, sequence, layout) = self.late.expect("open_late before insert_late");
         let estate = self.estate;
         // SAFETY: as in insert_blob; nextval_oid draws from the identity sequence
         // the functions' owner owns, given its valid oid (the marker naming the
@@ -302,8 +321,15 @@ impl Writer {
                 self.inserted_xid,
             ];
             let mut nulls = [false; 6];
-            let tuple =
-                pg_sys::heap_form_tuple((*rel).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
+            let columns = match layout {
+                late::Layout::Ranges => 6,
+                late::Layout::Rows => 4,
+            };
+            let tuple = pg_sys::heap_form_tuple(
+                (*rel).rd_att,
+                values[..columns].as_mut_ptr(),
+                nulls[..columns].as_mut_ptr(),
+            );
             pg_sys::MemoryContextSwitchTo(old);
             pg_sys::ExecStoreHeapTuple(tuple, slot, true);
             self.insert_plain(index, slot)?;

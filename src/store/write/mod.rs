@@ -235,11 +235,56 @@ SELECT m.originator_node_id, m.originator_sequence_id, input.envelope
   FROM m JOIN input ON input.node = m.originator_node_id AND input.seq = m.originator_sequence_id
 ON CONFLICT DO NOTHING";
 
+/// [`INSERT_ONE_LATE`] for a `late_envelopes` of one row per entry (before the
+/// upgrade script to 0.4.0 ran, see [`late::Layout`]): an entry for the row if
+/// it is new.
+const INSERT_ONE_LATE_ROWS: &str = "
+WITH m AS (
+    INSERT INTO envelopes.gateway_envelopes_meta
+        (originator_node_id, originator_sequence_id, gateway_time, topic, payer_id, expiry, late)
+    VALUES ($1, $2, COALESCE($6, pg_catalog.now()), $3, $5, $7, true)
+    ON CONFLICT DO NOTHING
+    RETURNING originator_node_id, originator_sequence_id
+), l AS (
+    INSERT INTO envelopes.late_envelopes (originator_node_id, originator_sequence_id)
+    SELECT m.originator_node_id, m.originator_sequence_id FROM m
+)
+INSERT INTO envelopes.gateway_envelopes_blob
+    (originator_node_id, originator_sequence_id, originator_envelope)
+SELECT m.originator_node_id, m.originator_sequence_id, $4 FROM m
+ON CONFLICT DO NOTHING";
+
+/// [`INSERT_MANY_LATE`] for a `late_envelopes` of one row per entry: an entry
+/// for each new late row.
+const INSERT_MANY_LATE_ROWS: &str = "
+WITH input AS (
+    SELECT DISTINCT ON (u.node, u.seq) u.node, u.seq, u.topic, u.envelope, u.payer, u.at, u.expiry, u.late
+      FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3),
+                      pg_catalog.unnest($4), pg_catalog.unnest($5), pg_catalog.unnest($6),
+                      pg_catalog.unnest($7), pg_catalog.unnest($8))
+           WITH ORDINALITY AS u(node, seq, topic, envelope, payer, at, expiry, late, ord)
+     ORDER BY u.node, u.seq, u.ord
+), m AS (
+    INSERT INTO envelopes.gateway_envelopes_meta
+        (originator_node_id, originator_sequence_id, gateway_time, topic, payer_id, expiry, late)
+    SELECT node, seq, COALESCE(at, pg_catalog.now()), topic, payer, expiry, late FROM input
+    ON CONFLICT DO NOTHING
+    RETURNING originator_node_id, originator_sequence_id, late
+), l AS (
+    INSERT INTO envelopes.late_envelopes (originator_node_id, originator_sequence_id)
+    SELECT m.originator_node_id, m.originator_sequence_id FROM m WHERE m.late
+)
+INSERT INTO envelopes.gateway_envelopes_blob
+    (originator_node_id, originator_sequence_id, originator_envelope)
+SELECT m.originator_node_id, m.originator_sequence_id, input.envelope
+  FROM m JOIN input ON input.node = m.originator_node_id AND input.seq = m.originator_sequence_id
+ON CONFLICT DO NOTHING";
+
 thread_local! {
     /// Plans prepared once per backend, indexed by [`Plan`]. The plan cache re-plans
     /// them by itself when the tables change (e.g. after the extension is re-created).
-    static PLANS: RefCell<[Option<Rc<OwnedPreparedStatement>>; 4]> =
-        const { RefCell::new([None, None, None, None]) };
+    static PLANS: RefCell<[Option<Rc<OwnedPreparedStatement>>; 6]> =
+        const { RefCell::new([None, None, None, None, None, None]) };
 }
 
 #[derive(Clone, Copy)]
@@ -248,6 +293,8 @@ enum Plan {
     Many = 1,
     OneLate = 2,
     ManyLate = 3,
+    OneLateRows = 4,
+    ManyLateRows = 5,
 }
 
 impl Plan {
@@ -257,6 +304,8 @@ impl Plan {
             Plan::Many => INSERT_MANY,
             Plan::OneLate => INSERT_ONE_LATE,
             Plan::ManyLate => INSERT_MANY_LATE,
+            Plan::OneLateRows => INSERT_ONE_LATE_ROWS,
+            Plan::ManyLateRows => INSERT_MANY_LATE_ROWS,
         }
     }
 
@@ -265,7 +314,7 @@ impl Plan {
             PgOid::from(T::type_oid())
         }
         match self {
-            Plan::One => vec![
+            Plan::One | Plan::OneLateRows => vec![
                 oid::<i32>(),
                 oid::<i64>(),
                 oid::<&[u8]>(),
@@ -288,6 +337,11 @@ impl Plan {
                 oid::<Vec<TimestampWithTimeZone>>(),
                 oid::<Vec<i64>>(),
             ],
+            Plan::ManyLateRows => {
+                let mut types = Plan::Many.argument_types();
+                types.push(oid::<Vec<bool>>());
+                types
+            }
             Plan::ManyLate => {
                 let mut types = Plan::Many.argument_types();
                 types.push(oid::<Vec<bool>>());
@@ -381,6 +435,9 @@ pub fn insert_one(
         return execute(Plan::One, &args);
     }
     markers::mark_drawn(Drawn::Late)?;
+    if late::layout() == late::Layout::Rows {
+        return execute(Plan::OneLateRows, &args);
+    }
     args.push(DatumWithOid::from(!late::entries(node, &[seq]).is_empty()));
     execute(Plan::OneLate, &args)
 }
@@ -542,13 +599,16 @@ pub fn insert_batch(batch: Batch<'_>) -> Result<i64, InsertError> {
     match late_flags {
         Some(flags) => {
             markers::mark_drawn(Drawn::Late)?;
+            args.push(DatumWithOid::from(flags));
+            if late::layout() == late::Layout::Rows {
+                return execute(Plan::ManyLateRows, &args);
+            }
             let late_keys: Vec<(i32, i64)> = distinct
                 .iter()
                 .copied()
                 .filter(|&key| is_late(key))
                 .collect();
             let entries = late::entries_of(&late_keys);
-            args.push(DatumWithOid::from(flags));
             args.push(DatumWithOid::from(
                 entries.iter().map(|e| e.node).collect::<Vec<i32>>(),
             ));
@@ -625,7 +685,18 @@ where
             }
         }
     }
-    for entry in late::entries_of(&late_rows) {
+    let entries = match writer.late_layout() {
+        Some(late::Layout::Rows) => late_rows
+            .iter()
+            .map(|&(node, seq)| late::Entry {
+                node,
+                first: seq,
+                last: seq,
+            })
+            .collect(),
+        _ => late::entries_of(&late_rows),
+    };
+    for entry in entries {
         writer.insert_late(entry)?;
     }
     let rings = writer.rings_doorbell();
