@@ -131,7 +131,8 @@ pub struct EgressArgs {
     #[arg(long, env = "ENVELOPES_NOTIFY_CHANNEL", default_value = "envelopes")]
     pub channel: String,
     /// Read the consumer's lag from the database every round (the lag metrics,
-    /// the progress line), at most ten times a second; off, every 5 seconds.
+    /// the progress line), at most ten times a second and at most 3% of the
+    /// time; off, every 5 seconds.
     #[arg(long, env = "ENVELOPES_LAG_EVERY_ROUND", value_parser = BoolishValueParser::new(),
           default_value_t = true, num_args = 0..=1, default_missing_value = "true")]
     pub lag_every_round: bool,
