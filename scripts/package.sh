@@ -91,7 +91,8 @@ else
     ext_target=$PWD/target pgrx_flags=(--debug) cargo_flags=()
 fi
 pgrx_out="$ext_target/$profile/pg_envelopes-pg15-package"
-bridge_bin=target/$profile/envelopes-bridge
+# cargo puts the binary under CARGO_TARGET_DIR when that is set.
+bridge_bin=${CARGO_TARGET_DIR:-target}/$profile/envelopes-bridge
 if $build; then
     buildlog="$out/build.log"
     log "building the extension (cargo pgrx package) and the bridge (cargo build), $profile; log in $buildlog"
