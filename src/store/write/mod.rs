@@ -204,11 +204,12 @@ SELECT m.originator_node_id, m.originator_sequence_id, input.envelope
   FROM m JOIN input ON input.node = m.originator_node_id AND input.seq = m.originator_sequence_id
 ON CONFLICT DO NOTHING";
 
-/// [`INSERT_MANY`] for a batch with late rows: `$8` flags them, and the entries
-/// `$9`..`$11` (node, first and last sequence id, see [`late::entries`]) record
-/// them in the late-envelope feed (an entry hands out only rows of this
-/// transaction: one for rows that turn out not to be new hands out nothing).
-const INSERT_MANY_LATE: &str = "
+/// The late batch statements around their late-feed part: the input in key
+/// order and the meta rows (`late` from `$8`), then the blob rows of the new ones.
+macro_rules! insert_many_late {
+    ($late_feed:literal) => {
+        concat!(
+            "
 WITH input AS (
     SELECT DISTINCT ON (u.node, u.seq) u.node, u.seq, u.topic, u.envelope, u.payer, u.at, u.expiry, u.late
       FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3),
@@ -222,18 +223,31 @@ WITH input AS (
     SELECT node, seq, COALESCE(at, pg_catalog.now()), topic, payer, expiry, late FROM input
     ON CONFLICT DO NOTHING
     RETURNING originator_node_id, originator_sequence_id, late
-), l AS (
+",
+            $late_feed,
+            "
+INSERT INTO envelopes.gateway_envelopes_blob
+    (originator_node_id, originator_sequence_id, originator_envelope)
+SELECT m.originator_node_id, m.originator_sequence_id, input.envelope
+  FROM m JOIN input ON input.node = m.originator_node_id AND input.seq = m.originator_sequence_id
+ON CONFLICT DO NOTHING"
+        )
+    };
+}
+
+/// [`INSERT_MANY`] for a batch with late rows: `$8` flags them, and the entries
+/// `$9`..`$11` (node, first and last sequence id, see [`late::entries`]) record
+/// them in the late-envelope feed (an entry hands out only rows of this
+/// transaction: one for rows that turn out not to be new hands out nothing).
+const INSERT_MANY_LATE: &str = insert_many_late!(
+    "), l AS (
     INSERT INTO envelopes.late_envelopes
         (originator_node_id, originator_sequence_id, last_sequence_id, inserted_xid)
     SELECT e.node, e.first, e.last, pg_catalog.pg_current_xact_id()
       FROM ROWS FROM (pg_catalog.unnest($9), pg_catalog.unnest($10), pg_catalog.unnest($11))
            AS e(node, first, last)
-)
-INSERT INTO envelopes.gateway_envelopes_blob
-    (originator_node_id, originator_sequence_id, originator_envelope)
-SELECT m.originator_node_id, m.originator_sequence_id, input.envelope
-  FROM m JOIN input ON input.node = m.originator_node_id AND input.seq = m.originator_sequence_id
-ON CONFLICT DO NOTHING";
+)"
+);
 
 /// [`INSERT_ONE_LATE`] for a `late_envelopes` of one row per entry (before the
 /// upgrade script to 0.4.0 ran, see [`late::Layout`]): an entry for the row if
@@ -256,29 +270,12 @@ ON CONFLICT DO NOTHING";
 
 /// [`INSERT_MANY_LATE`] for a `late_envelopes` of one row per entry: an entry
 /// for each new late row.
-const INSERT_MANY_LATE_ROWS: &str = "
-WITH input AS (
-    SELECT DISTINCT ON (u.node, u.seq) u.node, u.seq, u.topic, u.envelope, u.payer, u.at, u.expiry, u.late
-      FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3),
-                      pg_catalog.unnest($4), pg_catalog.unnest($5), pg_catalog.unnest($6),
-                      pg_catalog.unnest($7), pg_catalog.unnest($8))
-           WITH ORDINALITY AS u(node, seq, topic, envelope, payer, at, expiry, late, ord)
-     ORDER BY u.node, u.seq, u.ord
-), m AS (
-    INSERT INTO envelopes.gateway_envelopes_meta
-        (originator_node_id, originator_sequence_id, gateway_time, topic, payer_id, expiry, late)
-    SELECT node, seq, COALESCE(at, pg_catalog.now()), topic, payer, expiry, late FROM input
-    ON CONFLICT DO NOTHING
-    RETURNING originator_node_id, originator_sequence_id, late
-), l AS (
+const INSERT_MANY_LATE_ROWS: &str = insert_many_late!(
+    "), l AS (
     INSERT INTO envelopes.late_envelopes (originator_node_id, originator_sequence_id)
     SELECT m.originator_node_id, m.originator_sequence_id FROM m WHERE m.late
-)
-INSERT INTO envelopes.gateway_envelopes_blob
-    (originator_node_id, originator_sequence_id, originator_envelope)
-SELECT m.originator_node_id, m.originator_sequence_id, input.envelope
-  FROM m JOIN input ON input.node = m.originator_node_id AND input.seq = m.originator_sequence_id
-ON CONFLICT DO NOTHING";
+)"
+);
 
 thread_local! {
     /// Plans prepared once per backend, indexed by [`Plan`]. The plan cache re-plans
