@@ -5,5 +5,6 @@
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA @extschema@ FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA @extschema@ FROM PUBLIC;
 REVOKE ALL ON SCHEMA @extschema@ FROM PUBLIC;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA envelopes_xmtpd FROM PUBLIC;
 -- The view's per-row lookup (envelope_of) is no exception: the view runs it as
 -- the caller, so grant_reader grants it with the view.

@@ -60,3 +60,35 @@ COMMENT ON FUNCTION partitions() IS
 
 -- prune_expired() is written in Rust (src/store/retention.rs): it commits band by
 -- band in a background worker and never waits for a lock while holding one.
+
+-- The highest key prune_expired has deleted per originator, with its gateway
+-- time: originator_latest() reports the highest sequence id ever stored, which
+-- pruning must not lower (xmtpd's vector clock, gateway_envelopes_latest, is
+-- kept that way). Written by the pruning statement itself.
+CREATE TABLE pruned_maxima (
+    originator_node_id     integer     PRIMARY KEY,
+    originator_sequence_id bigint      NOT NULL,
+    gateway_time           timestamptz NOT NULL
+);
+COMMENT ON TABLE pruned_maxima IS
+    'Per originator, the highest key pruning deleted (so originator_latest() survives pruning).';
+
+-- Per originator, the highest sequence id ever stored (rows present, or deleted
+-- by prune_expired) and that row's gateway time, ascending by originator. Rows
+-- deleted by hand are not remembered.
+CREATE FUNCTION originator_latest()
+RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
+               gateway_time timestamptz)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT DISTINCT ON (x.node) x.node, x.seq, x.at
+      FROM (SELECT s.originator_node_id, s.originator_sequence_id, s.gateway_time
+              FROM @extschema@._stored_maxima() s
+            UNION ALL
+            SELECT p.originator_node_id, p.originator_sequence_id, p.gateway_time
+              FROM @extschema@.pruned_maxima p) AS x(node, seq, at)
+     ORDER BY x.node, x.seq DESC
+$$;
+COMMENT ON FUNCTION originator_latest() IS
+    'Per originator, the highest sequence id ever stored (surviving pruning) and its gateway time.';

@@ -30,6 +30,7 @@ BEGIN
     EXECUTE format('GRANT EXECUTE ON FUNCTION
         @extschema@.insert_gateway_envelope(integer, bigint, bytea, bytea, integer, timestamp with time zone, bigint),
         @extschema@.insert_gateway_envelopes(integer[], bigint[], bytea[], bytea[], integer[], timestamp with time zone[], bigint[]),
+        @extschema@.insert_gateway_envelopes_keys(integer[], bigint[], bytea[], bytea[], integer[], timestamp with time zone[], bigint[]),
         @extschema@.insert_gateway_envelopes_packed(integer, text),
         @extschema@.insert_gateway_envelope_packed(integer, text),
         @extschema@.ensure_gateway_parts(integer, bigint, bigint),
@@ -38,6 +39,14 @@ BEGIN
         @extschema@.ingress_store_position(text, text, bigint),
         @extschema@.ingress_lease(text, text),
         @extschema@.ingress_lease_release(text, text)
+        TO %I', role);
+    -- The xmtpd layer's writers (sql/xmtpd.sql).
+    EXECUTE format('GRANT USAGE ON SCHEMA envelopes_xmtpd TO %I', role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION
+        envelopes_xmtpd._limit(integer, boolean),
+        envelopes_xmtpd.ensure_gateway_parts_v3(integer, bigint, bigint),
+        envelopes_xmtpd.insert_gateway_envelope_v3(integer, bigint, bytea, integer, timestamp without time zone, bigint, bytea),
+        envelopes_xmtpd.insert_gateway_envelope_batch(integer[], bigint[], bytea[], integer[], timestamp without time zone[], bigint[], bytea[])
         TO %I', role);
 END $$;
 
@@ -49,6 +58,7 @@ BEGIN
     EXECUTE format('REVOKE EXECUTE ON FUNCTION
         @extschema@.insert_gateway_envelope(integer, bigint, bytea, bytea, integer, timestamp with time zone, bigint),
         @extschema@.insert_gateway_envelopes(integer[], bigint[], bytea[], bytea[], integer[], timestamp with time zone[], bigint[]),
+        @extschema@.insert_gateway_envelopes_keys(integer[], bigint[], bytea[], bytea[], integer[], timestamp with time zone[], bigint[]),
         @extschema@.insert_gateway_envelopes_packed(integer, text),
         @extschema@.insert_gateway_envelope_packed(integer, text),
         @extschema@.ensure_gateway_parts(integer, bigint, bigint),
@@ -57,6 +67,11 @@ BEGIN
         @extschema@.ingress_store_position(text, text, bigint),
         @extschema@.ingress_lease(text, text),
         @extschema@.ingress_lease_release(text, text)
+        FROM %I', role);
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION
+        envelopes_xmtpd.ensure_gateway_parts_v3(integer, bigint, bigint),
+        envelopes_xmtpd.insert_gateway_envelope_v3(integer, bigint, bytea, integer, timestamp without time zone, bigint, bytea),
+        envelopes_xmtpd.insert_gateway_envelope_batch(integer[], bigint[], bytea[], integer[], timestamp without time zone[], bigint[], bytea[])
         FROM %I', role);
 END $$;
 
@@ -76,8 +91,28 @@ BEGIN
         @extschema@.select_originator(integer, bigint, integer, boolean),
         @extschema@.originator_maxima(integer[]),
         @extschema@.originator_ceilings(),
+        @extschema@.originator_latest(),
         @extschema@.partitions(),
         @extschema@.maintenance_status(integer)
+        TO %I', role);
+    -- The xmtpd layer's readers (sql/xmtpd.sql).
+    EXECUTE format('GRANT USAGE ON SCHEMA envelopes_xmtpd TO %I', role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION
+        envelopes_xmtpd._plain_cursor(integer[], bigint[]),
+        envelopes_xmtpd._plain_entries(bytea[], integer[], bigint[]),
+        envelopes_xmtpd._plain_topics(bytea[]),
+        envelopes_xmtpd._limit(integer, boolean),
+        envelopes_xmtpd.select_gateway_envelopes_by_single_originator(integer, bigint, integer),
+        envelopes_xmtpd.select_gateway_envelopes_by_originators(integer[], bigint[], integer),
+        envelopes_xmtpd.select_gateway_envelopes_by_topics(integer[], bigint[], bytea[], integer),
+        envelopes_xmtpd.select_gateway_envelopes_unfiltered(integer[], bigint[], integer),
+        envelopes_xmtpd.select_gateway_envelopes_by_per_topic_cursors(bytea[], integer[], bigint[], integer, integer),
+        envelopes_xmtpd.select_gateway_envelopes_wave_scan(bytea[], integer[], bigint[], integer[], bigint[], integer, bigint, integer),
+        envelopes_xmtpd.select_newest_from_topics(bytea[]),
+        envelopes_xmtpd.select_originator_ceilings(integer[]),
+        envelopes_xmtpd.select_vector_clock(),
+        envelopes_xmtpd.get_latest_sequence_id(integer),
+        envelopes_xmtpd.select_originator_node_ids()
         TO %I', role);
 END $$;
 
@@ -96,8 +131,25 @@ BEGIN
         @extschema@.select_originator(integer, bigint, integer, boolean),
         @extschema@.originator_maxima(integer[]),
         @extschema@.originator_ceilings(),
+        @extschema@.originator_latest(),
         @extschema@.partitions(),
         @extschema@.maintenance_status(integer)
+        FROM %I', role);
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION
+        envelopes_xmtpd._plain_cursor(integer[], bigint[]),
+        envelopes_xmtpd._plain_entries(bytea[], integer[], bigint[]),
+        envelopes_xmtpd._plain_topics(bytea[]),
+        envelopes_xmtpd.select_gateway_envelopes_by_single_originator(integer, bigint, integer),
+        envelopes_xmtpd.select_gateway_envelopes_by_originators(integer[], bigint[], integer),
+        envelopes_xmtpd.select_gateway_envelopes_by_topics(integer[], bigint[], bytea[], integer),
+        envelopes_xmtpd.select_gateway_envelopes_unfiltered(integer[], bigint[], integer),
+        envelopes_xmtpd.select_gateway_envelopes_by_per_topic_cursors(bytea[], integer[], bigint[], integer, integer),
+        envelopes_xmtpd.select_gateway_envelopes_wave_scan(bytea[], integer[], bigint[], integer[], bigint[], integer, bigint, integer),
+        envelopes_xmtpd.select_newest_from_topics(bytea[]),
+        envelopes_xmtpd.select_originator_ceilings(integer[]),
+        envelopes_xmtpd.select_vector_clock(),
+        envelopes_xmtpd.get_latest_sequence_id(integer),
+        envelopes_xmtpd.select_originator_node_ids()
         FROM %I', role);
 END $$;
 

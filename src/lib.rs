@@ -53,7 +53,7 @@ pgrx::extension_sql_file!(
 pgrx::extension_sql_file!(
     "../sql/retention.sql",
     name = "retention",
-    requires = ["storage", api::partitions::_prune_guard]
+    requires = ["storage", api::partitions::_prune_guard, api::reads::_stored_maxima]
 );
 // The outbox and its doorbell triggers.
 pgrx::extension_sql_file!(
@@ -118,6 +118,24 @@ pgrx::extension_sql_file!(
         "select_originator",
         "originator_maxima",
         "view"
+    ]
+);
+// The xmtpd layer: xmtpd's queries by name, over the functions above.
+pgrx::extension_sql_file!(
+    "../sql/xmtpd.sql",
+    name = "xmtpd",
+    requires = [
+        "retention",
+        "select_gateway_envelopes",
+        "select_by_topic_cursors",
+        "select_wave",
+        "select_newest_by_topic",
+        "select_originator",
+        "originator_maxima",
+        api::insert::insert_gateway_envelope,
+        api::insert::insert_gateway_envelopes_keys,
+        api::partitions::ensure_gateway_parts,
+        api::partitions::prune_expired_below
     ]
 );
 // Last: nothing is usable by PUBLIC until granted.

@@ -76,6 +76,7 @@ fn insert_gateway_envelopes(
         .map_err(InsertError::from)
         .and_then(|()| {
             insert_many(
+                None,
                 originator_node_ids,
                 originator_sequence_ids,
                 topics,
@@ -88,8 +89,51 @@ fn insert_gateway_envelopes(
         .or_raise()
 }
 
+/// `insert_gateway_envelopes`, returning the key of each row that was new, in
+/// key order: a key already stored, or repeated in the batch after its first
+/// occurrence, is not returned. A caller that charges for what it stored does
+/// so for exactly these keys in the same statement, whatever other sessions
+/// insert at the same time. Same arguments, checks and errors.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+fn insert_gateway_envelopes_keys(
+    originator_node_ids: Option<Array<'_, i32>>,
+    originator_sequence_ids: Option<Array<'_, i64>>,
+    topics: Option<Array<'_, &[u8]>>,
+    originator_envelopes: Option<Array<'_, &[u8]>>,
+    payer_ids: default!(Option<Array<'_, i32>>, "NULL"),
+    gateway_times: default!(Option<Array<'_, TimestampWithTimeZone>>, "NULL"),
+    expiries: default!(Option<Array<'_, i64>>, "NULL"),
+) -> TableIterator<
+    'static,
+    (
+        name!(originator_node_id, i32),
+        name!(originator_sequence_id, i64),
+    ),
+> {
+    let mut keys = Vec::new();
+    crate::pg::xact::check_writable("insert_gateway_envelopes_keys")
+        .map_err(InsertError::from)
+        .and_then(|()| {
+            insert_many(
+                Some(&mut keys),
+                originator_node_ids,
+                originator_sequence_ids,
+                topics,
+                originator_envelopes,
+                payer_ids,
+                gateway_times,
+                expiries,
+            )
+        })
+        .or_raise();
+    keys.sort_unstable(); // the SQL path returns them in its join's order
+    TableIterator::new(keys)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn insert_many(
+    keys: Option<&mut Vec<(i32, i64)>>,
     originator_node_ids: Option<Array<'_, i32>>,
     originator_sequence_ids: Option<Array<'_, i64>>,
     topics: Option<Array<'_, &[u8]>>,
@@ -117,7 +161,7 @@ fn insert_many(
         payers: payer_ids.map(|a| a.iter().collect()),
         times: gateway_times.map(|a| a.iter().collect()),
         expiries: expiries.map(|a| a.iter().collect()),
-    })
+    }, keys)
 }
 
 /// Envelopes of one originator in one base64 value: the form
@@ -149,7 +193,7 @@ fn insert_packed(node: Option<i32>, packed: Option<&str>) -> Result<i64, InsertE
     crate::pg::xact::check_writable("insert_gateway_envelopes_packed")?;
     let node = partition::check_node(node)?;
     let packed = packed::decode_base64(packed.ok_or(InsertError::Null("packed_rows"))?)?;
-    write::insert_batch(packed::unpack(node, &packed)?)
+    write::insert_batch(packed::unpack(node, &packed)?, None)
 }
 
 /// One envelope in the packed form of [`insert_gateway_envelopes_packed`]

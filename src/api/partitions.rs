@@ -5,7 +5,8 @@
 
 use crate::error::OrRaise;
 use crate::store::partition::{self, band::Band, PartitionError};
-use crate::store::retention;
+use crate::store::retention::{self, PruneError};
+use std::collections::HashMap;
 use pgrx::prelude::*;
 
 /// For `prune_expired`: whether it may drop this band now (no session is between
@@ -65,6 +66,70 @@ fn prune_expired(
         name!(dropped, bool),
     ),
 > {
-    let rows = retention::prune(as_of, lock_timeout_ms, in_transaction.unwrap_or(false)).or_raise();
+    let rows = retention::prune(
+        as_of,
+        lock_timeout_ms,
+        in_transaction.unwrap_or(false),
+        None,
+    )
+    .or_raise();
     TableIterator::new(rows)
+}
+
+/// `prune_expired` bounded per originator: only the originators in
+/// `originator_node_ids` are looked at, and of each only the expired rows with a
+/// sequence id below its element of `below_sequence_ids` are deleted (an
+/// application that may delete only what it has settled, as xmtpd prunes below
+/// its settled payer reports). The other arguments and the result are
+/// `prune_expired`'s.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+#[allow(clippy::type_complexity)]
+fn prune_expired_below(
+    originator_node_ids: Option<Array<'_, i32>>,
+    below_sequence_ids: Option<Array<'_, i64>>,
+    as_of: default!(Option<i64>, "NULL"),
+    lock_timeout_ms: default!(Option<i32>, "200"),
+    in_transaction: default!(Option<bool>, "false"),
+) -> TableIterator<
+    'static,
+    (
+        name!(originator_node_id, i32),
+        name!(band_start, i64),
+        name!(band_end, Option<i64>),
+        name!(deleted_rows, i64),
+        name!(dropped, bool),
+    ),
+> {
+    let prune = || {
+        let nodes: Vec<i32> = originator_node_ids
+            .ok_or(PruneError::NullBound("originator_node_ids"))?
+            .iter()
+            .collect::<Option<_>>()
+            .ok_or(PruneError::NullBound("originator_node_ids"))?;
+        let seqs: Vec<i64> = below_sequence_ids
+            .ok_or(PruneError::NullBound("below_sequence_ids"))?
+            .iter()
+            .collect::<Option<_>>()
+            .ok_or(PruneError::NullBound("below_sequence_ids"))?;
+        if nodes.len() != seqs.len() {
+            return Err(PruneError::BoundLength {
+                nodes: nodes.len(),
+                seqs: seqs.len(),
+            });
+        }
+        let mut bounds = HashMap::with_capacity(nodes.len());
+        for (node, seq) in nodes.into_iter().zip(seqs) {
+            if bounds.insert(node, seq).is_some() {
+                return Err(PruneError::DuplicateBound(node));
+            }
+        }
+        retention::prune(
+            as_of,
+            lock_timeout_ms,
+            in_transaction.unwrap_or(false),
+            Some(&bounds),
+        )
+    };
+    TableIterator::new(prune().or_raise())
 }

@@ -19,6 +19,7 @@ use crate::pg::srf::{arg, materialized_srf};
 use crate::store::read::lookup;
 use crate::store::read::select::{self, SelectError};
 use crate::store::read::shapes::{self, ShapeError};
+use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 use std::collections::{BTreeSet, HashMap};
 
@@ -239,6 +240,22 @@ LANGUAGE c AS 'MODULE_PATHNAME', 'originator_maxima_wrapper';
         })()
     }
 );
+
+/// Per originator with a stored row, its highest sequence id and that row's
+/// gateway time, as the calling statement sees them (`originator_latest()`
+/// adds what pruning deleted).
+#[pg_extern(stable, parallel_safe)]
+#[allow(clippy::type_complexity)]
+fn _stored_maxima() -> TableIterator<
+    'static,
+    (
+        name!(originator_node_id, i32),
+        name!(originator_sequence_id, i64),
+        name!(gateway_time, TimestampWithTimeZone),
+    ),
+> {
+    TableIterator::new(shapes::stored_maxima().or_raise())
+}
 
 /// The bytes of envelope `(originator_node_id, originator_sequence_id)` from
 /// `gateway_envelopes_blob`, as the calling statement sees it; NULL when there is

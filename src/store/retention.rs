@@ -44,6 +44,7 @@ use crate::pg::scan::{Range, Scan};
 use crate::pg::snapshot::Latest;
 use crate::pg::worker::{self, Header, Segment};
 use crate::store::partition::PartitionError;
+use std::collections::HashMap;
 use pgrx::pg_sys::{self, Oid};
 use pgrx::prelude::*;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -66,6 +67,12 @@ pub enum PruneError {
     NotWritable(#[from] crate::pg::xact::NotWritable),
     #[error("SPI error while pruning: {0}")]
     Spi(#[from] pgrx::spi::SpiError),
+    #[error("{0} must not be NULL nor hold NULL")]
+    NullBound(&'static str),
+    #[error("originator_node_ids has {nodes} elements but below_sequence_ids has {seqs}")]
+    BoundLength { nodes: usize, seqs: usize },
+    #[error("originator {0} is given more than one bound")]
+    DuplicateBound(i32),
 }
 
 impl SqlError for PruneError {
@@ -79,6 +86,9 @@ impl SqlError for PruneError {
             PruneError::Partition(e) => e.sqlstate(),
             PruneError::NotWritable(e) => e.sqlstate(),
             PruneError::Spi(_) => ERRCODE_INTERNAL_ERROR,
+            PruneError::NullBound(_) => ERRCODE_NULL_VALUE_NOT_ALLOWED,
+            PruneError::BoundLength { .. } => ERRCODE_ARRAY_ELEMENT_ERROR,
+            PruneError::DuplicateBound(_) => ERRCODE_INVALID_PARAMETER_VALUE,
         }
     }
 
@@ -117,6 +127,11 @@ struct Entry {
     start: i64,
     end: i64,
     deleted: i64,
+    /// Only rows with a lower sequence id may go (`i64::MAX`: no bound).
+    below: i64,
+    /// Record the highest key deleted in `envelopes.pruned_maxima` (absent in
+    /// a database still at 0.3.0 under a newer library).
+    keep_maxima: bool,
 }
 
 /// The worker's job: its fixed part followed by `count` entries.
@@ -137,6 +152,7 @@ pub fn prune(
     as_of: Option<i64>,
     lock_timeout_ms: Option<i32>,
     in_transaction: bool,
+    bounds: Option<&HashMap<i32, i64>>,
 ) -> Result<Vec<Row>, PruneError> {
     crate::pg::xact::check_writable("prune_expired")?;
     let lock_timeout_ms = match lock_timeout_ms {
@@ -163,6 +179,17 @@ pub fn prune(
         .unwrap_or(0),
     };
     let mut entries = list_bands()?;
+    if let Some(bounds) = bounds {
+        // Only the originators given, and in each only the bands that start
+        // below its bound.
+        entries.retain_mut(|entry| match bounds.get(&entry.node) {
+            Some(&below) if entry.start < below => {
+                entry.below = below;
+                true
+            }
+            _ => false,
+        });
+    }
     let mut in_transaction = in_transaction;
     if !in_transaction && !entries.is_empty() && caller_holds_partition_locks()? {
         pgrx::warning!(
@@ -237,6 +264,10 @@ fn rows_of(entries: &[Entry]) -> Vec<Row> {
 /// scans of its band leaves, newest band first, each asked for without waiting
 /// and released when it closes.
 fn list_bands() -> Result<Vec<Entry>, PruneError> {
+    let keep_maxima = Spi::get_one::<bool>(
+        "SELECT pg_catalog.to_regclass('envelopes.pruned_maxima') IS NOT NULL",
+    )?
+    .unwrap_or(false);
     let mut entries = Spi::connect(|client| {
         let bands = client.select(
             "SELECT p.originator_node_id, p.band_start, p.band_end,
@@ -266,6 +297,8 @@ fn list_bands() -> Result<Vec<Entry>, PruneError> {
                 empty: false,
                 dropped: false,
                 deleted: 0,
+                below: i64::MAX,
+                keep_maxima,
             });
         }
         Ok::<_, PruneError>(entries)
@@ -396,16 +429,35 @@ fn delete_expired(entry: &mut Entry, cutoff: i64, late: Oid) -> Result<(), Prune
         ),
         None => String::new(),
     };
+    // The highest key deleted per originator is kept, so that the highest id
+    // ever stored (`originator_latest()`) survives pruning.
+    let keep = if entry.keep_maxima {
+        ", kept AS (
+             INSERT INTO envelopes.pruned_maxima AS p
+                    (originator_node_id, originator_sequence_id, gateway_time)
+             SELECT DISTINCT ON (g.originator_node_id)
+                    g.originator_node_id, g.originator_sequence_id, g.gateway_time
+               FROM gone g
+              ORDER BY g.originator_node_id, g.originator_sequence_id DESC
+             ON CONFLICT (originator_node_id) DO UPDATE
+                SET originator_sequence_id = excluded.originator_sequence_id,
+                    gateway_time = excluded.gateway_time
+              WHERE excluded.originator_sequence_id > p.originator_sequence_id
+         )"
+    } else {
+        ""
+    };
     let sql = format!(
         "WITH doomed AS (
              SELECT x.tableoid, x.ctid FROM {meta} x
               WHERE x.expiry IS NOT NULL AND x.expiry < $1
+                AND x.originator_sequence_id < $2
                 FOR UPDATE SKIP LOCKED
          ), gone AS (
              DELETE FROM {meta} m USING doomed d
               WHERE m.ctid = d.ctid AND m.tableoid = d.tableoid
-             RETURNING m.originator_node_id, m.originator_sequence_id
-         ){gone_blob}, gone_late AS (
+             RETURNING m.originator_node_id, m.originator_sequence_id, m.gateway_time
+         ){gone_blob}{keep}, gone_late AS (
              DELETE FROM envelopes.late_envelopes l USING gone g
               WHERE l.originator_node_id = g.originator_node_id
                 AND l.originator_sequence_id = g.originator_sequence_id
@@ -415,7 +467,7 @@ fn delete_expired(entry: &mut Entry, cutoff: i64, late: Oid) -> Result<(), Prune
     );
     let deleted = Spi::connect_mut(|client| {
         client
-            .update(&sql, None, &[cutoff.into()])?
+            .update(&sql, None, &[cutoff.into(), entry.below.into()])?
             .first()
             .get_one::<i64>()
     })?;

@@ -558,10 +558,43 @@ fn advance(cursor: &mut TopicCursor, cols: &MetaColumns) -> bool {
     }
 }
 
-/// The row of `node` with the highest sequence id among those with `topic`, as
-/// `reading` sees them: the bands from the newest down, a backward scan of each
-/// band's topic index, the first row found.
-pub fn newest_with_topic(
+/// The meta row of `node` with the highest sequence id, as `reading` sees it:
+/// its sequence id and gateway time (the newest band first, one backward step
+/// of each band's primary key until a band has a row).
+pub fn highest_meta(
+    node: i32,
+    reading: impl Into<Reading>,
+) -> Result<Option<(i64, TimestampWithTimeZone)>, PartitionError> {
+    let reading = reading.into();
+    let Some(meta) = partition::originator_parts(Table::Meta, node)? else {
+        return Ok(None);
+    };
+    for (_, leaf) in meta.bands.iter().rev() {
+        let range = Range::Envelope {
+            node,
+            after: i64::MIN,
+            upto: i64::MAX,
+        };
+        let Some(mut scan) = Scan::open_band(*leaf, reading, range, true, meta.path(*leaf)) else {
+            continue; // dropped after it was listed
+        };
+        let cols = MetaColumns::of(&scan)?;
+        if scan.next() {
+            let seq = scan.get::<i64>(cols.seq).ok_or_else(missing)?;
+            let time = scan.get(cols.gateway_time).ok_or_else(missing)?;
+            return Ok(Some((seq, time)));
+        }
+    }
+    Ok(None)
+}
+
+/// Of `node`'s rows on `topic`, the one with the latest `gateway_time` (on a
+/// tie, the higher sequence id), with its bytes, as `reading` sees them. Reads
+/// every row of the topic in every band, in the topic index's order, looking at
+/// the time column alone; the winner's bytes are read once at the end. A
+/// gateway time is the caller's to give, so no band can be skipped: a late
+/// arrival low in the sequence may carry the latest time.
+pub fn latest_with_topic(
     node: i32,
     topic: &[u8],
     reading: impl Into<Reading>,
@@ -575,13 +608,18 @@ pub fn newest_with_topic(
         return Ok(None);
     };
     let datum = topic.into_datum().unwrap_or_else(pg_sys::Datum::null);
+    let range = |after, upto| Range::Topic {
+        topic: datum,
+        after,
+        upto,
+    };
+    // (gateway time, sequence id, leaf) of the best row so far. A meta row
+    // without its blob twin (only after hand edits) is not a row of the view.
+    let mut best: Option<(i64, i64, Oid)> = None;
     for (_, leaf) in meta.bands.iter().rev() {
-        let range = Range::Topic {
-            topic: datum,
-            after: i64::MIN,
-            upto: i64::MAX,
-        };
-        let Some(mut scan) = Scan::open_band(*leaf, reading, range, true, meta.path(*leaf)) else {
+        let Some(mut scan) =
+            Scan::open_band(*leaf, reading, range(i64::MIN, i64::MAX), true, meta.path(*leaf))
+        else {
             continue; // dropped after it was listed
         };
         let cols = MetaColumns::of(&scan)?;
@@ -590,20 +628,47 @@ pub fn newest_with_topic(
                 .value(cols.seq)
                 .map(|d| d.value() as i64)
                 .ok_or_else(missing)?;
-            let Some((mut blob_scan, col)) = blob_of(&blob, node, seq, reading) else {
+            let time = scan
+                .value(cols.gateway_time)
+                .map(|d| d.value() as i64)
+                .ok_or_else(missing)?;
+            if best.is_some_and(|(t, s, _)| (time, seq) <= (t, s)) {
                 continue;
-            };
-            let envelope = blob_scan.flat_value(col);
-            let row = At {
-                meta: &mut scan,
-                cols: &cols,
-                node,
-                seq,
-                envelope,
             }
-            .copy_out()?;
-            return Ok(Some(row));
+            if blob_of(&blob, node, seq, reading).is_some() {
+                best = Some((time, seq, *leaf));
+            }
         }
     }
-    Ok(None)
+    let Some((_, seq, leaf)) = best else {
+        return Ok(None);
+    };
+    let Some(mut scan) = Scan::open_band(
+        leaf,
+        reading,
+        range(seq.saturating_sub(1), seq),
+        false,
+        meta.path(leaf),
+    )
+    else {
+        return Ok(None);
+    };
+    let cols = MetaColumns::of(&scan)?;
+    if !scan.next() {
+        return Ok(None);
+    }
+    let Some((mut blob_scan, col)) = blob_of(&blob, node, seq, reading) else {
+        return Ok(None);
+    };
+    let envelope = blob_scan.flat_value(col);
+    At {
+        meta: &mut scan,
+        cols: &cols,
+        node,
+        seq,
+        envelope,
+    }
+    .copy_out()
+    .map(Some)
 }
+

@@ -30,6 +30,7 @@ use crate::store::partition::PartitionError;
 use crate::store::read::results::EnvelopeResults;
 use crate::store::read::select::{self, statement_snapshot, SelectError};
 use crate::store::read::{self, TopicEntry};
+use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -229,8 +230,10 @@ pub fn wave(
     Ok(())
 }
 
-/// `select_newest_by_topic`: per topic, of each originator's envelope with the
-/// highest sequence id on it, the one with the latest `gateway_time`.
+/// `select_newest_by_topic`: per topic, its envelope with the latest
+/// `gateway_time`, as xmtpd's `SelectNewestFromTopics` orders them (`DISTINCT
+/// ON (topic) ... ORDER BY topic, gateway_time DESC`). xmtpd leaves a tie to
+/// the plan; here it goes to the higher originator, then the higher sequence id.
 pub fn newest_by_topic(
     topics: BTreeSet<Vec<u8>>,
     out: &mut Materialized,
@@ -240,14 +243,11 @@ pub fn newest_by_topic(
     for topic in topics {
         let mut newest: Option<read::EnvelopeRow> = None;
         for node in &originators {
-            let Some(row) = read::newest_with_topic(*node, &topic, Reading::kept(snapshot))? else {
+            let Some(row) = read::latest_with_topic(*node, &topic, Reading::kept(snapshot))? else {
                 continue;
             };
-            // The latest gateway time wins; on a tie, the higher originator.
-            if newest
-                .as_ref()
-                .is_none_or(|best| (row.gateway_time, row.node) > (best.gateway_time, best.node))
-            {
+            let key = |r: &read::EnvelopeRow| (r.gateway_time, r.node, r.seq);
+            if newest.as_ref().is_none_or(|best| key(&row) > key(best)) {
                 newest = Some(row);
             }
         }
@@ -286,4 +286,17 @@ pub fn maxima(nodes: BTreeSet<i32>, out: &mut Materialized) -> Result<(), ShapeE
         out.put_pair((node, max.unwrap_or(0)));
     }
     Ok(())
+}
+
+/// Every originator's stored row with the highest sequence id: `(originator,
+/// sequence id, gateway time)`, ascending by originator.
+pub fn stored_maxima() -> Result<Vec<(i32, i64, TimestampWithTimeZone)>, ShapeError> {
+    let snapshot = statement_snapshot()?;
+    let mut rows = Vec::new();
+    for node in crate::store::partition::originators()? {
+        if let Some((seq, time)) = read::highest_meta(node, Reading::kept(snapshot))? {
+            rows.push((node, seq, time));
+        }
+    }
+    Ok(rows)
 }

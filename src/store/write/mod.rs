@@ -183,6 +183,7 @@ ON CONFLICT DO NOTHING";
 /// Inserts a batch given as parallel arrays. Duplicates inside the batch keep their
 /// first occurrence; rows are inserted in key order, so two batches that overlap
 /// take their index locks in the same order and cannot deadlock each other.
+/// Returns the keys of the new rows (for `insert_gateway_envelopes_keys`).
 const INSERT_MANY: &str = "
 WITH input AS (
     SELECT DISTINCT ON (u.node, u.seq) u.node, u.seq, u.topic, u.envelope, u.payer, u.at, u.expiry
@@ -202,7 +203,8 @@ INSERT INTO envelopes.gateway_envelopes_blob
     (originator_node_id, originator_sequence_id, originator_envelope)
 SELECT m.originator_node_id, m.originator_sequence_id, input.envelope
   FROM m JOIN input ON input.node = m.originator_node_id AND input.seq = m.originator_sequence_id
-ON CONFLICT DO NOTHING";
+ON CONFLICT DO NOTHING
+RETURNING originator_node_id, originator_sequence_id";
 
 /// The late batch statements around their late-feed part: the input in key
 /// order and the meta rows (`late` from `$8`), then the blob rows of the new ones.
@@ -230,7 +232,8 @@ INSERT INTO envelopes.gateway_envelopes_blob
     (originator_node_id, originator_sequence_id, originator_envelope)
 SELECT m.originator_node_id, m.originator_sequence_id, input.envelope
   FROM m JOIN input ON input.node = m.originator_node_id AND input.seq = m.originator_sequence_id
-ON CONFLICT DO NOTHING"
+ON CONFLICT DO NOTHING
+RETURNING originator_node_id, originator_sequence_id"
         )
     };
 }
@@ -354,10 +357,24 @@ impl Plan {
 /// Runs one of the two insert plans, preparing it on first use, and returns the
 /// number of rows it inserted into the blob table (= new envelopes).
 fn execute(plan: Plan, args: &[DatumWithOid<'_>]) -> Result<i64, InsertError> {
-    crate::pg::definer::pinned(|| execute_pinned(plan, args))
+    crate::pg::definer::pinned(|| execute_pinned(plan, args, None))
 }
 
-fn execute_pinned(plan: Plan, args: &[DatumWithOid<'_>]) -> Result<i64, InsertError> {
+/// [`execute`] for a batch statement, whose rows are the new keys: pushed onto
+/// `keys` when given.
+fn execute_many(
+    plan: Plan,
+    args: &[DatumWithOid<'_>],
+    keys: Option<&mut Vec<(i32, i64)>>,
+) -> Result<i64, InsertError> {
+    crate::pg::definer::pinned(|| execute_pinned(plan, args, keys))
+}
+
+fn execute_pinned(
+    plan: Plan,
+    args: &[DatumWithOid<'_>],
+    keys: Option<&mut Vec<(i32, i64)>>,
+) -> Result<i64, InsertError> {
     Spi::connect_mut(|client| {
         // The borrow is released before executing: a trigger may call back in.
         let cached = PLANS.with(|plans| plans.borrow()[plan as usize].clone());
@@ -373,7 +390,15 @@ fn execute_pinned(plan: Plan, args: &[DatumWithOid<'_>]) -> Result<i64, InsertEr
                 prepared
             }
         };
-        let inserted = feed::through_functions(|| client.update(&*prepared, None, args))?.len();
+        let table = feed::through_functions(|| client.update(&*prepared, None, args))?;
+        let inserted = table.len();
+        if let Some(keys) = keys {
+            for row in table {
+                if let (Some(node), Some(seq)) = (row.get::<i32>(1)?, row.get::<i64>(2)?) {
+                    keys.push((node, seq));
+                }
+            }
+        }
         Ok(i64::try_from(inserted).unwrap_or(i64::MAX))
     })
 }
@@ -416,7 +441,7 @@ pub fn insert_one(
             },
         )]
     };
-    if let Some(new) = write_direct(&[routes], late, false, false, row)? {
+    if let Some(new) = write_direct(&[routes], late, false, false, None, row)? {
         return Ok(new);
     }
     let mut args = vec![
@@ -466,7 +491,14 @@ pub struct Batch<'a> {
 
 /// Inserts a batch whose columns have one length (checked by the caller): the
 /// body of both batch functions.
-pub fn insert_batch(batch: Batch<'_>) -> Result<i64, InsertError> {
+///
+/// With `new_keys`, the keys of the rows that were new are pushed onto it, in key
+/// order (what a caller charges for: a key already stored, or given twice in
+/// the batch, is not new).
+pub fn insert_batch(
+    batch: Batch<'_>,
+    mut new_keys: Option<&mut Vec<(i32, i64)>>,
+) -> Result<i64, InsertError> {
     let n = batch.nodes.len();
     if n == 0 {
         return Ok(0);
@@ -578,7 +610,14 @@ pub fn insert_batch(batch: Batch<'_>) -> Result<i64, InsertError> {
             (*routes, flags, row)
         })
     };
-    if let Some(new) = write_direct(&locked, any_late, n >= BULK_ROWS, true, rows)? {
+    if let Some(new) = write_direct(
+        &locked,
+        any_late,
+        n >= BULK_ROWS,
+        true,
+        new_keys.as_deref_mut(),
+        rows,
+    )? {
         return Ok(new);
     }
 
@@ -598,7 +637,7 @@ pub fn insert_batch(batch: Batch<'_>) -> Result<i64, InsertError> {
             markers::mark_drawn(Drawn::Late)?;
             args.push(DatumWithOid::from(flags));
             if late::layout() == late::Layout::Rows {
-                return execute(Plan::ManyLateRows, &args);
+                return execute_many(Plan::ManyLateRows, &args, new_keys);
             }
             let late_keys: Vec<(i32, i64)> = distinct
                 .iter()
@@ -615,9 +654,9 @@ pub fn insert_batch(batch: Batch<'_>) -> Result<i64, InsertError> {
             args.push(DatumWithOid::from(
                 entries.iter().map(|e| e.last).collect::<Vec<i64>>(),
             ));
-            execute(Plan::ManyLate, &args)
+            execute_many(Plan::ManyLate, &args, new_keys)
         }
-        None => execute(Plan::Many, &args),
+        None => execute_many(Plan::Many, &args, new_keys),
     }
 }
 
@@ -645,6 +684,7 @@ fn write_direct<'a, R>(
     any_late: bool,
     bulk: bool,
     buffered: bool,
+    mut keys: Option<&mut Vec<(i32, i64)>>,
     rows: impl FnOnce() -> R,
 ) -> Result<Option<i64>, InsertError>
 where
@@ -679,6 +719,9 @@ where
                 fresh,
             )? {
                 new += 1;
+                if let Some(keys) = keys.as_deref_mut() {
+                    keys.push((row.node, row.seq));
+                }
             }
         }
     }
