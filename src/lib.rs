@@ -53,7 +53,11 @@ pgrx::extension_sql_file!(
 pgrx::extension_sql_file!(
     "../sql/retention.sql",
     name = "retention",
-    requires = ["storage", api::partitions::_prune_guard, api::reads::_stored_maxima]
+    requires = [
+        "storage",
+        api::partitions::_prune_guard,
+        api::reads::_stored_maxima
+    ]
 );
 // The outbox and its doorbell triggers.
 pgrx::extension_sql_file!(

@@ -153,15 +153,18 @@ fn insert_many(
     check_len("payer_ids", payer_ids.as_ref().map(Array::len), n)?;
     check_len("gateway_times", gateway_times.as_ref().map(Array::len), n)?;
     check_len("expiries", expiries.as_ref().map(Array::len), n)?;
-    write::insert_batch(Batch {
-        nodes: nodes.iter().collect(),
-        seqs: seqs.iter().collect(),
-        topics: topics.iter().collect(),
-        envelopes: envelopes.iter().collect(),
-        payers: payer_ids.map(|a| a.iter().collect()),
-        times: gateway_times.map(|a| a.iter().collect()),
-        expiries: expiries.map(|a| a.iter().collect()),
-    }, keys)
+    write::insert_batch(
+        Batch {
+            nodes: nodes.iter().collect(),
+            seqs: seqs.iter().collect(),
+            topics: topics.iter().collect(),
+            envelopes: envelopes.iter().collect(),
+            payers: payer_ids.map(|a| a.iter().collect()),
+            times: gateway_times.map(|a| a.iter().collect()),
+            expiries: expiries.map(|a| a.iter().collect()),
+        },
+        keys,
+    )
 }
 
 /// Envelopes of one originator in one base64 value: the form

@@ -6,8 +6,8 @@
 use crate::error::OrRaise;
 use crate::store::partition::{self, band::Band, PartitionError};
 use crate::store::retention::{self, PruneError};
-use std::collections::HashMap;
 use pgrx::prelude::*;
+use std::collections::HashMap;
 
 /// For `prune_expired`: whether it may drop this band now (no session is between
 /// creating or finding it and inserting into it). When it may, the guard is held

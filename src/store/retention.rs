@@ -44,9 +44,9 @@ use crate::pg::scan::{Range, Scan};
 use crate::pg::snapshot::Latest;
 use crate::pg::worker::{self, Header, Segment};
 use crate::store::partition::PartitionError;
-use std::collections::HashMap;
 use pgrx::pg_sys::{self, Oid};
 use pgrx::prelude::*;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 

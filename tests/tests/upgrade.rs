@@ -12,7 +12,7 @@ fn catalog(c: &mut Client) -> Vec<String> {
     let queries = [
         "SELECT p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ') ' ||
                 pg_get_functiondef(p.oid) || ' acl=' || COALESCE(p.proacl::text, 'default')
-           FROM pg_proc p WHERE p.pronamespace = 'envelopes'::regnamespace",
+           FROM pg_proc p WHERE p.pronamespace::regnamespace::text IN ('envelopes', 'envelopes_xmtpd')",
         "SELECT c.relname || ' ' || c.relkind::text || ' acl=' || COALESCE(c.relacl::text, 'default') || ' ' ||
                 COALESCE(string_agg(a.attname || ':' || format_type(a.atttypid, a.atttypmod) || ':' ||
                          a.attnotnull || ':' || COALESCE(pg_get_expr(d.adbin, d.adrelid), ''), ',' ORDER BY a.attnum), '')
@@ -29,7 +29,8 @@ fn catalog(c: &mut Client) -> Vec<String> {
         "SELECT tgname || ' ' || pg_get_triggerdef(t.oid) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
           WHERE c.relnamespace = 'envelopes'::regnamespace AND NOT t.tgisinternal AND c.relname NOT LIKE '%\\_o%'",
         "SELECT viewname || ' ' || definition FROM pg_views WHERE schemaname = 'envelopes'",
-        "SELECT 'schema acl=' || COALESCE(nspacl::text, 'default') FROM pg_namespace WHERE nspname = 'envelopes'",
+        "SELECT nspname || ' acl=' || COALESCE(nspacl::text, 'default') || ' ' || COALESCE(obj_description(oid, 'pg_namespace'), '')
+           FROM pg_namespace WHERE nspname IN ('envelopes', 'envelopes_xmtpd')",
     ];
     let mut out = Vec::new();
     for q in queries {

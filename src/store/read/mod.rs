@@ -617,9 +617,13 @@ pub fn latest_with_topic(
     // without its blob twin (only after hand edits) is not a row of the view.
     let mut best: Option<(i64, i64, Oid)> = None;
     for (_, leaf) in meta.bands.iter().rev() {
-        let Some(mut scan) =
-            Scan::open_band(*leaf, reading, range(i64::MIN, i64::MAX), true, meta.path(*leaf))
-        else {
+        let Some(mut scan) = Scan::open_band(
+            *leaf,
+            reading,
+            range(i64::MIN, i64::MAX),
+            true,
+            meta.path(*leaf),
+        ) else {
             continue; // dropped after it was listed
         };
         let cols = MetaColumns::of(&scan)?;
@@ -649,8 +653,7 @@ pub fn latest_with_topic(
         range(seq.saturating_sub(1), seq),
         false,
         meta.path(leaf),
-    )
-    else {
+    ) else {
         return Ok(None);
     };
     let cols = MetaColumns::of(&scan)?;
@@ -671,4 +674,3 @@ pub fn latest_with_topic(
     .copy_out()
     .map(Some)
 }
-
