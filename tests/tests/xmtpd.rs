@@ -692,6 +692,10 @@ fn load_for_layer(c: &mut Client) {
 }
 
 type Cursor = (Option<Vec<i32>>, Option<Vec<i64>>);
+/// A cursor whose arrays may hold NULL.
+type NullableCursor = (Vec<Option<i32>>, Vec<Option<i64>>);
+/// Per-topic cursor entries whose arrays may hold NULL.
+type NullableEntries = (Vec<Option<Vec<u8>>>, Vec<Option<i32>>, Vec<Option<i64>>);
 
 fn layer_cursors() -> Vec<Cursor> {
     let c = |n: &[i32], s: &[i64]| (Some(n.to_vec()), Some(s.to_vec()));
@@ -707,7 +711,7 @@ fn layer_cursors() -> Vec<Cursor> {
     ]
 }
 
-fn layer_cursors_with_nulls() -> Vec<(Vec<Option<i32>>, Vec<Option<i64>>)> {
+fn layer_cursors_with_nulls() -> Vec<NullableCursor> {
     vec![
         (vec![Some(1), None], vec![Some(5), Some(7)]),
         (vec![Some(1), Some(2)], vec![Some(5), None]),
@@ -826,17 +830,16 @@ fn the_xmtpd_layer_answers_as_xmtpds_queries() {
 
     // Per-topic cursors and waves, with entries repeated, NULL, or of arrays of
     // different lengths.
-    let mut entry_lists: Vec<(Vec<Option<Vec<u8>>>, Vec<Option<i32>>, Vec<Option<i64>>)> =
-        entry_sets()
-            .into_iter()
-            .map(|(t, n, s)| {
-                (
-                    t.into_iter().map(Some).collect(),
-                    n.into_iter().map(Some).collect(),
-                    s.into_iter().map(Some).collect(),
-                )
-            })
-            .collect();
+    let mut entry_lists: Vec<NullableEntries> = entry_sets()
+        .into_iter()
+        .map(|(t, n, s)| {
+            (
+                t.into_iter().map(Some).collect(),
+                n.into_iter().map(Some).collect(),
+                s.into_iter().map(Some).collect(),
+            )
+        })
+        .collect();
     entry_lists.push((
         vec![Some(topic(1)), Some(topic(1)), Some(topic(2))],
         vec![Some(1), Some(1), Some(6)],
@@ -876,7 +879,7 @@ fn the_xmtpd_layer_answers_as_xmtpds_queries() {
                 checked += 1;
             }
         }
-        let ceilings: [(Vec<Option<i32>>, Vec<Option<i64>>); 4] = [
+        let ceilings: [NullableCursor; 4] = [
             (
                 vec![Some(1), Some(2), Some(3), Some(4), Some(6)],
                 vec![Some(10_000); 5],
@@ -1144,7 +1147,7 @@ fn the_xmtpd_batch_insert_returns_exactly_the_new_keys() {
         db.int8(
             "SELECT count(*) FROM envelopes.gateway_envelopes_meta WHERE originator_node_id = 50"
         ),
-        (rounds * 20) as i64
+        rounds * 20
     );
 }
 
