@@ -265,7 +265,7 @@ pub fn outcome(c: &mut Client, sql: &str) -> String {
 /// A call of every function that writes, each insert on an originator of its
 /// own (40 to 44) that has no partition yet (so it would create one), the packed
 /// forms' arguments built in SQL; prune deletes what expired before 200.
-pub const WRITING_CALLS: [&str; 7] = [
+pub const WRITING_CALLS: [&str; 10] = [
     "SELECT envelopes.insert_gateway_envelope(40, 1, '\\x01', '\\x02')",
     "SELECT envelopes.insert_gateway_envelopes(ARRAY[41], ARRAY[1]::bigint[],
          ARRAY['\\x01']::bytea[], ARRAY['\\x02']::bytea[])",
@@ -278,4 +278,9 @@ pub const WRITING_CALLS: [&str; 7] = [
     "SELECT envelopes.ensure_gateway_parts(44, 1)",
     "SELECT envelopes.publish('orders.created', '\\x01')",
     "SELECT count(*) FROM envelopes.prune_expired(as_of => 200)",
+    "SELECT count(*) FROM envelopes.insert_gateway_envelopes_keys(ARRAY[41], ARRAY[2]::bigint[],
+         ARRAY['\\x01']::bytea[], ARRAY['\\x02']::bytea[])",
+    "SELECT count(*) FROM envelopes_xmtpd.insert_gateway_envelope_batch(ARRAY[40], ARRAY[3]::bigint[],
+         ARRAY['\\x01']::bytea[], ARRAY[0], NULL, NULL, ARRAY['\\x02']::bytea[])",
+    "SELECT count(*) FROM envelopes.prune_expired_below(ARRAY[39], ARRAY[10]::bigint[], as_of => 200)",
 ];
