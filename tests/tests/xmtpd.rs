@@ -1294,3 +1294,86 @@ fn a_writer_may_name_the_band_width_in_force() {
         2
     );
 }
+
+/// The rows of a read are kept in one backend-lived context between calls
+/// (src/pg/srf.rs): it is emptied when the query ends, when it fails half way,
+/// and it is not shared between two reads open at once (a cursor still being
+/// fetched and a second read in the same transaction).
+#[test]
+fn read_results_memory_is_emptied_after_each_query_and_never_shared() {
+    let db = TestDb::new("xmtpd_memory");
+    let mut c = db.connect();
+    c.batch_execute(
+        "SELECT envelopes.insert_gateway_envelopes(array_agg(7), array_agg(s), array_agg('\\x01'::bytea),
+                array_agg(pg_catalog.convert_to(repeat('e', 500), 'UTF8')))
+           FROM generate_series(1::bigint, 3000) s",
+    )
+    .unwrap();
+    let kept = |c: &mut Client| -> (i64, i64) {
+        let r = c
+            .query_one(
+                "SELECT coalesce(sum(total_bytes), 0)::bigint, coalesce(sum(used_bytes), 0)::bigint
+                   FROM pg_backend_memory_contexts WHERE name = 'pg_envelopes read result'",
+                &[],
+            )
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    let count = |c: &mut Client, sql: &str| -> i64 { c.query_one(sql, &[]).unwrap().get(0) };
+    assert_eq!(
+        count(
+            &mut c,
+            "SELECT count(*) FROM envelopes.select_originator(7, 0, 3000)"
+        ),
+        3000
+    );
+    let (total, used) = kept(&mut c);
+    assert!(total >= 1024 * 1024, "the first block stays: {total}");
+    assert!(used < 4096, "emptied after the query: {used}");
+    // A query failing after the read filled it.
+    let err = c
+        .batch_execute("SELECT 1 / (count(*) - 3000) FROM envelopes.select_originator(7, 0, 3000)")
+        .unwrap_err();
+    assert_eq!(sqlstate(&err), "22012");
+    assert!(kept(&mut c).1 < 4096, "emptied after the failure");
+    // Two reads open at once in one transaction: a cursor part way through and
+    // a second read; both see their own rows.
+    let mut tx = c.transaction().unwrap();
+    tx.batch_execute(
+        "DECLARE a CURSOR FOR SELECT originator_sequence_id FROM envelopes.select_originator(7, 0, 3000)",
+    )
+    .unwrap();
+    let first: Vec<i64> = tx
+        .query("FETCH 5 FROM a", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(first, [1, 2, 3, 4, 5]);
+    let other: i64 = tx
+        .query_one("SELECT sum(originator_sequence_id)::bigint FROM envelopes.select_originator(7, 2000, 1000)", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(other, (2001..=3000).sum::<i64>());
+    let rest: Vec<i64> = tx
+        .query("FETCH ALL FROM a", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(rest, (6..=3000).collect::<Vec<i64>>());
+    tx.batch_execute("CLOSE a").unwrap();
+    tx.commit().unwrap();
+    assert!(kept(&mut c).1 < 4096, "emptied once the cursor closed");
+    // A LATERAL read calls the function once per outer row: every call sees
+    // its own rows.
+    assert_eq!(
+        count(
+            &mut c,
+            "SELECT count(*) FROM generate_series(0, 2999, 1000) g,
+                    LATERAL envelopes.select_originator(7, g, 1000) r
+              WHERE r.originator_sequence_id > g AND r.originator_sequence_id <= g + 1000"
+        ),
+        3000
+    );
+}
