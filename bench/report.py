@@ -262,6 +262,32 @@ RATIOS = [
     for parts in (50, 1000, 5000)
     for clients in (1, 4)
 ] + [
+    (f"xmtpd_{shape}_{width}_c{clients}", "fn", "xmtpd", 1.5, "higher",
+     f"{what}, function / xmtpd's query (the better of generic and custom plan), {width:,}-id bands, {clients} client{'s' if clients > 1 else ''}")
+    for shape, what in [
+        ("originator", "one originator from the start (1,000 rows)"),
+        ("originators", "every originator after a mid-history cursor (1,000 rows)"),
+        ("topics", "4 topics x every cursor originator (1,000 rows)"),
+        ("unfiltered", "everything after a mid-history cursor (1,000 rows)"),
+        ("pertopic", "per-topic cursors, 80 entries, 100 an entry (1,000 rows)"),
+        ("wave", "a wave page over the same entries with ceilings (1,000 rows)"),
+        ("newest", "newest envelope of 4 topics by gateway time"),
+        ("ceilings", "highest sequence id of 20 originators"),
+    ]
+    for width in (1000000, 10000)
+    for clients in (1, 4)
+] + [
+    (f"xmtpd_{shape}_{width}_c{clients}", "layer", "xmtpd", None, "higher",
+     f"the same through the xmtpd layer (envelopes_xmtpd) / xmtpd's query, {shape}, {width:,}-id bands, {clients} client{'s' if clients > 1 else ''}")
+    for shape in ("originator", "originators", "topics", "unfiltered", "pertopic", "wave", "newest", "ceilings")
+    for width in (1000000, 10000)
+    for clients in (1, 4)
+] + [
+    (f"xmtpd_originator_{width}_c{clients}", "fn", "plain", 1.0, "higher",
+     f"one originator from the start (1,000 rows), function / the hand-written join with the values written in, {width:,}-id bands, {clients} client{'s' if clients > 1 else ''}")
+    for width in (1000000, 10000)
+    for clients in (1, 4)
+] + [
     ("read", "selector_50", "selector_5000", 1.3, "lower",
      "1,000-row cursor read, time at 5,000 leaf partitions / time at 50"),
     ("read", "selector_50", "selector_1000", 1.3, "lower",

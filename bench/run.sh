@@ -25,6 +25,8 @@
 # originators, in its worker or in one transaction, vs no pruning), view
 # (xmtpd-shaped reads through gateway_envelopes_view vs a key-lookup form),
 # shapes (xmtpd's read shapes: each read function vs the same read in plain SQL),
+# xmtpd (every xmtpd read shape on its comparison's data set, 1,000,000- and
+# 10,000-id bands: function, xmtpd layer, xmtpd's query generic and custom),
 # read (1,000-row cursor read at 50 vs 5,000 leaf partitions, selector vs a
 # hand-written LATERAL query), bridge (backlog drain rate and commit -> JetStream
 # latency), sinks (every sink side by side: drain rate in 1,000-row batches and
@@ -1035,6 +1037,65 @@ print(f'{100 * d0 / e:.0f} {100 * d1 / e:.0f} {1e6 * d0 / ($tps * e):.0f} {1e6 *
                             record "shapes_${shape}_${parts}_c$clients" "$form" "$durability" "$run" "$tps" reads/s
                             log "shapes [$durability] ${shape} ${parts} parts ${clients} clients $form run $run: $tps reads/s"
                         done
+                    done
+                done
+            done
+        done
+    fi
+
+    if selected xmtpd && [ "$durability" = off ]; then
+        # xmtpd's read shapes on the data set of its comparison: 20 originators x
+        # 50,000 envelopes of 200 bytes on 200 topics (bench/sql/xmtpd_setup.sql),
+        # in bands of 1,000,000 ids (20 leaf partitions a table) and of 10,000
+        # (100). Each shape (bench/sql/xmtpd_SHAPE_FORM.sql) through the
+        # extension's function (fn), through the xmtpd layer (layer) and as a
+        # query in the shape of xmtpd's own over the tables, its values bound as
+        # xmtpd's driver binds them, planned generic (xmtpd_generic) and custom
+        # (xmtpd_custom); xmtpd is the better of the two in each run. One
+        # originator from the start also runs as the hand-written join with the
+        # values written in (plain: pruned once, at PREPARE). Array arguments
+        # are pgbench -D variables, bound as text. 1 and 4 clients; JIT off.
+        # shellcheck disable=SC1090
+        source <(python3 - <<'PY'
+nodes = list(range(1, 21))
+topic = lambda t: "\\\\x%08x" % t
+arr = lambda xs: "{" + ",".join(str(x) for x in xs) + "}"
+entries = [(topic(t), n) for n in nodes for t in range(4)]
+print("xvars=(-D nodes='%s' -D seqs='%s' -D ceilings='%s' -D topics='%s' -D ctopics='%s' -D cnodes='%s' -D cseqs='%s')" % (
+    arr(nodes), arr([25000] * 20), arr([50000] * 20), arr(topic(t) for t in range(4)),
+    arr(e[0] for e in entries), arr(e[1] for e in entries), arr([25000] * len(entries))))
+PY
+)
+        for width in 1000000 10000; do
+            sql postgres -q -c "CREATE DATABASE xmtpd$width"
+            sql "xmtpd$width" -q -v width=$width -f bench/sql/xmtpd_setup.sql >/dev/null
+        done
+        for run in $(seq "$RUNS"); do
+            for shape in originator originators topics unfiltered pertopic wave newest ceilings; do
+                for width in 1000000 10000; do
+                    for clients in 1 4; do
+                        forms=(fn layer xmtpd_generic xmtpd_custom)
+                        [ "$shape" = originator ] && forms+=(plain)
+                        best=0
+                        for form in "${forms[@]}"; do
+                            options="-c jit=off"
+                            script=$form
+                            case $form in
+                            xmtpd_generic) options+=" -c plan_cache_mode=force_generic_plan" script=xmtpd ;;
+                            xmtpd_custom) options+=" -c plan_cache_mode=force_custom_plan" script=xmtpd ;;
+                            esac
+                            tps=$(PGOPTIONS="$options" "$PG_BIN/pgbench" -n -M prepared -h 127.0.0.1 -p "$PORT" -U postgres \
+                                -c "$clients" -j "$clients" -T "$SECONDS_PER_RUN" "${xvars[@]}" \
+                                -f "bench/sql/xmtpd_${shape}_$script.sql" "xmtpd$width" 2>"$OUT/pgbench.err" \
+                                | awk '/^tps = / { print $3; exit }')
+                            [ -n "$tps" ] || { cat "$OUT/pgbench.err" >&2; exit 1; }
+                            record "xmtpd_${shape}_${width}_c$clients" "$form" "$durability" "$run" "$tps" reads/s
+                            log "xmtpd [$durability] $shape width $width $clients clients $form run $run: $tps reads/s"
+                            if [[ $form = xmtpd_* ]]; then
+                                best=$(python3 -c "print(max($best, $tps))")
+                            fi
+                        done
+                        record "xmtpd_${shape}_${width}_c$clients" xmtpd "$durability" "$run" "$best" reads/s
                     done
                 done
             done
