@@ -8,6 +8,12 @@
 //! limits that cut inside one originator and across originators — and its rows
 //! must equal, in order, what a query over `gateway_envelopes_view` written here
 //! returns for the same arguments.
+//!
+//! The xmtpd layer (`envelopes_xmtpd`) is compared the same way with reference
+//! queries written here in the shapes of xmtpd's own (unnested arrays zipped on
+//! the ordinal, a LATERAL per entry with its limit, `NULLIF(limit, 0)` where
+//! xmtpd writes it, `DISTINCT ON (topic) ... ORDER BY gateway_time DESC`), over
+//! the inputs xmtpd sends that the strict functions refuse or answer otherwise.
 
 use pg_envelopes_tests::{sqlstate, TestDb};
 use postgres::types::ToSql;
