@@ -1175,7 +1175,8 @@ COMMENT ON FUNCTION originator_latest() IS
 --     lengths are read as far as the shortest (unnest ... WITH ORDINALITY
 --     joined on the ordinal);
 --   * gateway times are `timestamp` holding UTC, both ways, whatever the
---     session's TimeZone;
+--     session's TimeZone (converted with timezone(INTERVAL '0', ...): an
+--     offset is arithmetic, where a zone name is looked up on every row);
 --   * a payer id of 0 is no payer.
 --
 -- Every function is plain SQL over the extension's functions, runs as the
@@ -1251,7 +1252,7 @@ RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
 LANGUAGE sql STABLE
 AS $$
     SELECT r.originator_node_id, r.originator_sequence_id,
-           pg_catalog.timezone('UTC', r.gateway_time), r.topic, r.originator_envelope
+           pg_catalog.timezone(INTERVAL '0', r.gateway_time), r.topic, r.originator_envelope
       FROM @extschema@.select_originator(p_originator_node_id, cursor_sequence_id,
                                          envelopes_xmtpd._limit(row_limit, true)) AS r
      WHERE p_originator_node_id IS NOT NULL AND cursor_sequence_id IS NOT NULL
@@ -1268,7 +1269,7 @@ RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
 LANGUAGE sql STABLE
 AS $$
     (SELECT r.originator_node_id, r.originator_sequence_id,
-            pg_catalog.timezone('UTC', r.gateway_time), r.topic, r.originator_envelope
+            pg_catalog.timezone(INTERVAL '0', r.gateway_time), r.topic, r.originator_envelope
        FROM @extschema@.select_gateway_envelopes(cursor_node_ids, cursor_sequence_ids, NULL,
                                                  cursor_node_ids,
                                                  envelopes_xmtpd._limit(row_limit, true)) AS r
@@ -1276,7 +1277,7 @@ AS $$
       LIMIT NULLIF(row_limit, 0))
     UNION ALL
     (SELECT r.originator_node_id, r.originator_sequence_id,
-            pg_catalog.timezone('UTC', r.gateway_time), r.topic, r.originator_envelope
+            pg_catalog.timezone(INTERVAL '0', r.gateway_time), r.topic, r.originator_envelope
        FROM ROWS FROM (pg_catalog.unnest(cursor_node_ids), pg_catalog.unnest(cursor_sequence_ids)) AS e(node, seq)
       CROSS JOIN LATERAL @extschema@.select_originator(e.node, e.seq,
                                                        envelopes_xmtpd._limit(row_limit, true)) AS r
@@ -1297,7 +1298,7 @@ RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
 LANGUAGE sql STABLE
 AS $$
     (SELECT r.originator_node_id, r.originator_sequence_id,
-            pg_catalog.timezone('UTC', r.gateway_time), r.topic, r.originator_envelope
+            pg_catalog.timezone(INTERVAL '0', r.gateway_time), r.topic, r.originator_envelope
        FROM @extschema@.select_gateway_envelopes(cursor_node_ids, cursor_sequence_ids, topics,
                                                  cursor_node_ids,
                                                  envelopes_xmtpd._limit(row_limit, false)) AS r
@@ -1306,7 +1307,7 @@ AS $$
       LIMIT row_limit)
     UNION ALL
     (SELECT r.originator_node_id, r.originator_sequence_id,
-            pg_catalog.timezone('UTC', r.gateway_time), r.topic, r.originator_envelope
+            pg_catalog.timezone(INTERVAL '0', r.gateway_time), r.topic, r.originator_envelope
        FROM pg_catalog.unnest(topics) AS t(topic)
       CROSS JOIN ROWS FROM (pg_catalog.unnest(cursor_node_ids), pg_catalog.unnest(cursor_sequence_ids)) AS e(node, seq)
       CROSS JOIN LATERAL @extschema@.select_by_topic_cursors(
@@ -1330,7 +1331,7 @@ RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
 LANGUAGE sql STABLE
 AS $$
     (SELECT r.originator_node_id, r.originator_sequence_id,
-            pg_catalog.timezone('UTC', r.gateway_time), r.topic, r.originator_envelope
+            pg_catalog.timezone(INTERVAL '0', r.gateway_time), r.topic, r.originator_envelope
        FROM @extschema@.select_gateway_envelopes(cursor_node_ids, cursor_sequence_ids, NULL, NULL,
                                                  envelopes_xmtpd._limit(row_limit, true)) AS r
       WHERE envelopes_xmtpd._plain_cursor(cursor_node_ids, cursor_sequence_ids)
@@ -1344,7 +1345,7 @@ AS $$
          SELECT e.node, pg_catalog.min(e.seq) AS seq FROM e GROUP BY e.node
      )
      SELECT r.originator_node_id, r.originator_sequence_id,
-            pg_catalog.timezone('UTC', r.gateway_time), r.topic, r.originator_envelope
+            pg_catalog.timezone(INTERVAL '0', r.gateway_time), r.topic, r.originator_envelope
        FROM @extschema@.select_gateway_envelopes(
                 COALESCE((SELECT pg_catalog.array_agg(l.node) FROM lowest l), '{}'),
                 COALESCE((SELECT pg_catalog.array_agg(l.seq) FROM lowest l), '{}'),
@@ -1370,7 +1371,7 @@ RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
 LANGUAGE sql STABLE
 AS $$
     (SELECT r.originator_node_id, r.originator_sequence_id,
-            pg_catalog.timezone('UTC', r.gateway_time), r.topic, r.originator_envelope
+            pg_catalog.timezone(INTERVAL '0', r.gateway_time), r.topic, r.originator_envelope
        FROM @extschema@.select_by_topic_cursors(cursor_topics, cursor_node_ids, cursor_sequence_ids,
                                                 envelopes_xmtpd._limit(rows_per_entry, false),
                                                 envelopes_xmtpd._limit(row_limit, true)) AS r
@@ -1379,7 +1380,7 @@ AS $$
       LIMIT NULLIF(row_limit, 0))
     UNION ALL
     (SELECT r.originator_node_id, r.originator_sequence_id,
-            pg_catalog.timezone('UTC', r.gateway_time), r.topic, r.originator_envelope
+            pg_catalog.timezone(INTERVAL '0', r.gateway_time), r.topic, r.originator_envelope
        FROM ROWS FROM (pg_catalog.unnest(cursor_topics), pg_catalog.unnest(cursor_node_ids), pg_catalog.unnest(cursor_sequence_ids)) AS e(topic, node, seq)
       CROSS JOIN LATERAL (
             SELECT s.* FROM @extschema@.select_by_topic_cursors(
@@ -1408,7 +1409,7 @@ RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
 LANGUAGE sql STABLE
 AS $$
     (SELECT r.originator_node_id, r.originator_sequence_id,
-            pg_catalog.timezone('UTC', r.gateway_time), r.topic, r.originator_envelope
+            pg_catalog.timezone(INTERVAL '0', r.gateway_time), r.topic, r.originator_envelope
        FROM @extschema@.select_wave(cursor_topics, cursor_node_ids, cursor_sequence_ids,
                                     ceiling_node_ids, ceiling_sequence_ids,
                                     scan_node_id, scan_sequence_id,
@@ -1419,7 +1420,7 @@ AS $$
       LIMIT row_limit)
     UNION ALL
     (SELECT r.originator_node_id, r.originator_sequence_id,
-            pg_catalog.timezone('UTC', r.gateway_time), r.topic, r.originator_envelope
+            pg_catalog.timezone(INTERVAL '0', r.gateway_time), r.topic, r.originator_envelope
        FROM ROWS FROM (pg_catalog.unnest(cursor_topics), pg_catalog.unnest(cursor_node_ids), pg_catalog.unnest(cursor_sequence_ids)) AS e(topic, node, seq)
        JOIN ROWS FROM (pg_catalog.unnest(ceiling_node_ids), pg_catalog.unnest(ceiling_sequence_ids)) AS c(node, seq)
          ON c.node = e.node
@@ -1444,7 +1445,7 @@ RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
 LANGUAGE sql STABLE
 AS $$
     SELECT r.originator_node_id, r.originator_sequence_id,
-           pg_catalog.timezone('UTC', r.gateway_time), r.topic, r.originator_envelope
+           pg_catalog.timezone(INTERVAL '0', r.gateway_time), r.topic, r.originator_envelope
       FROM @extschema@.select_newest_by_topic(
                pg_catalog.array_remove(COALESCE(topics, '{}'), NULL)) AS r
 $$;
@@ -1470,7 +1471,7 @@ CREATE FUNCTION envelopes_xmtpd.select_vector_clock()
 RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint, gateway_time timestamp)
 LANGUAGE sql STABLE
 AS $$
-    SELECT l.originator_node_id, l.originator_sequence_id, pg_catalog.timezone('UTC', l.gateway_time)
+    SELECT l.originator_node_id, l.originator_sequence_id, pg_catalog.timezone(INTERVAL '0', l.gateway_time)
       FROM @extschema@.originator_latest() AS l
      ORDER BY l.originator_node_id
 $$;
@@ -1515,7 +1516,7 @@ AS $$
     SELECT n, n, 2 * n
       FROM @extschema@.insert_gateway_envelope(
                p_originator_node_id, p_originator_sequence_id, p_topic, p_originator_envelope,
-               p_payer_id, pg_catalog.timezone('UTC', p_gateway_time), p_expiry) AS n
+               p_payer_id, pg_catalog.timezone(INTERVAL '0', p_gateway_time), p_expiry) AS n
 $$;
 
 -- The batch insert of insert_gateway_envelope_batch_v3 (its arguments up to
@@ -1543,7 +1544,7 @@ AS $$
                                FROM pg_catalog.unnest(p_payer_ids) WITH ORDINALITY AS u(p, o)
                               ORDER BY u.o) END,
                    CASE WHEN p_gateway_times IS NOT NULL THEN
-                       ARRAY(SELECT pg_catalog.timezone('UTC', u.t)
+                       ARRAY(SELECT pg_catalog.timezone(INTERVAL '0', u.t)
                                FROM pg_catalog.unnest(p_gateway_times) WITH ORDINALITY AS u(t, o)
                               ORDER BY u.o) END,
                    p_expiries) AS k
@@ -1552,7 +1553,7 @@ AS $$
       FROM new n
      CROSS JOIN LATERAL (
            SELECT NULLIF(u.payer, 0) AS payer,
-                  COALESCE(u.at, pg_catalog.timezone('UTC', pg_catalog.now())) AS at
+                  COALESCE(u.at, pg_catalog.timezone(INTERVAL '0', pg_catalog.now())) AS at
              FROM ROWS FROM (pg_catalog.unnest(p_originator_node_ids), pg_catalog.unnest(p_originator_sequence_ids), pg_catalog.unnest(p_payer_ids), pg_catalog.unnest(p_gateway_times))
                   WITH ORDINALITY AS u(node, seq, payer, at, ord)
             WHERE u.node = n.originator_node_id AND u.seq = n.originator_sequence_id
