@@ -1195,24 +1195,30 @@ COMMENT ON SCHEMA envelopes_xmtpd IS
 REVOKE ALL ON SCHEMA envelopes_xmtpd FROM PUBLIC;
 
 -- Whether a cursor is one the strict functions take as it is: both arrays
--- given, of one length, without NULL and without a repeated node.
+-- given, of one length, without NULL and without a repeated node. The checks
+-- are PL/pgSQL, whose statements keep their plans: as SQL functions with a
+-- subquery they were neither inlined nor cached, and planned on every call.
 CREATE FUNCTION envelopes_xmtpd._plain_cursor(node_ids integer[], sequence_ids bigint[])
-RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT node_ids IS NOT NULL AND sequence_ids IS NOT NULL
+BEGIN
+    RETURN node_ids IS NOT NULL AND sequence_ids IS NOT NULL
        AND pg_catalog.cardinality(node_ids) = pg_catalog.cardinality(sequence_ids)
        AND pg_catalog.array_position(node_ids, NULL) IS NULL
        AND pg_catalog.array_position(sequence_ids, NULL) IS NULL
        AND (SELECT pg_catalog.count(DISTINCT n) FROM pg_catalog.unnest(node_ids) AS n)
-           = pg_catalog.cardinality(node_ids)
-$$;
+           = pg_catalog.cardinality(node_ids);
+END $$;
 
 -- The same for per-topic cursor entries: three arrays of one length, no NULL,
 -- no (topic, node) twice.
 CREATE FUNCTION envelopes_xmtpd._plain_entries(topics bytea[], node_ids integer[], sequence_ids bigint[])
-RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT topics IS NOT NULL AND node_ids IS NOT NULL AND sequence_ids IS NOT NULL
+BEGIN
+    RETURN topics IS NOT NULL AND node_ids IS NOT NULL AND sequence_ids IS NOT NULL
        AND pg_catalog.cardinality(topics) = pg_catalog.cardinality(node_ids)
        AND pg_catalog.cardinality(node_ids) = pg_catalog.cardinality(sequence_ids)
        AND pg_catalog.array_position(topics, NULL) IS NULL
@@ -1220,18 +1226,20 @@ AS $$
        AND pg_catalog.array_position(sequence_ids, NULL) IS NULL
        AND (SELECT pg_catalog.count(DISTINCT (t, n))
               FROM ROWS FROM (pg_catalog.unnest(topics), pg_catalog.unnest(node_ids)) AS e(t, n))
-           = pg_catalog.cardinality(topics)
-$$;
+           = pg_catalog.cardinality(topics);
+END $$;
 
 -- A topic list without NULL and without a topic twice.
 CREATE FUNCTION envelopes_xmtpd._plain_topics(topics bytea[])
-RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT topics IS NOT NULL
+BEGIN
+    RETURN topics IS NOT NULL
        AND pg_catalog.array_position(topics, NULL) IS NULL
        AND (SELECT pg_catalog.count(DISTINCT t) FROM pg_catalog.unnest(topics) AS t)
-           = pg_catalog.cardinality(topics)
-$$;
+           = pg_catalog.cardinality(topics);
+END $$;
 
 -- A limit for the strict functions: NULL (LIMIT NULL) and, where zero_is_all,
 -- 0 (LIMIT NULLIF(x, 0)) read everything; a negative one reads nothing (the
@@ -1259,9 +1267,31 @@ AS $$
      LIMIT NULLIF(row_limit, 0)
 $$;
 
+-- The readers below hand a plain input straight to the strict function and
+-- any other to a helper that reads it entry by entry (_..._by_entries): the
+-- helpers carry a SET clause, so they are not inlined, and their bodies are
+-- planned only when they run, not with every call of the reader.
+
 -- SelectGatewayEnvelopesByOriginators: only the cursor's originators, each
 -- entry's rows after its position (at most row_limit of each), all ordered and
 -- cut at row_limit.
+CREATE FUNCTION envelopes_xmtpd._by_originators_by_entries(
+    cursor_node_ids integer[], cursor_sequence_ids bigint[], row_limit integer)
+RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
+               gateway_time timestamp, topic bytea, originator_envelope bytea)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT r.originator_node_id, r.originator_sequence_id,
+           pg_catalog.timezone(INTERVAL '0', r.gateway_time), r.topic, r.originator_envelope
+      FROM ROWS FROM (pg_catalog.unnest(cursor_node_ids), pg_catalog.unnest(cursor_sequence_ids)) AS e(node, seq)
+     CROSS JOIN LATERAL @extschema@.select_originator(e.node, e.seq,
+                                                      envelopes_xmtpd._limit(row_limit, true)) AS r
+     WHERE e.node IS NOT NULL AND e.seq IS NOT NULL
+     ORDER BY r.originator_node_id, r.originator_sequence_id
+     LIMIT NULLIF(row_limit, 0)
+$$;
+
 CREATE FUNCTION envelopes_xmtpd.select_gateway_envelopes_by_originators(
     cursor_node_ids integer[], cursor_sequence_ids bigint[], row_limit integer)
 RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
@@ -1276,14 +1306,8 @@ AS $$
       WHERE envelopes_xmtpd._plain_cursor(cursor_node_ids, cursor_sequence_ids)
       LIMIT NULLIF(row_limit, 0))
     UNION ALL
-    (SELECT r.originator_node_id, r.originator_sequence_id,
-            pg_catalog.timezone(INTERVAL '0', r.gateway_time), r.topic, r.originator_envelope
-       FROM ROWS FROM (pg_catalog.unnest(cursor_node_ids), pg_catalog.unnest(cursor_sequence_ids)) AS e(node, seq)
-      CROSS JOIN LATERAL @extschema@.select_originator(e.node, e.seq,
-                                                       envelopes_xmtpd._limit(row_limit, true)) AS r
+    (SELECT * FROM envelopes_xmtpd._by_originators_by_entries(cursor_node_ids, cursor_sequence_ids, row_limit)
       WHERE NOT envelopes_xmtpd._plain_cursor(cursor_node_ids, cursor_sequence_ids)
-        AND e.node IS NOT NULL AND e.seq IS NOT NULL
-      ORDER BY r.originator_node_id, r.originator_sequence_id
       LIMIT NULLIF(row_limit, 0))
 $$;
 
@@ -1291,6 +1315,26 @@ $$;
 -- such pair's rows after the entry's position (at most row_limit), ordered and
 -- cut at row_limit. Here a row_limit of 0 returns nothing, as that query's
 -- LIMIT row_limit does.
+CREATE FUNCTION envelopes_xmtpd._by_topics_by_entries(
+    cursor_node_ids integer[], cursor_sequence_ids bigint[], topics bytea[], row_limit integer)
+RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
+               gateway_time timestamp, topic bytea, originator_envelope bytea)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT r.originator_node_id, r.originator_sequence_id,
+           pg_catalog.timezone(INTERVAL '0', r.gateway_time), r.topic, r.originator_envelope
+      FROM pg_catalog.unnest(topics) AS t(topic)
+     CROSS JOIN ROWS FROM (pg_catalog.unnest(cursor_node_ids), pg_catalog.unnest(cursor_sequence_ids)) AS e(node, seq)
+     CROSS JOIN LATERAL @extschema@.select_by_topic_cursors(
+               ARRAY[t.topic], ARRAY[e.node], ARRAY[e.seq],
+               envelopes_xmtpd._limit(row_limit, false),
+               envelopes_xmtpd._limit(row_limit, false)) AS r
+     WHERE t.topic IS NOT NULL AND e.node IS NOT NULL AND e.seq IS NOT NULL
+     ORDER BY r.originator_node_id, r.originator_sequence_id
+     LIMIT row_limit
+$$;
+
 CREATE FUNCTION envelopes_xmtpd.select_gateway_envelopes_by_topics(
     cursor_node_ids integer[], cursor_sequence_ids bigint[], topics bytea[], row_limit integer)
 RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
@@ -1306,24 +1350,44 @@ AS $$
         AND envelopes_xmtpd._plain_topics(topics)
       LIMIT row_limit)
     UNION ALL
-    (SELECT r.originator_node_id, r.originator_sequence_id,
-            pg_catalog.timezone(INTERVAL '0', r.gateway_time), r.topic, r.originator_envelope
-       FROM pg_catalog.unnest(topics) AS t(topic)
-      CROSS JOIN ROWS FROM (pg_catalog.unnest(cursor_node_ids), pg_catalog.unnest(cursor_sequence_ids)) AS e(node, seq)
-      CROSS JOIN LATERAL @extschema@.select_by_topic_cursors(
-                ARRAY[t.topic], ARRAY[e.node], ARRAY[e.seq],
-                envelopes_xmtpd._limit(row_limit, false),
-                envelopes_xmtpd._limit(row_limit, false)) AS r
+    (SELECT * FROM envelopes_xmtpd._by_topics_by_entries(cursor_node_ids, cursor_sequence_ids, topics, row_limit)
       WHERE NOT (envelopes_xmtpd._plain_cursor(cursor_node_ids, cursor_sequence_ids)
                  AND envelopes_xmtpd._plain_topics(topics))
-        AND t.topic IS NOT NULL AND e.node IS NOT NULL AND e.seq IS NOT NULL
-      ORDER BY r.originator_node_id, r.originator_sequence_id
       LIMIT row_limit)
 $$;
 
 -- SelectGatewayEnvelopesUnfiltered: every originator, those in the cursor
 -- after their position (a NULL position counts as 0), the others after 0; a
 -- node given n times brings each of its rows once per entry it is above.
+CREATE FUNCTION envelopes_xmtpd._unfiltered_by_entries(
+    cursor_node_ids integer[], cursor_sequence_ids bigint[], row_limit integer)
+RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
+               gateway_time timestamp, topic bytea, originator_envelope bytea)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH e AS (
+        SELECT u.node, COALESCE(u.seq, 0) AS seq
+          FROM ROWS FROM (pg_catalog.unnest(cursor_node_ids), pg_catalog.unnest(cursor_sequence_ids)) AS u(node, seq)
+         WHERE u.node IS NOT NULL
+    ), lowest AS (
+        SELECT e.node, pg_catalog.min(e.seq) AS seq FROM e GROUP BY e.node
+    )
+    SELECT r.originator_node_id, r.originator_sequence_id,
+           pg_catalog.timezone(INTERVAL '0', r.gateway_time), r.topic, r.originator_envelope
+      FROM @extschema@.select_gateway_envelopes(
+               COALESCE((SELECT pg_catalog.array_agg(l.node) FROM lowest l), '{}'),
+               COALESCE((SELECT pg_catalog.array_agg(l.seq) FROM lowest l), '{}'),
+               NULL, NULL, envelopes_xmtpd._limit(row_limit, true)) AS r
+     CROSS JOIN LATERAL pg_catalog.generate_series(1,
+               CASE WHEN EXISTS (SELECT FROM e WHERE e.node = r.originator_node_id)
+                    THEN (SELECT pg_catalog.count(*) FROM e
+                           WHERE e.node = r.originator_node_id
+                             AND r.originator_sequence_id > e.seq)
+                    ELSE 1 END) AS copies
+     LIMIT NULLIF(row_limit, 0)
+$$;
+
 CREATE FUNCTION envelopes_xmtpd.select_gateway_envelopes_unfiltered(
     cursor_node_ids integer[], cursor_sequence_ids bigint[], row_limit integer)
 RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
@@ -1337,25 +1401,7 @@ AS $$
       WHERE envelopes_xmtpd._plain_cursor(cursor_node_ids, cursor_sequence_ids)
       LIMIT NULLIF(row_limit, 0))
     UNION ALL
-    (WITH e AS (
-         SELECT u.node, COALESCE(u.seq, 0) AS seq
-           FROM ROWS FROM (pg_catalog.unnest(cursor_node_ids), pg_catalog.unnest(cursor_sequence_ids)) AS u(node, seq)
-          WHERE u.node IS NOT NULL
-     ), lowest AS (
-         SELECT e.node, pg_catalog.min(e.seq) AS seq FROM e GROUP BY e.node
-     )
-     SELECT r.originator_node_id, r.originator_sequence_id,
-            pg_catalog.timezone(INTERVAL '0', r.gateway_time), r.topic, r.originator_envelope
-       FROM @extschema@.select_gateway_envelopes(
-                COALESCE((SELECT pg_catalog.array_agg(l.node) FROM lowest l), '{}'),
-                COALESCE((SELECT pg_catalog.array_agg(l.seq) FROM lowest l), '{}'),
-                NULL, NULL, envelopes_xmtpd._limit(row_limit, true)) AS r
-      CROSS JOIN LATERAL pg_catalog.generate_series(1,
-                CASE WHEN EXISTS (SELECT FROM e WHERE e.node = r.originator_node_id)
-                     THEN (SELECT pg_catalog.count(*) FROM e
-                            WHERE e.node = r.originator_node_id
-                              AND r.originator_sequence_id > e.seq)
-                     ELSE 1 END) AS copies
+    (SELECT * FROM envelopes_xmtpd._unfiltered_by_entries(cursor_node_ids, cursor_sequence_ids, row_limit)
       WHERE NOT envelopes_xmtpd._plain_cursor(cursor_node_ids, cursor_sequence_ids)
       LIMIT NULLIF(row_limit, 0))
 $$;
@@ -1363,6 +1409,28 @@ $$;
 -- SelectGatewayEnvelopesByPerTopicCursors: each (topic, node, position)
 -- entry's first rows_per_entry rows after its position, ordered and cut at
 -- row_limit (0: no limit); rows_per_entry 0 reads nothing of an entry.
+CREATE FUNCTION envelopes_xmtpd._per_topic_by_entries(
+    cursor_topics bytea[], cursor_node_ids integer[], cursor_sequence_ids bigint[],
+    rows_per_entry integer, row_limit integer)
+RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
+               gateway_time timestamp, topic bytea, originator_envelope bytea)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT r.originator_node_id, r.originator_sequence_id,
+           pg_catalog.timezone(INTERVAL '0', r.gateway_time), r.topic, r.originator_envelope
+      FROM ROWS FROM (pg_catalog.unnest(cursor_topics), pg_catalog.unnest(cursor_node_ids), pg_catalog.unnest(cursor_sequence_ids)) AS e(topic, node, seq)
+     CROSS JOIN LATERAL (
+           SELECT s.* FROM @extschema@.select_by_topic_cursors(
+                      ARRAY[e.topic], ARRAY[e.node], ARRAY[e.seq],
+                      envelopes_xmtpd._limit(rows_per_entry, false),
+                      envelopes_xmtpd._limit(rows_per_entry, false)) AS s
+            LIMIT rows_per_entry) AS r
+     WHERE e.topic IS NOT NULL AND e.node IS NOT NULL AND e.seq IS NOT NULL
+     ORDER BY r.originator_node_id, r.originator_sequence_id
+     LIMIT NULLIF(row_limit, 0)
+$$;
+
 CREATE FUNCTION envelopes_xmtpd.select_gateway_envelopes_by_per_topic_cursors(
     cursor_topics bytea[], cursor_node_ids integer[], cursor_sequence_ids bigint[],
     rows_per_entry integer, row_limit integer)
@@ -1379,19 +1447,10 @@ AS $$
         AND (rows_per_entry IS NULL OR rows_per_entry >= 0)
       LIMIT NULLIF(row_limit, 0))
     UNION ALL
-    (SELECT r.originator_node_id, r.originator_sequence_id,
-            pg_catalog.timezone(INTERVAL '0', r.gateway_time), r.topic, r.originator_envelope
-       FROM ROWS FROM (pg_catalog.unnest(cursor_topics), pg_catalog.unnest(cursor_node_ids), pg_catalog.unnest(cursor_sequence_ids)) AS e(topic, node, seq)
-      CROSS JOIN LATERAL (
-            SELECT s.* FROM @extschema@.select_by_topic_cursors(
-                       ARRAY[e.topic], ARRAY[e.node], ARRAY[e.seq],
-                       envelopes_xmtpd._limit(rows_per_entry, false),
-                       envelopes_xmtpd._limit(rows_per_entry, false)) AS s
-             LIMIT rows_per_entry) AS r
+    (SELECT * FROM envelopes_xmtpd._per_topic_by_entries(cursor_topics, cursor_node_ids,
+                                                         cursor_sequence_ids, rows_per_entry, row_limit)
       WHERE NOT (envelopes_xmtpd._plain_entries(cursor_topics, cursor_node_ids, cursor_sequence_ids)
                  AND (rows_per_entry IS NULL OR rows_per_entry >= 0))
-        AND e.topic IS NOT NULL AND e.node IS NOT NULL AND e.seq IS NOT NULL
-      ORDER BY r.originator_node_id, r.originator_sequence_id
       LIMIT NULLIF(row_limit, 0))
 $$;
 
@@ -1400,6 +1459,30 @@ $$;
 -- scan_sequence_id) compared as a row (a NULL scan_node_id matches nothing, a
 -- NULL scan_sequence_id only later originators), ordered, at most row_limit
 -- (0: none). An entry or a ceiling given twice brings its rows twice.
+CREATE FUNCTION envelopes_xmtpd._wave_by_entries(
+    cursor_topics bytea[], cursor_node_ids integer[], cursor_sequence_ids bigint[],
+    ceiling_node_ids integer[], ceiling_sequence_ids bigint[],
+    scan_node_id integer, scan_sequence_id bigint, row_limit integer)
+RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint,
+               gateway_time timestamp, topic bytea, originator_envelope bytea)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT r.originator_node_id, r.originator_sequence_id,
+           pg_catalog.timezone(INTERVAL '0', r.gateway_time), r.topic, r.originator_envelope
+      FROM ROWS FROM (pg_catalog.unnest(cursor_topics), pg_catalog.unnest(cursor_node_ids), pg_catalog.unnest(cursor_sequence_ids)) AS e(topic, node, seq)
+      JOIN ROWS FROM (pg_catalog.unnest(ceiling_node_ids), pg_catalog.unnest(ceiling_sequence_ids)) AS c(node, seq)
+        ON c.node = e.node
+     CROSS JOIN LATERAL @extschema@.select_wave(
+               ARRAY[e.topic], ARRAY[e.node], ARRAY[e.seq], ARRAY[c.node], ARRAY[c.seq],
+               scan_node_id, COALESCE(scan_sequence_id, 9223372036854775807),
+               envelopes_xmtpd._limit(row_limit, false)) AS r
+     WHERE scan_node_id IS NOT NULL
+       AND e.topic IS NOT NULL AND e.seq IS NOT NULL AND c.seq IS NOT NULL
+     ORDER BY r.originator_node_id, r.originator_sequence_id
+     LIMIT row_limit
+$$;
+
 CREATE FUNCTION envelopes_xmtpd.select_gateway_envelopes_wave_scan(
     cursor_topics bytea[], cursor_node_ids integer[], cursor_sequence_ids bigint[],
     ceiling_node_ids integer[], ceiling_sequence_ids bigint[],
@@ -1419,21 +1502,12 @@ AS $$
         AND scan_node_id IS NOT NULL AND scan_sequence_id IS NOT NULL
       LIMIT row_limit)
     UNION ALL
-    (SELECT r.originator_node_id, r.originator_sequence_id,
-            pg_catalog.timezone(INTERVAL '0', r.gateway_time), r.topic, r.originator_envelope
-       FROM ROWS FROM (pg_catalog.unnest(cursor_topics), pg_catalog.unnest(cursor_node_ids), pg_catalog.unnest(cursor_sequence_ids)) AS e(topic, node, seq)
-       JOIN ROWS FROM (pg_catalog.unnest(ceiling_node_ids), pg_catalog.unnest(ceiling_sequence_ids)) AS c(node, seq)
-         ON c.node = e.node
-      CROSS JOIN LATERAL @extschema@.select_wave(
-                ARRAY[e.topic], ARRAY[e.node], ARRAY[e.seq], ARRAY[c.node], ARRAY[c.seq],
-                scan_node_id, COALESCE(scan_sequence_id, 9223372036854775807),
-                envelopes_xmtpd._limit(row_limit, false)) AS r
+    (SELECT * FROM envelopes_xmtpd._wave_by_entries(cursor_topics, cursor_node_ids, cursor_sequence_ids,
+                                                    ceiling_node_ids, ceiling_sequence_ids,
+                                                    scan_node_id, scan_sequence_id, row_limit)
       WHERE NOT (envelopes_xmtpd._plain_entries(cursor_topics, cursor_node_ids, cursor_sequence_ids)
                  AND envelopes_xmtpd._plain_cursor(ceiling_node_ids, ceiling_sequence_ids)
                  AND scan_node_id IS NOT NULL AND scan_sequence_id IS NOT NULL)
-        AND scan_node_id IS NOT NULL
-        AND e.topic IS NOT NULL AND e.seq IS NOT NULL AND c.seq IS NOT NULL
-      ORDER BY r.originator_node_id, r.originator_sequence_id
       LIMIT row_limit)
 $$;
 
@@ -1658,6 +1732,11 @@ BEGIN
         envelopes_xmtpd._plain_entries(bytea[], integer[], bigint[]),
         envelopes_xmtpd._plain_topics(bytea[]),
         envelopes_xmtpd._limit(integer, boolean),
+        envelopes_xmtpd._by_originators_by_entries(integer[], bigint[], integer),
+        envelopes_xmtpd._by_topics_by_entries(integer[], bigint[], bytea[], integer),
+        envelopes_xmtpd._unfiltered_by_entries(integer[], bigint[], integer),
+        envelopes_xmtpd._per_topic_by_entries(bytea[], integer[], bigint[], integer, integer),
+        envelopes_xmtpd._wave_by_entries(bytea[], integer[], bigint[], integer[], bigint[], integer, bigint, integer),
         envelopes_xmtpd.select_gateway_envelopes_by_single_originator(integer, bigint, integer),
         envelopes_xmtpd.select_gateway_envelopes_by_originators(integer[], bigint[], integer),
         envelopes_xmtpd.select_gateway_envelopes_by_topics(integer[], bigint[], bytea[], integer),
@@ -1695,6 +1774,11 @@ BEGIN
         envelopes_xmtpd._plain_cursor(integer[], bigint[]),
         envelopes_xmtpd._plain_entries(bytea[], integer[], bigint[]),
         envelopes_xmtpd._plain_topics(bytea[]),
+        envelopes_xmtpd._by_originators_by_entries(integer[], bigint[], integer),
+        envelopes_xmtpd._by_topics_by_entries(integer[], bigint[], bytea[], integer),
+        envelopes_xmtpd._unfiltered_by_entries(integer[], bigint[], integer),
+        envelopes_xmtpd._per_topic_by_entries(bytea[], integer[], bigint[], integer, integer),
+        envelopes_xmtpd._wave_by_entries(bytea[], integer[], bigint[], integer[], bigint[], integer, bigint, integer),
         envelopes_xmtpd.select_gateway_envelopes_by_single_originator(integer, bigint, integer),
         envelopes_xmtpd.select_gateway_envelopes_by_originators(integer[], bigint[], integer),
         envelopes_xmtpd.select_gateway_envelopes_by_topics(integer[], bigint[], bytea[], integer),
@@ -1736,6 +1820,11 @@ BEGIN
         envelopes_xmtpd._plain_entries(bytea[], integer[], bigint[]),
         envelopes_xmtpd._plain_topics(bytea[]),
         envelopes_xmtpd._limit(integer, boolean),
+        envelopes_xmtpd._by_originators_by_entries(integer[], bigint[], integer),
+        envelopes_xmtpd._by_topics_by_entries(integer[], bigint[], bytea[], integer),
+        envelopes_xmtpd._unfiltered_by_entries(integer[], bigint[], integer),
+        envelopes_xmtpd._per_topic_by_entries(bytea[], integer[], bigint[], integer, integer),
+        envelopes_xmtpd._wave_by_entries(bytea[], integer[], bigint[], integer[], bigint[], integer, bigint, integer),
         envelopes_xmtpd.select_gateway_envelopes_by_single_originator(integer, bigint, integer),
         envelopes_xmtpd.select_gateway_envelopes_by_originators(integer[], bigint[], integer),
         envelopes_xmtpd.select_gateway_envelopes_by_topics(integer[], bigint[], bytea[], integer),

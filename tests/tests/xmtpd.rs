@@ -1383,3 +1383,57 @@ fn read_results_memory_is_emptied_after_each_query_and_never_shared() {
         3000
     );
 }
+
+/// A role granted the reader bundle calls every layer reader, on the path that
+/// hands its input straight over and on the one that reads entry by entry; a
+/// writer calls the layer's inserts; neither may call the other's.
+#[test]
+fn the_reader_and_writer_bundles_cover_the_xmtpd_layer() {
+    let db = TestDb::new("xmtpd_roles");
+    let reader = pg_envelopes_tests::Role::new(&db, "xr");
+    let writer = pg_envelopes_tests::Role::new(&db, "xw");
+    db.connect()
+        .batch_execute(&format!(
+            "SELECT envelopes.grant_reader('{}'); SELECT envelopes.grant_writer('{}');",
+            reader.name, writer.name
+        ))
+        .unwrap();
+    let mut w = writer.connect(&db);
+    w.batch_execute(
+        "SELECT * FROM envelopes_xmtpd.insert_gateway_envelope_batch('{1,1,2}', '{1,2,1}',
+             '{\\\\x01,\\\\x02,\\\\x01}', '{0,0,0}', NULL, NULL, '{\\\\xaa,\\\\xbb,\\\\xcc}');
+         SELECT * FROM envelopes_xmtpd.insert_gateway_envelope_v3(1, 3, '\\x01', 0,
+             '2026-01-01 00:00:00', 9223372036854775807, '\\xdd');",
+    )
+    .unwrap();
+    let mut r = reader.connect(&db);
+    for (call, rows) in [
+        ("select_gateway_envelopes_by_single_originator(1, 0, 0)", 3),
+        ("select_gateway_envelopes_by_originators('{1,2}', '{0,0}', 0)", 4),
+        ("select_gateway_envelopes_by_originators('{1,1}', '{0,2}', 0)", 4),
+        ("select_gateway_envelopes_by_topics('{1,2}', '{0,0}', '{\\\\x01}', 10)", 3),
+        ("select_gateway_envelopes_by_topics('{1,1}', '{0,0}', '{\\\\x01}', 10)", 4),
+        ("select_gateway_envelopes_unfiltered('{1}', '{1}', 0)", 3),
+        ("select_gateway_envelopes_unfiltered('{1,1}', '{1,0}', 0)", 6),
+        ("select_gateway_envelopes_by_per_topic_cursors('{\\\\x01}', '{1}', '{0}', 10, 0)", 2),
+        ("select_gateway_envelopes_by_per_topic_cursors('{\\\\x01,\\\\x01}', '{1,1}', '{0,0}', 10, 0)", 4),
+        ("select_gateway_envelopes_wave_scan('{\\\\x01}', '{1}', '{0}', '{1}', '{9}', 0, 0, 10)", 2),
+        ("select_gateway_envelopes_wave_scan('{\\\\x01}', '{1}', '{0}', '{1,1}', '{9,9}', 0, 0, 10)", 4),
+        ("select_newest_from_topics('{\\\\x01,\\\\x02}')", 2),
+        ("select_originator_ceilings('{1,2,3}')", 3),
+        ("select_vector_clock()", 2),
+        ("select_originator_node_ids()", 2),
+    ] {
+        let sql = format!("SELECT count(*) FROM envelopes_xmtpd.{call}");
+        let got: i64 = r.query_one(&sql, &[]).unwrap_or_else(|e| panic!("{sql}: {e}")).get(0);
+        assert_eq!(got, rows, "{sql}");
+    }
+    let err = r
+        .batch_execute("SELECT * FROM envelopes_xmtpd.insert_gateway_envelope_v3(1, 9, '\\x01', 0, NULL, NULL, '\\xdd')")
+        .unwrap_err();
+    assert_eq!(sqlstate(&err), "42501", "{err}");
+    let err = w
+        .batch_execute("SELECT * FROM envelopes_xmtpd.select_vector_clock()")
+        .unwrap_err();
+    assert_eq!(sqlstate(&err), "42501", "{err}");
+}
