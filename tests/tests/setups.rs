@@ -118,19 +118,18 @@ fn check_every_read(c: &mut Client, node: i32, topics: &[&str], label: &str) {
             by_topic,
             "{label}: select_wave {topic}"
         );
-        // Across every originator: of each one's highest row on the topic, the
-        // latest gateway time (a tie to the higher originator).
+        // Across every originator: the row on the topic with the latest gateway
+        // time (a tie to the higher originator, then the higher sequence id).
         let newest = rows(
             c,
             &format!(
-                "WITH per AS (
-                     SELECT DISTINCT ON (m.originator_node_id) m.*
-                       FROM envelopes.gateway_envelopes_meta m WHERE m.topic = '{topic}'
-                      ORDER BY m.originator_node_id, m.originator_sequence_id DESC)
-                 SELECT p.originator_node_id, p.originator_sequence_id, p.topic, b.originator_envelope
-                   FROM per p JOIN envelopes.gateway_envelopes_blob b
+                "SELECT m.originator_node_id, m.originator_sequence_id, m.topic, b.originator_envelope
+                   FROM envelopes.gateway_envelopes_meta m
+                   JOIN envelopes.gateway_envelopes_blob b
                         USING (originator_node_id, originator_sequence_id)
-                  ORDER BY p.gateway_time DESC, p.originator_node_id DESC LIMIT 1"
+                  WHERE m.topic = '{topic}'
+                  ORDER BY m.gateway_time DESC, m.originator_node_id DESC,
+                           m.originator_sequence_id DESC LIMIT 1"
             ),
         );
         assert_eq!(
