@@ -388,8 +388,7 @@ async fn hold_for_standbys(
     driver: &mut Driver,
 ) -> Result<(), Failure> {
     let metrics = driver.metrics().clone();
-    match standby::wait_until_flushed(db, config.forward_after, &metrics, driver.shutdown()).await
-    {
+    match standby::wait_until_flushed(db, config.forward_after, &metrics, driver.shutdown()).await {
         Ok(()) => Ok(()),
         Err(WaitError::Shutdown) => Err(Failure::Shutdown),
         Err(WaitError::Database(e)) => Err(Failure::Database(

@@ -140,10 +140,10 @@ pub async fn replication(db: &Db, target: &str) -> Result<Replication, DbFailure
         .query_one(
             "SELECT pg_catalog.current_setting('synchronous_standby_names'),
                     count(*) FILTER (WHERE s.state = 'streaming'),
-                    count(*) FILTER (WHERE s.state = 'streaming' AND s.flush_lsn >= $1::pg_lsn),
+                    count(*) FILTER (WHERE s.state = 'streaming' AND s.flush_lsn >= $1::text::pg_lsn),
                     count(*) FILTER (WHERE s.sync_state IN ('sync', 'quorum')),
                     count(*) FILTER (WHERE s.sync_state IN ('sync', 'quorum')
-                                       AND s.flush_lsn >= $1::pg_lsn)
+                                       AND s.flush_lsn >= $1::text::pg_lsn)
                FROM envelopes.standby_flush_positions() s",
             &[&target],
         )
@@ -258,7 +258,13 @@ mod tests {
         assert_eq!(required_standbys("ANY 99999999999 (a)"), Some(1));
     }
 
-    fn state(names: &str, streaming: i64, flushed: i64, sync: i64, sync_flushed: i64) -> Replication {
+    fn state(
+        names: &str,
+        streaming: i64,
+        flushed: i64,
+        sync: i64,
+        sync_flushed: i64,
+    ) -> Replication {
         Replication {
             names: names.into(),
             streaming,
@@ -271,7 +277,10 @@ mod tests {
     #[test]
     fn a_batch_waits_for_the_standbys_that_count() {
         // Synchronous: as many synchronous standbys as asked for.
-        assert!(state("s1", 0, 0, 0, 0).waiting_for().unwrap().contains("no standby"));
+        assert!(state("s1", 0, 0, 0, 0)
+            .waiting_for()
+            .unwrap()
+            .contains("no standby"));
         assert!(state("s1", 1, 1, 0, 0).waiting_for().is_some()); // an async one only
         assert_eq!(state("s1", 1, 1, 1, 1).waiting_for(), None);
         assert!(state("ANY 2 (a, b, c)", 3, 3, 3, 1).waiting_for().is_some());

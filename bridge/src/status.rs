@@ -156,10 +156,7 @@ async fn replication_lines(db: &crate::db::Db) -> Vec<String> {
     let (standbys, (names, lsn)) = match (standbys, here) {
         (Ok(rows), Ok(row)) => (rows, (row.get::<_, String>(0), row.get::<_, String>(1))),
         (Err(e), _) | (_, Err(e)) => {
-            lines.push(format!(
-                "replication: unknown ({})",
-                DbFailure::new(&e)
-            ));
+            lines.push(format!("replication: unknown ({})", DbFailure::new(&e)));
             return lines;
         }
     };

@@ -9,7 +9,7 @@
 //! directories of their own, removed on drop): a primary and a synchronous
 //! standby (`synchronous_standby_names = 's1'`); the standby's WAL receiver
 //! stopped with SIGSTOP, so commits wait for it; rows inserted with a
-//! `statement_timeout` that cancels that wait (committed and visible on the
+//! `pg_cancel_backend` cancelling that wait (committed and visible on the
 //! primary); the bridge given time to read them; the primary's processes and
 //! the WAL receiver killed with SIGKILL (nothing in the receiver's socket
 //! buffer reaches the standby); the standby promoted. The bridge connects by a
@@ -51,12 +51,11 @@ impl Pair {
         let standby = Cluster::standby_of(&primary, &format!("{label}_standby"), "s1");
         // Set on the primary only, after the base backup: the promoted standby
         // must not wait for a standby of its own.
-        primary
-            .client("postgres")
-            .batch_execute(
-                "ALTER SYSTEM SET synchronous_standby_names = 's1'; SELECT pg_reload_conf()",
-            )
+        let mut admin = primary.client("postgres");
+        admin
+            .batch_execute("ALTER SYSTEM SET synchronous_standby_names = 's1'")
             .unwrap();
+        admin.batch_execute("SELECT pg_reload_conf()").unwrap();
         wait_until(
             "the standby to stream as the synchronous one",
             Duration::from_secs(30),
@@ -85,22 +84,65 @@ impl Pair {
     }
 }
 
-/// Inserts `NODE:seq` with `bytes` as its envelope; with `cancel_after_ms`, the
-/// statement's timeout cancels the commit's wait for the standby (the row is
-/// committed on the primary all the same; Postgres says so in a warning).
-fn insert(client: &mut postgres::Client, seq: i64, bytes: &[u8], cancel_after_ms: Option<u32>) {
-    if let Some(ms) = cancel_after_ms {
-        client
-            .batch_execute(&format!("SET statement_timeout = {ms}"))
-            .unwrap();
-    }
+/// Inserts `NODE:seq` with `bytes` as its envelope, waiting for the commit
+/// (and the synchronous standby) as a writer does.
+fn insert(client: &mut postgres::Client, seq: i64, bytes: &[u8]) {
     client
         .execute(
             "SELECT envelopes.insert_gateway_envelope($1, $2, '\\x746f706963'::bytea, $3)",
             &[&NODE, &seq, &bytes],
         )
         .unwrap();
-    client.batch_execute("RESET statement_timeout").unwrap();
+}
+
+/// Cancels, every 20 ms until dropped, every commit on `primary` that waits for
+/// the synchronous standby (`wait_event` SyncRep) — what `statement_timeout`s,
+/// clients that give up, or an operator's `pg_cancel_backend` do to commits
+/// while the standby receives nothing. Each such commit is committed on the
+/// primary all the same (Postgres says so in a warning). The bridge's own reads
+/// and acknowledgements write (a row lock), so their commits wait too and are
+/// cancelled as well.
+struct Canceller {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl Canceller {
+    fn start(primary: &Cluster) -> Canceller {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut admin = primary.client("postgres");
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut cancelled = 0u64;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(row) = admin.query_one(
+                    "SELECT count(*) FILTER (WHERE pg_cancel_backend(pid))
+                       FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
+                    &[],
+                ) {
+                    cancelled += row.get::<_, i64>(0) as u64;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            cancelled
+        });
+        Canceller {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops; returns how many waits it cancelled.
+    fn stop(mut self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.take().and_then(|t| t.join().ok()).unwrap_or(0)
+    }
+}
+
+impl Drop for Canceller {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// What reached the JSONL sink: id -> envelope bytes in hex (the last line of
@@ -148,27 +190,31 @@ fn signal(pid: u32, signal: &str) {
 
 /// The scenario up to the promotion; returns the pair (promoted standby), the
 /// bridge still running, and the sink's file.
-fn cancelled_waits_then_failover(mode: &str) -> (Pair, Bridge, std::path::PathBuf) {
-    let pair = Pair::start(&format!("fo_{}", mode.replace('-', "_")));
+fn cancelled_waits_then_failover(mode: Option<&str>) -> (Pair, Bridge, std::path::PathBuf) {
+    let pair = Pair::start(&format!("fo_{}", mode.unwrap_or("auto").replace('-', "_")));
     let path = std::env::temp_dir().join(format!("{}.jsonl", unique("failover")));
     let mut writer = pair.primary.client(DB);
-    insert(&mut writer, 1, b"before", None);
+    insert(&mut writer, 1, b"before");
     let bridge = Bridge::egress_with_url(
         &pair.url(),
         "forwarder",
         &format!("jsonl:{}", path.display()),
-        &["--forward-after", mode],
+        &mode.map_or(Vec::new(), |m| vec!["--forward-after", m]),
         &[],
     );
-    wait_for_bridge(&bridge, "950:1 on the sink", Duration::from_secs(30), || {
-        sink(&path).0.contains_key("950:1")
-    });
+    wait_for_bridge(
+        &bridge,
+        "950:1 on the sink",
+        Duration::from_secs(30),
+        || sink(&path).0.contains_key("950:1"),
+    );
 
     // Commits now wait for the standby, which receives nothing more.
     let receiver = pair.standby.wal_receiver_pid().expect("a WAL receiver");
     signal(receiver, "-STOP");
+    let canceller = Canceller::start(&pair.primary);
     for seq in 2..=CANCELLED + 1 {
-        insert(&mut writer, seq, b"before", Some(200));
+        insert(&mut writer, seq, b"before");
     }
     let visible = pair
         .primary
@@ -186,12 +232,16 @@ fn cancelled_waits_then_failover(mode: &str) -> (Pair, Bridge, std::path::PathBu
     );
 
     // Let the bridge read them.
-    if mode == "commit" {
+    if mode == Some("commit") {
         wait_for_bridge(
             &bridge,
             "the unreplicated rows on the sink",
             Duration::from_secs(30),
-            || sink(&path).0.contains_key(&format!("950:{}", CANCELLED + 1)),
+            || {
+                sink(&path)
+                    .0
+                    .contains_key(&format!("950:{}", CANCELLED + 1))
+            },
         );
     } else {
         wait_for_bridge(
@@ -206,6 +256,7 @@ fn cancelled_waits_then_failover(mode: &str) -> (Pair, Bridge, std::path::PathBu
         );
     }
 
+    assert!(canceller.stop() >= CANCELLED as u64);
     // The primary dies; so does the stopped WAL receiver, with whatever its
     // socket still holds; the standby is promoted.
     drop(writer);
@@ -237,7 +288,7 @@ fn phantoms(pair: &Pair, path: &std::path::Path) -> Vec<String> {
 
 #[test]
 fn forwarding_at_commit_forwards_rows_the_failover_takes_back() {
-    let (pair, _bridge, path) = cancelled_waits_then_failover("commit");
+    let (pair, _bridge, path) = cancelled_waits_then_failover(Some("commit"));
     let phantoms = phantoms(&pair, &path);
     assert!(
         !phantoms.is_empty(),
@@ -247,9 +298,13 @@ fn forwarding_at_commit_forwards_rows_the_failover_takes_back() {
     let _ = std::fs::remove_file(&path);
 }
 
+/// With `synchronous_standby_names` set the default (`auto`) is standby-flush.
+/// After the failover the new primary has no standby and no such setting:
+/// `auto` forwards at commit there, while an explicit standby-flush would wait
+/// for a standby (and `status` says so).
 #[test]
-fn standby_flush_forwards_nothing_the_failover_takes_back() {
-    let (pair, bridge, path) = cancelled_waits_then_failover("standby-flush");
+fn standby_flush_by_default_forwards_nothing_the_failover_takes_back() {
+    let (pair, bridge, path) = cancelled_waits_then_failover(None);
     assert_eq!(
         phantoms(&pair, &path),
         Vec::<String>::new(),
@@ -260,7 +315,7 @@ fn standby_flush_forwards_nothing_the_failover_takes_back() {
     // and forwards what is written there — 950:2 again, with other bytes,
     // which a phantom would have shadowed on a bus that drops repeated ids.
     let mut writer = pair.standby.client(DB);
-    insert(&mut writer, 2, b"after", None);
+    insert(&mut writer, 2, b"after");
     wait_for_bridge(
         &bridge,
         "950:2 from the new primary on the sink",
@@ -270,6 +325,16 @@ fn standby_flush_forwards_nothing_the_failover_takes_back() {
     let (_, lines) = sink(&path);
     assert_eq!(lines.get("950:2"), Some(&1), "950:2 reached the sink once");
     assert_eq!(phantoms(&pair, &path), Vec::<String>::new());
+    let status = bridge_command(&["status", "--database-url", &pair.url()])
+        .output()
+        .unwrap();
+    let status = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.contains("synchronous_standby_names = ''")
+            && status
+                .contains("in standby-flush mode a batch read now waits: no standby is connected"),
+        "{status}"
+    );
     let _ = std::fs::remove_file(&path);
 }
 

@@ -177,6 +177,9 @@ impl Cluster {
                 "-R",
                 "-X",
                 "stream",
+                // At once: the default spread checkpoint takes minutes.
+                "-c",
+                "fast",
             ],
         );
         let port = free_port();
