@@ -341,3 +341,493 @@ fn standby_flush_by_default_forwards_nothing_the_failover_takes_back() {
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// The checker counts what it is meant to count.
+#[test]
+fn the_checker_counts_lost_phantom_duplicate_and_out_of_order_rows() {
+    use common::checker::{check, Item};
+    let item = |key: &str, seq: i64, bytes: &str| Item {
+        key: key.into(),
+        seq,
+        id: format!("{key}:{seq}"),
+        bytes: bytes.as_bytes().to_vec(),
+    };
+    let acknowledged = [item("1", 1, "a"), item("1", 2, "b"), item("1", 3, "c")];
+    let store = [item("1", 1, "a"), item("1", 2, "b"), item("1", 3, "c")];
+    let delivered = [
+        item("1", 2, "b"),
+        item("1", 1, "a"), // out of order
+        item("1", 1, "a"), // a duplicate
+        item("1", 4, "d"), // not in the store: a phantom
+        item("1", 3, "x"), // other bytes: a phantom, and 1:3 with "c" is lost
+    ];
+    let counts = &check(&acknowledged, &store, &delivered)["1"];
+    assert_eq!(
+        (
+            counts.acknowledged,
+            counts.delivered,
+            counts.lost,
+            counts.phantom,
+            counts.duplicates,
+            counts.order_violations
+        ),
+        (3, 5, 1, 2, 1, 2)
+    );
+}
+
+/// What writers were told was committed (an insert or publish() that returned).
+type Acks = std::sync::Arc<std::sync::Mutex<Vec<common::checker::Item>>>;
+
+/// A writer through a multi-host connection string: it reconnects by itself
+/// (to whichever server accepts writes) and carries on; a row whose statement
+/// failed is written again (envelopes: the insert is idempotent) or given up
+/// unacknowledged (outbox rows).
+struct Writers {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    acks: Acks,
+}
+
+fn connect_retrying(
+    conninfo: &str,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Option<postgres::Client> {
+    loop {
+        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
+        if let Ok(c) = postgres::Client::connect(conninfo, postgres::NoTls) {
+            return Some(c);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+impl Writers {
+    fn start(conninfo: &str, nodes: &[i32]) -> Writers {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let acks: Acks = Default::default();
+        let mut threads = Vec::new();
+        for &node in nodes {
+            let (stop, acks, conninfo) = (stop.clone(), acks.clone(), conninfo.to_owned());
+            threads.push(std::thread::spawn(move || {
+                let mut client = connect_retrying(&conninfo, &stop);
+                let mut seq = 1i64;
+                while let Some(c) = client.as_mut() {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
+                    let bytes = format!("{node}:{seq}:envelope").into_bytes();
+                    match c.execute(
+                        "SELECT envelopes.insert_gateway_envelope($1, $2, '\\x01'::bytea, $3)",
+                        &[&node, &seq, &bytes],
+                    ) {
+                        Ok(_) => {
+                            acks.lock().unwrap().push(common::checker::Item {
+                                key: node.to_string(),
+                                seq,
+                                id: format!("{node}:{seq}"),
+                                bytes,
+                            });
+                            seq += 1;
+                            std::thread::sleep(Duration::from_millis(2));
+                        }
+                        Err(_) => client = connect_retrying(&conninfo, &stop),
+                    }
+                }
+            }));
+        }
+        // The outbox, through publish(): ids come from the database, so the
+        // checker goes by the payload, which the writer numbers.
+        let (stop2, acks2, conninfo) = (stop.clone(), acks.clone(), conninfo.to_owned());
+        threads.push(std::thread::spawn(move || {
+            let mut client = connect_retrying(&conninfo, &stop2);
+            let mut n = 1i64;
+            while let Some(c) = client.as_mut() {
+                if stop2.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                let payload = format!("outbox-{n}").into_bytes();
+                match c.execute(
+                    "SELECT envelopes.publish('failover.outbox', $1)",
+                    &[&payload],
+                ) {
+                    Ok(_) => {
+                        acks2.lock().unwrap().push(common::checker::Item {
+                            key: "outbox".into(),
+                            seq: n,
+                            id: format!("outbox-{n}"),
+                            bytes: payload,
+                        });
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    Err(_) => client = connect_retrying(&conninfo, &stop2),
+                }
+                n += 1;
+            }
+        }));
+        Writers {
+            stop,
+            threads,
+            acks,
+        }
+    }
+
+    fn acknowledged(&self) -> usize {
+        self.acks.lock().unwrap().len()
+    }
+
+    fn stop(self) -> Vec<common::checker::Item> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.threads {
+            let _ = t.join();
+        }
+        let acks = self.acks.lock().unwrap().clone();
+        acks
+    }
+}
+
+/// A JSON line (or JetStream message in `--format json`) as the checker sees
+/// it: envelopes by originator, outbox rows by their payload.
+fn item_of_json(v: &serde_json::Value) -> Option<common::checker::Item> {
+    let unhex = |s: &str| -> Option<Vec<u8>> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+            .collect()
+    };
+    match v["kind"].as_str()? {
+        "envelope" => {
+            let node = v["originator_node_id"].as_i64()?;
+            let seq = v["originator_sequence_id"].as_i64()?;
+            Some(common::checker::Item {
+                key: node.to_string(),
+                seq,
+                id: format!("{node}:{seq}"),
+                bytes: unhex(v["originator_envelope"].as_str()?)?,
+            })
+        }
+        _ => {
+            let payload = unhex(v["payload"].as_str()?)?;
+            let text = String::from_utf8(payload.clone()).ok()?;
+            let n = text.strip_prefix("outbox-")?.parse().ok()?;
+            Some(common::checker::Item {
+                key: "outbox".into(),
+                seq: n,
+                id: text,
+                bytes: payload,
+            })
+        }
+    }
+}
+
+/// The store after the run: envelopes and outbox rows.
+fn store_items(cluster: &Cluster) -> Vec<common::checker::Item> {
+    let mut client = cluster.client(DB);
+    let mut out: Vec<common::checker::Item> = client
+        .query(
+            "SELECT originator_node_id, originator_sequence_id, originator_envelope
+               FROM envelopes.gateway_envelopes_view",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let (node, seq): (i32, i64) = (r.get(0), r.get(1));
+            common::checker::Item {
+                key: node.to_string(),
+                seq,
+                id: format!("{node}:{seq}"),
+                bytes: r.get(2),
+            }
+        })
+        .collect();
+    for r in client
+        .query("SELECT payload FROM envelopes.outbox", &[])
+        .unwrap()
+    {
+        let payload: Vec<u8> = r.get(0);
+        if let Some(n) = String::from_utf8_lossy(&payload)
+            .strip_prefix("outbox-")
+            .and_then(|n| n.parse().ok())
+        {
+            out.push(common::checker::Item {
+                key: "outbox".into(),
+                seq: n,
+                id: format!("outbox-{n}"),
+                bytes: payload,
+            });
+        }
+    }
+    out
+}
+
+/// Envelopes published straight to a JetStream stream with the NATS client, as
+/// another node would, for ingress to import: (originator 300, seq n), acked
+/// by JetStream.
+struct Producer {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Vec<common::checker::Item>>>,
+}
+
+const INGRESS_NODE: i64 = 300;
+
+impl Producer {
+    fn start(prefix: &str) -> Producer {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (flag, prefix) = (stop.clone(), prefix.to_owned());
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Runtime::new().unwrap();
+            runtime.block_on(async move {
+                let js = async_nats::jetstream::new(async_nats::connect(nats_url()).await.unwrap());
+                let mut acked = Vec::new();
+                let mut seq = 1i64;
+                while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                    let bytes = format!("{INGRESS_NODE}:{seq}:imported").into_bytes();
+                    let body = serde_json::json!({
+                        "kind": "envelope",
+                        "originator_node_id": INGRESS_NODE,
+                        "originator_sequence_id": seq,
+                        "gateway_time_us": 1_800_000_000_000_000i64,
+                        "topic": "02",
+                        "payer_id": null,
+                        "expiry": null,
+                        "originator_envelope": bytes.iter().map(|b| format!("{b:02x}")).collect::<String>(),
+                    })
+                    .to_string();
+                    let sent = js
+                        .send_publish(
+                            format!("{prefix}.envelope.{INGRESS_NODE}"),
+                            async_nats::jetstream::message::PublishMessage::build()
+                                .payload(body.into_bytes().into())
+                                .message_id(format!("{INGRESS_NODE}:{seq}")),
+                        )
+                        .await;
+                    if let Ok(ack) = sent {
+                        if ack.await.is_ok() {
+                            acked.push(common::checker::Item {
+                                key: INGRESS_NODE.to_string(),
+                                seq,
+                                id: format!("{INGRESS_NODE}:{seq}"),
+                                bytes,
+                            });
+                            seq += 1;
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                acked
+            })
+        });
+        Producer {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn stop(mut self) -> Vec<common::checker::Item> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Producer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Failover under traffic: writers through the insert functions and
+/// publish(), egress to JetStream and to JSONL, ingress importing from a
+/// JetStream stream, all by a multi-host URL; the primary killed with SIGKILL
+/// mid-stream and the synchronous standby promoted; nothing restarted by hand.
+/// The checker then finds nothing lost and no phantom on either bus, and the
+/// promoted standby's change feed (which never ran a writer before) serves the
+/// rows written after the promotion.
+#[test]
+fn failover_under_traffic_loses_nothing_and_forwards_no_phantom() {
+    let pair = Pair::start("fo_traffic");
+    let conninfo = format!(
+        "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname={DB} \
+         target_session_attrs=read-write connect_timeout=2",
+        pair.primary.port, pair.standby.port
+    );
+    let out_prefix = unique("foout");
+    let out_stream = out_prefix.to_uppercase();
+    let in_prefix = unique("foin");
+    let in_stream = in_prefix.to_uppercase();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let js = async_nats::jetstream::new(async_nats::connect(nats_url()).await.unwrap());
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: in_stream.clone(),
+            subjects: vec![format!("{in_prefix}.>")],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    });
+    let jsonl = std::env::temp_dir().join(format!("{}.jsonl", unique("fotraffic")));
+    let url = pair.url();
+    let to_nats = Bridge::egress_with_url(
+        &url,
+        "to_nats",
+        &nats_url(),
+        &[
+            "--nats-stream",
+            &out_stream,
+            "--subject-prefix",
+            &out_prefix,
+            "--format",
+            "json",
+        ],
+        &[],
+    );
+    let to_file = Bridge::egress_with_url(
+        &url,
+        "to_file",
+        &format!("jsonl:{}", jsonl.display()),
+        &[],
+        &[],
+    );
+    let ingress_log = std::env::temp_dir().join(format!("{}.log", unique("foingress")));
+    let mut cmd = bridge_command(&[
+        "ingress",
+        "--database-url",
+        &url,
+        "--name",
+        "importer",
+        "--source",
+        &nats_url(),
+        "--nats-stream",
+        &in_stream,
+        "--subject-prefix",
+        &in_prefix,
+        "--dead-letter-subject",
+        &format!("{in_prefix}dlq"),
+    ]);
+    cmd.stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&ingress_log).unwrap());
+    let ingress = Bridge {
+        child: cmd.spawn().unwrap(),
+        log: ingress_log,
+    };
+
+    let writers = Writers::start(&conninfo, &[101, 102]);
+    let producer = Producer::start(&in_prefix);
+    wait_until("writers to get going", Duration::from_secs(30), || {
+        writers.acknowledged() >= 300
+    });
+    let before = writers.acknowledged();
+    pair.primary.kill9();
+    pair.standby.promote();
+    wait_until(
+        "writers to commit on the promoted standby",
+        Duration::from_secs(60),
+        || writers.acknowledged() >= before + 300,
+    );
+    let acknowledged = writers.stop();
+    let imported = producer.stop();
+
+    // Everything in the store reaches both buses; every imported envelope
+    // reaches the store.
+    let stored = || store_items(&pair.standby);
+    let on_nats = || -> Vec<common::checker::Item> {
+        runtime
+            .block_on(read_stream(&nats_url(), &out_stream))
+            .iter()
+            .filter_map(|(_, payload)| serde_json::from_slice(payload).ok())
+            .filter_map(|v: serde_json::Value| item_of_json(&v))
+            .collect()
+    };
+    let on_file = || -> Vec<common::checker::Item> {
+        std::fs::read_to_string(&jsonl)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .filter_map(|v: serde_json::Value| item_of_json(&v))
+            .collect()
+    };
+    let covers = |store: &[common::checker::Item], bus: &[common::checker::Item]| {
+        let ids: std::collections::BTreeSet<&str> = bus.iter().map(|i| i.id.as_str()).collect();
+        store.iter().all(|i| ids.contains(i.id.as_str()))
+    };
+    wait_for_bridge(
+        &ingress,
+        "ingress to import every acked envelope",
+        Duration::from_secs(90),
+        || {
+            let ids: std::collections::BTreeSet<String> =
+                stored().into_iter().map(|i| i.id).collect();
+            imported.iter().all(|i| ids.contains(&i.id))
+        },
+    );
+    wait_for_bridge(
+        &to_nats,
+        "the store on JetStream",
+        Duration::from_secs(90),
+        || covers(&stored(), &on_nats()),
+    );
+    wait_for_bridge(
+        &to_file,
+        "the store on the JSONL sink",
+        Duration::from_secs(90),
+        || covers(&stored(), &on_file()),
+    );
+
+    let store = stored();
+    let mut all_acked = acknowledged.clone();
+    all_acked.extend(imported.iter().cloned());
+    // Ingress: what JetStream acknowledged to the producer, "delivered" to the store.
+    let store_as_delivered = common::checker::check(&imported, &[], &store);
+    let nats = common::checker::check(&all_acked, &store, &on_nats());
+    let file = common::checker::check(&all_acked, &store, &on_file());
+    println!(
+        "{}",
+        common::checker::table("JetStream (a consumer with async-nats):", &nats)
+    );
+    println!("{}", common::checker::table("JSONL file:", &file));
+    let imported_lost = common::checker::total(&store_as_delivered).lost;
+    for (name, counts) in [("JetStream", &nats), ("JSONL", &file)] {
+        let t = common::checker::total(counts);
+        assert_eq!((t.lost, t.phantom), (0, 0), "{name}: {counts:?}");
+        assert!(t.acknowledged > 600);
+    }
+    assert_eq!(
+        imported_lost, 0,
+        "every envelope JetStream acked is in the store"
+    );
+    assert!(!imported.is_empty());
+
+    // The promoted standby's change feed: its ceilings reach each writer's
+    // last row, though it never ran a writer before the promotion.
+    let mut client = pair.standby.client(DB);
+    for node in [101, 102] {
+        let top = acknowledged
+            .iter()
+            .filter(|i| i.key == node.to_string())
+            .map(|i| i.seq)
+            .max()
+            .unwrap();
+        let ceiling: i64 = client
+            .query_one(
+                "SELECT max_sequence_id FROM envelopes.originator_ceilings() WHERE originator_node_id = $1",
+                &[&node],
+            )
+            .unwrap()
+            .get(0);
+        assert!(
+            ceiling >= top,
+            "originator {node}: ceiling {ceiling} < {top}"
+        );
+    }
+    drop((to_nats, to_file, ingress));
+    runtime.block_on(async {
+        delete_stream(&nats_url(), &out_stream).await;
+        delete_stream(&nats_url(), &in_stream).await;
+    });
+    let _ = std::fs::remove_file(&jsonl);
+}
