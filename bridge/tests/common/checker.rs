@@ -7,9 +7,11 @@
 //! * **phantom**: delivered, but not in the store after the run, or in the
 //!   store with other bytes;
 //! * **duplicates**: deliveries of an id beyond its first;
-//! * **order violations**: first deliveries of an id whose sequence is below
-//!   one already delivered for the same key (the writers write each key in
-//!   order, and the bridge promises per-originator order for in-order rows).
+//! * **order violations**: rows of one key delivered in an order other than
+//!   the one their writer was told they committed in, among rows whose sequence
+//!   ids follow that order (a row written late, below one already committed,
+//!   goes its own way by design): a first delivery of X after Y, where X was
+//!   acknowledged before Y and has the lower sequence id.
 //!
 //! Messages are `(key, sequence, id, bytes)`: the id is what dedup goes by,
 //! the sequence what order goes by.
@@ -49,7 +51,13 @@ pub fn check(
         .collect();
     let mut seen: BTreeSet<(&str, &[u8])> = BTreeSet::new();
     let mut first: BTreeSet<&str> = BTreeSet::new();
-    let mut highest: BTreeMap<&str, i64> = BTreeMap::new();
+    // Per key, (sequence id, acknowledgement index) of the rows delivered so far.
+    let mut earlier: BTreeMap<&str, Vec<(i64, usize)>> = BTreeMap::new();
+    let acked_at: BTreeMap<&str, usize> = acknowledged
+        .iter()
+        .enumerate()
+        .map(|(i, item)| (item.id.as_str(), i))
+        .collect();
     for item in delivered {
         let c = counts.entry(item.key.clone()).or_default();
         c.delivered += 1;
@@ -61,11 +69,14 @@ pub fn check(
             c.duplicates += 1;
             continue;
         }
-        let top = highest.entry(item.key.as_str()).or_insert(i64::MIN);
-        if item.seq < *top {
+        let Some(&acked) = acked_at.get(item.id.as_str()) else {
+            continue; // never acknowledged: no order was promised for it
+        };
+        let before = earlier.entry(item.key.as_str()).or_default();
+        if before.iter().any(|&(seq, at)| seq > item.seq && at > acked) {
             c.order_violations += 1;
         }
-        *top = (*top).max(item.seq);
+        before.push((item.seq, acked));
     }
     for item in acknowledged {
         let c = counts.entry(item.key.clone()).or_default();
