@@ -52,7 +52,8 @@ trap cleanup EXIT
 # pair: a primary and a synchronous standby of it, on fresh ports.
 pair() {
     cleanup
-    read -r PPORT SPORT < <(pick_ports 2 20000-32000 | tr '\n' ' ')
+    mapfile -t ports < <(pick_ports 2 20000-32000)
+    PPORT=${ports[0]} SPORT=${ports[1]}
     cluster_start "$primary" "$PPORT" "wal_level = replica" "max_wal_senders = 5" "fsync = off"
     psqlp "$PPORT" postgres -q -c "CREATE DATABASE bench"
     psqlp "$PPORT" bench -q -c "CREATE EXTENSION pg_envelopes" -c "CREATE SEQUENCE bench_seq"
@@ -79,14 +80,14 @@ for run in $(seq "$RUNS"); do
     for mode in commit standby-flush; do
         [ $((run % 2)) = 0 ] && mode=$([ "$mode" = commit ] && echo standby-flush || echo commit)
         name="${tag}r${run}${mode//-/}"
-        psqlp "$PPORT" bench -q -c "SELECT envelopes.consumer_register('$name', true)" >/dev/null
+        psqlp "$PPORT" bench -q -c "SELECT envelopes.consumer_register('$name', false)" >/dev/null
         n=$((SECONDS_PER_RUN * 1000))
         "$PROBE" "$NATS_URL" "$name" "$n" >"$OUT/probe.out" &
         probe=$!
         until grep -q ready "$OUT/probe.out" 2>/dev/null; do sleep 0.1; done
         "$BRIDGE" egress --database-url "postgres://postgres@127.0.0.1:$PPORT/bench" --name "$name" \
             --sink "$NATS_URL" --nats-stream "${name^^}" --subject-prefix "$name" \
-            --forward-after "$mode" 2>"$OUT/bridge.log" &
+            --forward-after "$mode" 2>"$OUT/bridge-$mode.log" &
         bridge=$!
         pids=("$bridge")
         "$PG_BIN/pgbench" -n -M prepared -h 127.0.0.1 -p "$PPORT" -U postgres -c 4 -j 2 -R 1000 \

@@ -25,8 +25,8 @@
 //! * without it (asynchronous replication, the mode asked for explicitly),
 //!   every standby that is streaming, and at least one.
 //!
-//! While the standbys lag the bridge polls, sleeping 1 ms and then twice as
-//! long up to 100 ms, never spinning; after a second it logs why it waits (no
+//! While the standbys lag the bridge polls, sleeping 0.25 ms and then half as
+//! long again each time up to 100 ms, never spinning; after a second it logs why it waits (no
 //! standby connected, how many have flushed) and again every 10 s, and
 //! `envelopes_bridge_standby_waiting` is 1. It never publishes the batch until
 //! the condition holds: a lost connection drops the batch, which is read again
@@ -157,8 +157,11 @@ pub async fn replication(db: &Db, target: &str) -> Result<Replication, DbFailure
     })
 }
 
-/// The first poll's sleep, and the longest.
-const FIRST_POLL: Duration = Duration::from_millis(1);
+/// The first poll's sleep, and the longest; each sleep is half as long again as
+/// the one before. On loopback a synchronous standby reports its flush within a
+/// millisecond or two: short first sleeps keep the added latency near that,
+/// and the growth keeps a long wait (no standby) at ten polls a second.
+const FIRST_POLL: Duration = Duration::from_micros(250);
 const LONGEST_POLL: Duration = Duration::from_millis(100);
 /// After this long waiting the bridge says why, and then every `REPEAT_LOG`.
 const LOG_AFTER: Duration = Duration::from_secs(1);
@@ -201,7 +204,9 @@ pub async fn wait_until_flushed(
     let mut poll = FIRST_POLL;
     let mut log_due = started + LOG_AFTER;
     let mut logged = false;
+    let mut polls = 0u32;
     let result = loop {
+        polls += 1;
         let state = match replication(db, &target).await {
             Ok(state) => state,
             Err(e) => break Err(WaitError::Database(e)),
@@ -225,12 +230,14 @@ pub async fn wait_until_flushed(
         if crate::shutdown::sleep(poll, shutdown).await {
             break Err(WaitError::Shutdown);
         }
-        poll = (poll * 2).min(LONGEST_POLL);
+        poll = (poll * 3 / 2).min(LONGEST_POLL);
     };
     metrics.standby_waiting.set(0);
     metrics
         .standby_wait_seconds
         .inc_by(started.elapsed().as_secs_f64());
+    tracing::debug!(target_lsn = %target, waited_us = started.elapsed().as_micros() as u64, polls,
+                    "standby-flush: wait over");
     if logged && result.is_ok() {
         tracing::info!(target_lsn = %target, waited_ms = started.elapsed().as_millis() as u64,
                        "standby-flush: the standbys have flushed the batch; publishing");
