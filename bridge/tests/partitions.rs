@@ -155,7 +155,7 @@ impl Net {
         let ns = self.ns(host);
         match spec {
             Some(spec) => {
-                let mut args = vec!["-n", &ns, "qdisc", "add", "dev", "eth0", "root", "netem"];
+                let mut args = vec!["-n", ns.as_str(), "qdisc", "add", "dev", "eth0", "root", "netem"];
                 args.extend(spec.split_whitespace());
                 run("tc", &args);
             }
