@@ -290,7 +290,10 @@ fn phantoms(pair: &Pair, path: &std::path::Path) -> Vec<String> {
 fn forwarding_at_commit_forwards_rows_the_failover_takes_back() {
     let (pair, _bridge, path) = cancelled_waits_then_failover(Some("commit"));
     let phantoms = phantoms(&pair, &path);
-    println!("forwarded at commit: {} phantom(s): {phantoms:?}", phantoms.len());
+    println!(
+        "forwarded at commit: {} phantom(s): {phantoms:?}",
+        phantoms.len()
+    );
     assert!(
         !phantoms.is_empty(),
         "forwarded at commit, rows that only the dead primary had reach the sink"
