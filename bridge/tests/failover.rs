@@ -39,6 +39,12 @@ struct Pair {
 
 impl Pair {
     fn start(label: &str) -> Pair {
+        Pair::start_with(label, true)
+    }
+
+    /// With `synchronous` false the standby streams asynchronously (no
+    /// `synchronous_standby_names`).
+    fn start_with(label: &str, synchronous: bool) -> Pair {
         let primary = Cluster::start(
             label,
             &[
@@ -52,26 +58,25 @@ impl Pair {
         // Set on the primary only, after the base backup: the promoted standby
         // must not wait for a standby of its own.
         let mut admin = primary.client("postgres");
-        admin
-            .batch_execute("ALTER SYSTEM SET synchronous_standby_names = 's1'")
-            .unwrap();
-        admin.batch_execute("SELECT pg_reload_conf()").unwrap();
-        wait_until(
-            "the standby to stream as the synchronous one",
-            Duration::from_secs(30),
-            || {
-                primary
-                    .client("postgres")
-                    .query_one(
-                        "SELECT count(*) FROM pg_stat_replication
+        if synchronous {
+            admin
+                .batch_execute("ALTER SYSTEM SET synchronous_standby_names = 's1'")
+                .unwrap();
+            admin.batch_execute("SELECT pg_reload_conf()").unwrap();
+        }
+        let wanted = if synchronous { "sync" } else { "async" };
+        wait_until("the standby to stream", Duration::from_secs(30), || {
+            primary
+                .client("postgres")
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_replication
                           WHERE application_name = 's1' AND state = 'streaming'
-                            AND sync_state = 'sync'",
-                        &[],
-                    )
-                    .map(|r| r.get::<_, i64>(0) == 1)
-                    .unwrap_or(false)
-            },
-        );
+                            AND sync_state = $1",
+                    &[&wanted],
+                )
+                .map(|r| r.get::<_, i64>(0) == 1)
+                .unwrap_or(false)
+        });
         Pair { primary, standby }
     }
 
@@ -191,7 +196,24 @@ fn signal(pid: u32, signal: &str) {
 /// The scenario up to the promotion; returns the pair (promoted standby), the
 /// bridge still running, and the sink's file.
 fn cancelled_waits_then_failover(mode: Option<&str>) -> (Pair, Bridge, std::path::PathBuf) {
-    let pair = Pair::start(&format!("fo_{}", mode.unwrap_or("auto").replace('-', "_")));
+    unreplicated_rows_then_failover(mode, true)
+}
+
+/// The scenario; with `synchronous` false, asynchronous replication: the
+/// commits do not wait, nothing needs cancelling, and the rows the stopped
+/// receiver never got are simply not on the standby.
+fn unreplicated_rows_then_failover(
+    mode: Option<&str>,
+    synchronous: bool,
+) -> (Pair, Bridge, std::path::PathBuf) {
+    let pair = Pair::start_with(
+        &format!(
+            "fo_{}{}",
+            mode.unwrap_or("auto").replace('-', "_"),
+            if synchronous { "" } else { "_async" }
+        ),
+        synchronous,
+    );
     let path = std::env::temp_dir().join(format!("{}.jsonl", unique("failover")));
     let mut writer = pair.primary.client(DB);
     insert(&mut writer, 1, b"before");
@@ -256,7 +278,8 @@ fn cancelled_waits_then_failover(mode: Option<&str>) -> (Pair, Bridge, std::path
         );
     }
 
-    assert!(canceller.stop() >= CANCELLED as u64);
+    let cancelled = canceller.stop();
+    assert!(!synchronous || cancelled >= CANCELLED as u64);
     // The primary dies; so does the stopped WAL receiver, with whatever its
     // socket still holds; the standby is promoted.
     drop(writer);
@@ -881,4 +904,42 @@ fn failover_under_traffic_loses_nothing_and_forwards_no_phantom() {
         delete_stream(&nats_url(), &in_stream).await;
     });
     let _ = std::fs::remove_file(&jsonl);
+}
+
+/// Asynchronous replication: no commit waits, and the rows the standby never
+/// received are lost from the store with the primary (asynchronous
+/// replication's own loss window, acknowledged to the writer). At commit the
+/// bridge has forwarded them (phantoms); in standby-flush mode, which without
+/// `synchronous_standby_names` waits for every streaming standby, it has not.
+#[test]
+fn asynchronous_replication_standby_flush_forwards_no_phantom() {
+    for (mode, phantoms_expected) in [("commit", true), ("standby-flush", false)] {
+        let (pair, bridge, path) = unreplicated_rows_then_failover(Some(mode), false);
+        let kept = store(&pair.standby);
+        let lost_from_store = (2..=CANCELLED + 1)
+            .filter(|seq| !kept.contains_key(&format!("950:{seq}")))
+            .count();
+        let found = phantoms(&pair, &path);
+        println!(
+            "asynchronous, {mode}: {lost_from_store} acknowledged rows not replicated (lost from \
+             the store), {} phantom(s) on the sink",
+            found.len()
+        );
+        assert_eq!(
+            lost_from_store, CANCELLED as usize,
+            "the loss window of asynchronous replication"
+        );
+        assert_eq!(
+            !found.is_empty(),
+            phantoms_expected,
+            "{mode}: {found:?}\n{}",
+            bridge.log_text()
+        );
+        if !phantoms_expected {
+            assert!(bridge
+                .log_text()
+                .contains("0 of the 1 streaming standbys have flushed the batch's WAL"));
+        }
+        let _ = std::fs::remove_file(&path);
+    }
 }
