@@ -240,7 +240,12 @@ impl Cluster {
     pub fn kill9(&self) {
         let pids: Vec<String> = self.pids().iter().map(u32::to_string).collect();
         if !pids.is_empty() {
-            let _ = Command::new("kill").arg("-KILL").args(&pids).status();
+            // Some may be gone already (children follow a dead postmaster).
+            let _ = Command::new("kill")
+                .arg("-KILL")
+                .args(&pids)
+                .stderr(Stdio::null())
+                .status();
         }
         let _ = std::fs::remove_file(self.dir.join("data/postmaster.pid"));
     }
