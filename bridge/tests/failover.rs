@@ -943,3 +943,49 @@ fn asynchronous_replication_standby_flush_forwards_no_phantom() {
         let _ = std::fs::remove_file(&path);
     }
 }
+
+/// A role made with `grant_consumer` sees no LSNs of other users' rows in
+/// `pg_stat_replication`, but does through `standby_flush_positions()`, which
+/// is what standby-flush mode reads.
+#[test]
+fn a_consumer_role_sees_the_standbys_flush_positions() {
+    let pair = Pair::start("fo_role");
+    let mut admin = pair.primary.client(DB);
+    admin
+        .batch_execute(
+            "CREATE ROLE fo_bridge LOGIN; SELECT envelopes.grant_consumer('fo_bridge');
+             GRANT USAGE ON SCHEMA envelopes TO fo_bridge",
+        )
+        .unwrap();
+    let mut bridge_role = postgres::Client::connect(
+        &format!(
+            "host=127.0.0.1 port={} user=fo_bridge dbname={DB}",
+            pair.primary.port
+        ),
+        postgres::NoTls,
+    )
+    .unwrap();
+    let hidden: i64 = bridge_role
+        .query_one(
+            "SELECT count(*) FROM pg_stat_replication WHERE flush_lsn IS NOT NULL",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(hidden, 0, "pg_stat_replication hides the standby's LSNs");
+    let row = bridge_role
+        .query_one(
+            "SELECT application_name, sync_state, flush_lsn IS NOT NULL
+               FROM envelopes.standby_flush_positions()",
+            &[],
+        )
+        .unwrap();
+    assert_eq!(
+        (
+            row.get::<_, String>(0),
+            row.get::<_, String>(1),
+            row.get::<_, bool>(2)
+        ),
+        ("s1".to_owned(), "sync".to_owned(), true)
+    );
+}
