@@ -308,6 +308,9 @@ impl retry::Failure for Failure {
 #[derive(Default)]
 struct State {
     sink: Option<Sink>,
+    /// Whether `synchronous_standby_names` was set at the last batch (see
+    /// [`standby::wait_until_flushed`]).
+    standby_names_seen: bool,
 }
 
 /// A row as read, with the position to acknowledge once it is delivered.
@@ -332,7 +335,7 @@ async fn drain_once(
         .await
         .map_err(|e| Failure::Database(e, "reading the outbox".into()))?;
     if let Some(Position::Outbox(last)) = positions.last() {
-        hold_for_standbys(config, db, driver).await?;
+        hold_for_standbys(config, db, state, driver).await?;
         deliver(config, db, state, &outbox, &[], driver).await?;
         db.client
             .execute(
@@ -349,7 +352,7 @@ async fn drain_once(
         .await
         .map_err(|e| Failure::Database(e, "reading envelopes".into()))?;
     if !envelopes.is_empty() {
-        hold_for_standbys(config, db, driver).await?;
+        hold_for_standbys(config, db, state, driver).await?;
         deliver(config, db, state, &envelopes, &[], driver).await?;
         let mut tops: BTreeMap<i32, i64> = BTreeMap::new();
         let mut late: Option<i64> = None;
@@ -385,10 +388,19 @@ async fn drain_once(
 async fn hold_for_standbys(
     config: &EgressConfig,
     db: &Db,
+    state: &mut State,
     driver: &mut Driver,
 ) -> Result<(), Failure> {
     let metrics = driver.metrics().clone();
-    match standby::wait_until_flushed(db, config.forward_after, &metrics, driver.shutdown()).await {
+    match standby::wait_until_flushed(
+        db,
+        config.forward_after,
+        &mut state.standby_names_seen,
+        &metrics,
+        driver.shutdown(),
+    )
+    .await
+    {
         Ok(()) => Ok(()),
         Err(WaitError::Shutdown) => Err(Failure::Shutdown),
         Err(WaitError::Database(e)) => Err(Failure::Database(

@@ -133,28 +133,40 @@ impl Replication {
     }
 }
 
-/// The replication state against `target` (an LSN as text), one round trip.
-pub async fn replication(db: &Db, target: &str) -> Result<Replication, DbFailure> {
+/// The replication state against `target` (an LSN as text), or, when `None`,
+/// against the WAL insert position read by the same statement (once, before
+/// the standbys' positions); one round trip. Returns the target with it.
+pub async fn replication(
+    db: &Db,
+    target: Option<&str>,
+) -> Result<(String, Replication), DbFailure> {
     let row = db
         .client
         .query_one(
-            "SELECT pg_catalog.current_setting('synchronous_standby_names'),
+            "WITH t AS MATERIALIZED (
+                 SELECT COALESCE($1::text::pg_lsn, pg_catalog.pg_current_wal_insert_lsn()) AS lsn)
+             SELECT t.lsn::text,
+                    pg_catalog.current_setting('synchronous_standby_names'),
                     count(*) FILTER (WHERE s.state = 'streaming'),
-                    count(*) FILTER (WHERE s.state = 'streaming' AND s.flush_lsn >= $1::text::pg_lsn),
+                    count(*) FILTER (WHERE s.state = 'streaming' AND s.flush_lsn >= t.lsn),
                     count(*) FILTER (WHERE s.sync_state IN ('sync', 'quorum')),
                     count(*) FILTER (WHERE s.sync_state IN ('sync', 'quorum')
-                                       AND s.flush_lsn >= $1::text::pg_lsn)
-               FROM envelopes.standby_flush_positions() s",
+                                       AND s.flush_lsn >= t.lsn)
+               FROM t LEFT JOIN envelopes.standby_flush_positions() s ON true
+              GROUP BY t.lsn",
             &[&target],
         )
         .await?;
-    Ok(Replication {
-        names: row.get(0),
-        streaming: row.get(1),
-        streaming_flushed: row.get(2),
-        synchronous: row.get(3),
-        synchronous_flushed: row.get(4),
-    })
+    Ok((
+        row.get(0),
+        Replication {
+            names: row.get(1),
+            streaming: row.get(2),
+            streaming_flushed: row.get(3),
+            synchronous: row.get(4),
+            synchronous_flushed: row.get(5),
+        },
+    ))
 }
 
 /// The first poll's sleep, and the longest; each sleep is half as long again as
@@ -174,32 +186,43 @@ pub enum WaitError {
 }
 
 /// Waits, in `mode`, until the batch just read may be published. Call it right
-/// after the read returned, on the same session.
+/// after the read returned, on the same session. `names_seen` carries between
+/// calls whether `synchronous_standby_names` was set at the last one: in auto
+/// mode while it is not, one light statement asks for it (no call of
+/// `standby_flush_positions()`, which a role granted by hand before 0.4.0 may
+/// not have); while it is, the target and the standbys' positions come in one.
 pub async fn wait_until_flushed(
     db: &Db,
     mode: ForwardAfter,
+    names_seen: &mut bool,
     metrics: &Metrics,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<(), WaitError> {
     if mode == ForwardAfter::Commit {
         return Ok(());
     }
-    // The target, read after the batch (see the module documentation); in auto
-    // mode the setting decides whether there is anything to wait for.
-    let row = db
-        .client
-        .query_one(
-            "SELECT pg_catalog.current_setting('synchronous_standby_names'),
-                    pg_catalog.pg_current_wal_insert_lsn()::text",
-            &[],
-        )
-        .await
-        .map_err(|e| WaitError::Database(e.into()))?;
-    let names: String = row.get(0);
-    let target: String = row.get(1);
-    if mode == ForwardAfter::Auto && names.trim().is_empty() {
-        return Ok(());
-    }
+    // The target, read after the batch (see the module documentation).
+    let (target, first) = if mode == ForwardAfter::Auto && !*names_seen {
+        let row = db
+            .client
+            .query_one(
+                "SELECT pg_catalog.current_setting('synchronous_standby_names'),
+                        pg_catalog.pg_current_wal_insert_lsn()::text",
+                &[],
+            )
+            .await
+            .map_err(|e| WaitError::Database(e.into()))?;
+        let names: String = row.get(0);
+        if names.trim().is_empty() {
+            return Ok(());
+        }
+        (row.get::<_, String>(1), None)
+    } else {
+        let (target, state) = replication(db, None).await.map_err(WaitError::Database)?;
+        (target, Some(state))
+    };
+    *names_seen = true;
+    let mut first = first;
     let started = Instant::now();
     let mut poll = FIRST_POLL;
     let mut log_due = started + LOG_AFTER;
@@ -207,12 +230,16 @@ pub async fn wait_until_flushed(
     let mut polls = 0u32;
     let result = loop {
         polls += 1;
-        let state = match replication(db, &target).await {
-            Ok(state) => state,
-            Err(e) => break Err(WaitError::Database(e)),
+        let state = match first.take() {
+            Some(state) => state,
+            None => match replication(db, Some(&target)).await {
+                Ok((_, state)) => state,
+                Err(e) => break Err(WaitError::Database(e)),
+            },
         };
         // In auto mode a reload that empties the setting ends the wait.
         let Some(why) = (if mode == ForwardAfter::Auto && state.names.trim().is_empty() {
+            *names_seen = false;
             None
         } else {
             state.waiting_for()

@@ -179,8 +179,8 @@ async fn replication_lines(db: &crate::db::Db) -> Vec<String> {
     } else {
         "standby-flush (auto)"
     };
-    match crate::standby::replication(db, &lsn).await {
-        Ok(state) => lines.push(match state.waiting_for() {
+    match crate::standby::replication(db, Some(&lsn)).await {
+        Ok((_, state)) => lines.push(match state.waiting_for() {
             None => format!("  egress forwards after: {mode}; what is written now is flushed where it counts"),
             Some(why) => format!("  egress forwards after: {mode}; in standby-flush mode a batch read now waits: {why}"),
         }),
