@@ -108,6 +108,7 @@ pub async fn run(args: StatusArgs) -> Result<(), String> {
                         "_published_total",
                         "_active",
                         "_lag_rows",
+                        "_standby_waiting",
                     ]
                     .iter()
                     .any(|m| l.starts_with("envelopes_bridge") && l.contains(m))
