@@ -1,11 +1,11 @@
 //! Network partitions between real hosts: the primary, its synchronous
-//! standby, the bridge and a NATS server each in a network namespace of its
-//! own (`ip netns`), joined by veth pairs to a Linux bridge in a "switch"
+//! standby, the bridge and three NATS nodes (a JetStream cluster, the stream
+//! replicated three times) each in a network namespace of its own (`ip netns`), joined by veth pairs to a Linux bridge in a "switch"
 //! namespace; the test's writers and its checker sit in the test's own
 //! namespace on one more port of that switch, in a private /24. A bounded,
 //! self-stopping schedule cuts and heals links (routes to `blackhole` on both
 //! ends: packets vanish, no connection is refused) — bridge↔primary,
-//! bridge↔NATS, primary↔standby — and degrades links with `tc netem` (delay
+//! bridge↔NATS, one NATS node from everything, primary↔standby — and degrades links with `tc netem` (delay
 //! and loss; `tc tbf`, a slow link, where the kernel has no netem); then
 //! the checker counts what the writers were acknowledged, what the store holds
 //! and what a JetStream consumer receives: lost = 0 and phantom = 0.
@@ -51,7 +51,7 @@ struct Net {
     dir: PathBuf,
 }
 
-const HOSTS: [&str; 4] = ["pg1", "pg2", "br", "nats"];
+const HOSTS: [&str; 6] = ["pg1", "pg2", "br", "n1", "n2", "n3"];
 
 impl Net {
     /// `None` where namespaces cannot be made (not root).
@@ -448,28 +448,52 @@ fn partitions_and_a_lossy_network_lose_nothing_and_forward_no_phantom() {
             .unwrap_or(false)
     });
 
-    // NATS in its host; the bridge in its own, forwarding in the default mode
-    // (standby-flush, since synchronous_standby_names is set).
-    let store = net.dir.join("nats");
-    std::fs::create_dir_all(&store).unwrap();
-    let nats_addr = net.addr("nats");
-    let mut cmd = net.command("nats", "nats-server");
-    cmd.args([
-        "-a",
-        &nats_addr,
-        "-p",
-        "4222",
-        "-js",
-        "-sd",
-        store.to_str().unwrap(),
-    ])
-    .stdout(Stdio::null())
-    .stderr(Stdio::null());
-    net.spawn(&mut cmd);
-    let nats_url = format!("nats://{nats_addr}:4222");
-    wait_until("NATS", Duration::from_secs(20), || {
-        std::net::TcpStream::connect((nats_addr.as_str(), 4222)).is_ok()
-    });
+    // Three NATS nodes, a JetStream cluster, each in its host; the bridge in
+    // its own, forwarding in the default mode (standby-flush, since
+    // synchronous_standby_names is set) to a stream of three replicas.
+    let nodes = ["n1", "n2", "n3"];
+    let routes = nodes
+        .iter()
+        .map(|n| format!("nats://{}:6222", net.addr(n)))
+        .collect::<Vec<_>>()
+        .join(",");
+    for node in nodes {
+        let store = net.dir.join(node);
+        std::fs::create_dir_all(&store).unwrap();
+        let addr = net.addr(node);
+        let mut cmd = net.command(node, "nats-server");
+        cmd.args([
+            "-a",
+            &addr,
+            "-p",
+            "4222",
+            "-js",
+            "-sd",
+            store.to_str().unwrap(),
+        ])
+        .args(["-n", node, "--cluster_name", "partitions"])
+        .args([
+            "--cluster",
+            &format!("nats://{addr}:6222"),
+            "--routes",
+            &routes,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        net.spawn(&mut cmd);
+    }
+    for node in nodes {
+        let addr = net.addr(node);
+        wait_until("NATS", Duration::from_secs(20), || {
+            std::net::TcpStream::connect((addr.as_str(), 4222)).is_ok()
+        });
+    }
+    let sink = nodes
+        .iter()
+        .map(|n| format!("nats://{}:4222", net.addr(n)))
+        .collect::<Vec<_>>()
+        .join(",");
+    let nats_url = format!("nats://{}:4222", net.addr("n1"));
     let prefix = unique("part");
     let stream = prefix.to_uppercase();
     let log = net.dir.join("bridge.log");
@@ -485,7 +509,9 @@ fn partitions_and_a_lossy_network_lose_nothing_and_forward_no_phantom() {
     ])
     .args([
         "--sink",
-        &nats_url,
+        &sink,
+        "--nats-replicas",
+        "3",
         "--nats-stream",
         &stream,
         "--subject-prefix",
@@ -508,9 +534,21 @@ fn partitions_and_a_lossy_network_lose_nothing_and_forward_no_phantom() {
     net.cut("br", "pg1");
     std::thread::sleep(hold);
     net.heal("br", "pg1");
-    net.cut("br", "nats");
+    for node in nodes {
+        net.cut("br", node);
+    }
     std::thread::sleep(hold);
-    net.heal("br", "nats");
+    for node in nodes {
+        net.heal("br", node);
+    }
+    // One NATS node isolated from everything else (the stream keeps a quorum).
+    for other in ["br", "n1", "n2"] {
+        net.cut("n3", other);
+    }
+    std::thread::sleep(hold);
+    for other in ["br", "n1", "n2"] {
+        net.heal("n3", other);
+    }
     net.cut("pg1", "pg2");
     std::thread::sleep(hold);
     net.heal("pg1", "pg2");
