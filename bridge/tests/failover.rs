@@ -672,8 +672,8 @@ impl Drop for Producer {
     }
 }
 
-/// Failover under traffic: writers through the insert functions and
-/// publish(), egress to JetStream and to JSONL, ingress importing from a
+/// Failover under traffic (a synchronous and an asynchronous standby):
+/// writers through the insert functions and publish(), egress to JetStream and to JSONL, ingress importing from a
 /// JetStream stream, all by a multi-host URL; the primary killed with SIGKILL
 /// mid-stream and the synchronous standby promoted; nothing restarted by hand.
 /// The checker then finds nothing lost and no phantom on either bus, and the
@@ -682,6 +682,21 @@ impl Drop for Producer {
 #[test]
 fn failover_under_traffic_loses_nothing_and_forwards_no_phantom() {
     let pair = Pair::start("fo_traffic");
+    // An asynchronous standby beside the synchronous one: it must not count
+    // for standby-flush (synchronous_standby_names names s1 only), and is left
+    // behind by the failover (it follows the old primary).
+    let _async_standby = Cluster::standby_of(&pair.primary, "fo_traffic_async", "a1");
+    wait_until("the asynchronous standby", Duration::from_secs(30), || {
+        pair.primary
+            .client("postgres")
+            .query_one(
+                "SELECT count(*) FROM pg_stat_replication
+                  WHERE application_name = 'a1' AND sync_state = 'async'",
+                &[],
+            )
+            .map(|r| r.get::<_, i64>(0) == 1)
+            .unwrap_or(false)
+    });
     let conninfo = format!(
         "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname={DB} \
          target_session_attrs=read-write connect_timeout=2",

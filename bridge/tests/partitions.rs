@@ -461,7 +461,9 @@ fn partitions_and_a_lossy_network_lose_nothing_and_forward_no_phantom() {
         let store = net.dir.join(node);
         std::fs::create_dir_all(&store).unwrap();
         let addr = net.addr(node);
-        let mut cmd = net.command(node, "nats-server");
+        let binary = std::env::var("ENVELOPES_TEST_NATS_SERVER")
+            .unwrap_or_else(|_| "/usr/sbin/nats-server".into());
+        let mut cmd = net.command(node, &binary);
         cmd.args([
             "-a",
             &addr,
