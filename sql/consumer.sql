@@ -399,6 +399,20 @@ BEGIN
          + GREATEST(COALESCE(pg_catalog.pg_sequence_last_value('@extschema@.outbox_id_seq'), 0) - c.outbox_id, 0);
 END $$;
 
+-- Each standby's flush position, as pg_stat_replication shows it to a
+-- superuser: a consumer role sees other users' rows there without their LSNs,
+-- and egress in --forward-after standby-flush mode must know every standby's
+-- (it publishes a batch only once the synchronous standbys have flushed it, so
+-- that a failover cannot take back a row already forwarded). Only what that
+-- needs: no addresses, no process ids.
+CREATE FUNCTION standby_flush_positions()
+RETURNS TABLE (application_name text, state text, sync_state text, flush_lsn pg_lsn)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT r.application_name::text, r.state, r.sync_state, r.flush_lsn
+      FROM pg_catalog.pg_stat_replication r
+$$;
+
 -- How full the server's NOTIFY queue is (0..1); a listener that stops reading its
 -- notifications makes it grow.
 CREATE FUNCTION notification_queue_usage() RETURNS double precision

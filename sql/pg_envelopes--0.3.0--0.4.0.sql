@@ -1857,3 +1857,89 @@ BEGIN
             TO %s', grantee);
     END LOOP;
 END $$;
+
+-- Egress's --forward-after standby-flush reads every standby's flush
+-- position through standby_flush_positions() (pg_stat_replication hides other
+-- users' LSNs from a consumer role); grant_consumer grants it, and roles made
+-- with grant_consumer before the upgrade get it too.
+
+-- Each standby's flush position, as pg_stat_replication shows it to a
+-- superuser: a consumer role sees other users' rows there without their LSNs,
+-- and egress in --forward-after standby-flush mode must know every standby's
+-- (it publishes a batch only once the synchronous standbys have flushed it, so
+-- that a failover cannot take back a row already forwarded). Only what that
+-- needs: no addresses, no process ids.
+CREATE FUNCTION standby_flush_positions()
+RETURNS TABLE (application_name text, state text, sync_state text, flush_lsn pg_lsn)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT r.application_name::text, r.state, r.sync_state, r.flush_lsn
+      FROM pg_catalog.pg_stat_replication r
+$$;
+
+CREATE OR REPLACE FUNCTION grant_consumer(role name) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@.grant_reader(role);
+    EXECUTE format('GRANT SELECT ON @extschema@.consumer_status TO %I', role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION
+        @extschema@.consumer_register(text, boolean),
+        @extschema@.consumer_outbox_batch(text, integer, bigint),
+        @extschema@.consumer_outbox_ack(text, bigint),
+        @extschema@.consumer_envelope_batch(text, integer, bigint),
+        @extschema@.consumer_envelope_ack(text, integer[], bigint[], bigint),
+        @extschema@.consumer_dead_letter(text, text, integer, bigint, bigint, text, text, integer, timestamp with time zone, timestamp with time zone),
+        @extschema@.consumer_dead_letter_retries(text, integer),
+        @extschema@.consumer_dead_letter_resolved(text, bigint[]),
+        @extschema@.consumer_dead_letters(text),
+        @extschema@.consumer_lease(text),
+        @extschema@.consumer_lease_release(text),
+        @extschema@.consumer_lag(text),
+        @extschema@.consumer_envelopes_pending(text),
+        @extschema@.consumer_set_owner(text, regrole),
+        @extschema@.notification_queue_usage(),
+        @extschema@.standby_flush_positions()
+        TO %I', role);
+END $$;
+CREATE OR REPLACE FUNCTION revoke_consumer(role name) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@.revoke_reader(role);
+    EXECUTE format('REVOKE SELECT ON @extschema@.consumer_status FROM %I', role);
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION
+        @extschema@.consumer_register(text, boolean),
+        @extschema@.consumer_outbox_batch(text, integer, bigint),
+        @extschema@.consumer_outbox_ack(text, bigint),
+        @extschema@.consumer_envelope_batch(text, integer, bigint),
+        @extschema@.consumer_envelope_ack(text, integer[], bigint[], bigint),
+        @extschema@.consumer_dead_letter(text, text, integer, bigint, bigint, text, text, integer, timestamp with time zone, timestamp with time zone),
+        @extschema@.consumer_dead_letter_retries(text, integer),
+        @extschema@.consumer_dead_letter_resolved(text, bigint[]),
+        @extschema@.consumer_dead_letters(text),
+        @extschema@.consumer_lease(text),
+        @extschema@.consumer_lease_release(text),
+        @extschema@.consumer_lag(text),
+        @extschema@.consumer_envelopes_pending(text),
+        @extschema@.consumer_set_owner(text, regrole),
+        @extschema@.notification_queue_usage(),
+        @extschema@.standby_flush_positions()
+        FROM %I', role);
+END $$;
+REVOKE ALL ON FUNCTION @extschema@.standby_flush_positions() FROM PUBLIC;
+DO $upgrade$
+DECLARE
+    grantee text;
+BEGIN
+    FOR grantee IN
+        SELECT DISTINCT a.grantee::pg_catalog.regrole::text
+          FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+         WHERE p.oid = '@extschema@.consumer_register(text, boolean)'::pg_catalog.regprocedure
+           AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner AND a.grantee <> 0
+    LOOP
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION @extschema@.standby_flush_positions() TO %s',
+                                  grantee);
+    END LOOP;
+END
+$upgrade$;

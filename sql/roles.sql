@@ -184,7 +184,8 @@ BEGIN
         @extschema@.consumer_lag(text),
         @extschema@.consumer_envelopes_pending(text),
         @extschema@.consumer_set_owner(text, regrole),
-        @extschema@.notification_queue_usage()
+        @extschema@.notification_queue_usage(),
+        @extschema@.standby_flush_positions()
         TO %I', role);
 END $$;
 
@@ -209,7 +210,8 @@ BEGIN
         @extschema@.consumer_lag(text),
         @extschema@.consumer_envelopes_pending(text),
         @extschema@.consumer_set_owner(text, regrole),
-        @extschema@.notification_queue_usage()
+        @extschema@.notification_queue_usage(),
+        @extschema@.standby_flush_positions()
         FROM %I', role);
 END $$;
 

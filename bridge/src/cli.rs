@@ -8,6 +8,7 @@
 
 use crate::nats::NatsAuthArgs;
 use crate::sink::SinkArgs;
+use crate::standby::ForwardAfter;
 use clap::builder::BoolishValueParser;
 use clap::{Args, Parser, Subcommand};
 use std::net::SocketAddr;
@@ -136,6 +137,13 @@ pub struct EgressArgs {
     #[arg(long, env = "ENVELOPES_LAG_EVERY_ROUND", value_parser = BoolishValueParser::new(),
           default_value_t = true, num_args = 0..=1, default_missing_value = "true")]
     pub lag_every_round: bool,
+    /// When a batch may go to the bus: `standby-flush` once the synchronous
+    /// standbys (without synchronous_standby_names: every streaming standby, at
+    /// least one) have flushed the WAL it was read at, so that a failover cannot
+    /// take back a row already forwarded; `commit` as soon as it is committed on
+    /// the primary; `auto`: standby-flush while synchronous_standby_names is set.
+    #[arg(long, env = "ENVELOPES_FORWARD_AFTER", value_enum, default_value_t = ForwardAfter::Auto)]
+    pub forward_after: ForwardAfter,
     #[command(flatten)]
     pub service: ServiceArgs,
     // The sink and its options (each sink's own group).

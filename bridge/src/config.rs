@@ -204,6 +204,7 @@ mod tests {
             "log-json",
             "ready-after",
             "register",
+            "forward-after",
         ] {
             assert!(egress.contains_key(key), "{key}");
         }

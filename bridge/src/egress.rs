@@ -42,6 +42,7 @@ use crate::message::{Envelope, Message, OutboxMessage};
 use crate::metrics::Metrics;
 use crate::retry::{self, Backoff, Class, DbFailure, Driver, Fatal, Next, Wait};
 use crate::sink::{Sink, SinkArgs, SinkError, SinkSpec};
+use crate::standby::{self, ForwardAfter, WaitError};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -67,6 +68,8 @@ pub struct EgressConfig {
     pub register: bool,
     /// Read the lag from the database every round (else every 5 seconds).
     pub lag_every_round: bool,
+    /// When a batch read may be published (see [`crate::standby`]).
+    pub forward_after: ForwardAfter,
 }
 
 /// How often the lag is read when not every round.
@@ -305,6 +308,9 @@ impl retry::Failure for Failure {
 #[derive(Default)]
 struct State {
     sink: Option<Sink>,
+    /// Whether `synchronous_standby_names` was set at the last batch (see
+    /// [`standby::wait_until_flushed`]).
+    standby_names_seen: bool,
 }
 
 /// A row as read, with the position to acknowledge once it is delivered.
@@ -329,6 +335,7 @@ async fn drain_once(
         .await
         .map_err(|e| Failure::Database(e, "reading the outbox".into()))?;
     if let Some(Position::Outbox(last)) = positions.last() {
+        hold_for_standbys(config, db, state, driver).await?;
         deliver(config, db, state, &outbox, &[], driver).await?;
         db.client
             .execute(
@@ -345,6 +352,7 @@ async fn drain_once(
         .await
         .map_err(|e| Failure::Database(e, "reading envelopes".into()))?;
     if !envelopes.is_empty() {
+        hold_for_standbys(config, db, state, driver).await?;
         deliver(config, db, state, &envelopes, &[], driver).await?;
         let mut tops: BTreeMap<i32, i64> = BTreeMap::new();
         let mut late: Option<i64> = None;
@@ -371,6 +379,35 @@ async fn drain_once(
         moved += envelopes.len();
     }
     Ok(moved)
+}
+
+/// In `standby-flush` mode, holds the batch just read back until the standbys
+/// have flushed the WAL it was read at ([`crate::standby`]). A database error
+/// drops the batch (it is read again on the next session, wherever the URL
+/// leads), so nothing is published that the standbys may not have.
+async fn hold_for_standbys(
+    config: &EgressConfig,
+    db: &Db,
+    state: &mut State,
+    driver: &mut Driver,
+) -> Result<(), Failure> {
+    let metrics = driver.metrics().clone();
+    match standby::wait_until_flushed(
+        db,
+        config.forward_after,
+        &mut state.standby_names_seen,
+        &metrics,
+        driver.shutdown(),
+    )
+    .await
+    {
+        Ok(()) => Ok(()),
+        Err(WaitError::Shutdown) => Err(Failure::Shutdown),
+        Err(WaitError::Database(e)) => Err(Failure::Database(
+            e,
+            "waiting for the standbys to flush the batch".into(),
+        )),
+    }
 }
 
 /// "`what` first..last", for log lines about a batch.

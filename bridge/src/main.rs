@@ -20,6 +20,7 @@ mod register;
 mod retry;
 mod shutdown;
 mod sink;
+mod standby;
 mod status;
 mod tls;
 mod watch;
@@ -84,6 +85,7 @@ async fn run(command: Command) -> i32 {
                 dead_letter_after: args.dead_letter_after,
                 outbox_scope: args.outbox_scope,
                 lag_every_round: args.lag_every_round,
+                forward_after: args.forward_after,
             };
             finish(egress::run(config, metrics, shutdown::on_signal()).await)
         }

@@ -32,6 +32,11 @@ pub struct Metrics {
     pub ingested: Counter,
     /// 1 while this instance holds its name's lease (active), 0 while it stands by.
     pub active: Gauge,
+    /// 1 while egress holds a batch back until the standbys have flushed it
+    /// (`--forward-after standby-flush`).
+    pub standby_waiting: Gauge,
+    /// Time spent holding batches back for the standbys.
+    pub standby_wait_seconds: Counter<f64, AtomicU64>,
     dead_lettered: Family<KindLabel, Counter>,
     refused: Family<KindLabel, Counter>,
     errors: Family<KindLabel, Counter>,
@@ -66,6 +71,19 @@ impl Metrics {
         let refused = Family::<KindLabel, Counter>::default();
         let active = Gauge::default();
         let errors = Family::<KindLabel, Counter>::default();
+        let standby_waiting = Gauge::default();
+        let standby_wait_seconds = Counter::<f64, AtomicU64>::default();
+        registry.register(
+            "standby_waiting",
+            "1 while egress holds a batch back until the standbys have flushed its WAL \
+             (--forward-after standby-flush), 0 otherwise",
+            standby_waiting.clone(),
+        );
+        registry.register(
+            "standby_wait_seconds",
+            "Time egress spent holding batches back until the standbys flushed them",
+            standby_wait_seconds.clone(),
+        );
         registry.register(
             "published",
             "Messages acknowledged by the bus",
@@ -126,6 +144,8 @@ impl Metrics {
             batch_latency,
             ingested,
             active,
+            standby_waiting,
+            standby_wait_seconds,
             dead_lettered,
             refused,
             errors,

@@ -93,6 +93,7 @@ pub async fn run(args: StatusArgs) -> Result<(), String> {
             ));
         }
     }
+    lines.extend(replication_lines(&db).await);
     for addr in &args.bridge_metrics {
         match crate::metrics::scrape(*addr).await {
             Ok(text) => {
@@ -107,6 +108,7 @@ pub async fn run(args: StatusArgs) -> Result<(), String> {
                         "_published_total",
                         "_active",
                         "_lag_rows",
+                        "_standby_waiting",
                     ]
                     .iter()
                     .any(|m| l.starts_with("envelopes_bridge") && l.contains(m))
@@ -126,4 +128,64 @@ pub async fn run(args: StatusArgs) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// What egress in `--forward-after standby-flush` mode would wait for now:
+/// the standbys, their flush positions, and whether the WAL written so far is
+/// flushed where it counts (see [`crate::standby`]).
+async fn replication_lines(db: &crate::db::Db) -> Vec<String> {
+    let mut lines = vec![String::new()];
+    let standbys = db
+        .client
+        .query(
+            "SELECT s.application_name, s.state, s.sync_state, COALESCE(s.flush_lsn::text, '-'),
+                    COALESCE(pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_insert_lsn(),
+                                                        s.flush_lsn), 0)::bigint,
+                    pg_catalog.pg_current_wal_insert_lsn()::text
+               FROM envelopes.standby_flush_positions() s ORDER BY 1",
+            &[],
+        )
+        .await;
+    let here = db
+        .client
+        .query_one(
+            "SELECT pg_catalog.current_setting('synchronous_standby_names'),
+                    pg_catalog.pg_current_wal_insert_lsn()::text",
+            &[],
+        )
+        .await;
+    let (standbys, (names, lsn)) = match (standbys, here) {
+        (Ok(rows), Ok(row)) => (rows, (row.get::<_, String>(0), row.get::<_, String>(1))),
+        (Err(e), _) | (_, Err(e)) => {
+            lines.push(format!("replication: unknown ({})", DbFailure::new(&e)));
+            return lines;
+        }
+    };
+    lines.push(format!(
+        "replication: synchronous_standby_names = '{names}', WAL inserted up to {lsn}, {} standby(s)",
+        standbys.len()
+    ));
+    for r in &standbys {
+        lines.push(format!(
+            "  {:<24} {:<10} {:<10} flushed {:<14} {} bytes behind",
+            r.get::<_, String>(0),
+            r.get::<_, String>(1),
+            r.get::<_, String>(2),
+            r.get::<_, String>(3),
+            r.get::<_, i64>(4),
+        ));
+    }
+    let mode = if names.trim().is_empty() {
+        "commit (auto; standby-flush only when asked for)"
+    } else {
+        "standby-flush (auto)"
+    };
+    match crate::standby::replication(db, Some(&lsn)).await {
+        Ok((_, state)) => lines.push(match state.waiting_for() {
+            None => format!("  egress forwards after: {mode}; what is written now is flushed where it counts"),
+            Some(why) => format!("  egress forwards after: {mode}; in standby-flush mode a batch read now waits: {why}"),
+        }),
+        Err(e) => lines.push(format!("  {e}")),
+    }
+    lines
 }

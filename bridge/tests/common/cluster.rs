@@ -151,6 +151,116 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// A streaming standby of `primary` (a base backup with `-R`), in hot standby
+    /// on a port of its own, connecting as `application_name` (the name
+    /// `synchronous_standby_names` refers to), started.
+    pub fn standby_of(primary: &Cluster, label: &str, application_name: &str) -> Cluster {
+        let base = primary.dir.parent().unwrap().to_path_buf();
+        let dir = base.join(unique(&format!("bt_{label}_")));
+        std::fs::create_dir_all(&dir).unwrap();
+        let _ = Command::new("chown")
+            .args(["postgres:postgres", dir.to_str().unwrap()])
+            .status();
+        let data = dir.join("data");
+        as_postgres(
+            "pg_basebackup",
+            &[
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &primary.port.to_string(),
+                "-U",
+                "postgres",
+                "-D",
+                data.to_str().unwrap(),
+                "-R",
+                "-X",
+                "stream",
+                // At once: the default spread checkpoint takes minutes.
+                "-c",
+                "fast",
+            ],
+        );
+        let port = free_port();
+        // postgresql.auto.conf is read last: its primary_conninfo wins.
+        let auto = data.join("postgresql.auto.conf");
+        let mut text = std::fs::read_to_string(&auto).unwrap_or_default();
+        text.push_str(&format!(
+            "primary_conninfo = 'host=127.0.0.1 port={} user=postgres application_name={application_name}'\n",
+            primary.port
+        ));
+        std::fs::write(&auto, text).unwrap();
+        let conf = data.join("postgresql.conf");
+        let mut text = std::fs::read_to_string(&conf).unwrap();
+        text.push_str(&format!(
+            "port = {port}\nunix_socket_directories = '{}'\nhot_standby = on\n",
+            dir.display()
+        ));
+        std::fs::write(&conf, text).unwrap();
+        let cluster = Cluster { dir, port };
+        cluster.start_again();
+        cluster
+    }
+
+    /// `pg_ctl promote`, waiting until the server accepts writes.
+    pub fn promote(&self) {
+        as_postgres("pg_ctl", &["-D", &self.data(), "-w", "-t", "60", "promote"]);
+    }
+
+    /// The postmaster's process id, from postmaster.pid.
+    pub fn postmaster_pid(&self) -> Option<u32> {
+        std::fs::read_to_string(self.dir.join("data/postmaster.pid"))
+            .ok()?
+            .lines()
+            .next()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// The server's processes: the postmaster and its children.
+    pub fn pids(&self) -> Vec<u32> {
+        let Some(postmaster) = self.postmaster_pid() else {
+            return Vec::new();
+        };
+        let children = Command::new("ps")
+            .args(["--ppid", &postmaster.to_string(), "-o", "pid="])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        std::iter::once(postmaster)
+            .chain(children.split_whitespace().filter_map(|p| p.parse().ok()))
+            .collect()
+    }
+
+    /// A crash of the whole machine, as far as the server can tell: SIGKILL to
+    /// the postmaster and every one of its processes at once (no shutdown, no
+    /// last WAL sent, every client connection cut).
+    pub fn kill9(&self) {
+        let pids: Vec<String> = self.pids().iter().map(u32::to_string).collect();
+        if !pids.is_empty() {
+            // Some may be gone already (children follow a dead postmaster).
+            let _ = Command::new("kill")
+                .arg("-KILL")
+                .args(&pids)
+                .stderr(Stdio::null())
+                .status();
+        }
+        let _ = std::fs::remove_file(self.dir.join("data/postmaster.pid"));
+    }
+
+    /// The WAL receiver's process id (on a standby that streams).
+    pub fn wal_receiver_pid(&self) -> Option<u32> {
+        self.client("postgres")
+            .query_opt("SELECT pid FROM pg_stat_wal_receiver", &[])
+            .ok()
+            .flatten()
+            .and_then(|r| r.get::<_, Option<i32>>(0))
+            .and_then(|p| u32::try_from(p).ok())
+    }
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
         if self.dir.join("data/postmaster.pid").exists() {

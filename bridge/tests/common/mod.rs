@@ -10,6 +10,7 @@
 #![allow(dead_code)]
 
 pub mod buses;
+pub mod checker;
 pub mod cluster;
 pub mod kill9;
 pub mod target;
