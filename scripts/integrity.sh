@@ -15,8 +15,12 @@ seconds=${1:-30}
 rounds=${2:-3}
 
 port=$(free_port)
+# wal_keep_size: the crash rounds write about a million rows each and restart
+# the primary, whose checkpoint after recovery removed WAL the standby had not
+# received yet (it then waited for a segment gone for good and the test saw a
+# standby that never caught up); kept WAL lets it catch up after every crash.
 cluster_start integrity "$port" "wal_level = logical" "max_replication_slots = 10" \
-    "max_worker_processes = 32" "max_locks_per_transaction = 256"
+    "max_worker_processes = 32" "max_locks_per_transaction = 256" "wal_keep_size = '4GB'"
 port_sb=$(free_port)
 trap 'cluster_stop integrity_standby; cluster_stop integrity' EXIT
 cluster_start_standby integrity_standby "$port" "$port_sb"
