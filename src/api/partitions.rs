@@ -3,6 +3,7 @@
 //! retention themselves are [`crate::store::partition`] and
 //! [`crate::store::retention`].
 
+use super::args::elements;
 use crate::error::OrRaise;
 use crate::store::partition::{self, band::Band, PartitionError};
 use crate::store::retention::{self, PruneError};
@@ -102,15 +103,9 @@ fn prune_expired_below(
     ),
 > {
     let prune = || {
-        let nodes: Vec<i32> = originator_node_ids
-            .ok_or(PruneError::NullBound("originator_node_ids"))?
-            .iter()
-            .collect::<Option<_>>()
+        let nodes = elements("originator_node_ids", originator_node_ids)?
             .ok_or(PruneError::NullBound("originator_node_ids"))?;
-        let seqs: Vec<i64> = below_sequence_ids
-            .ok_or(PruneError::NullBound("below_sequence_ids"))?
-            .iter()
-            .collect::<Option<_>>()
+        let seqs = elements("below_sequence_ids", below_sequence_ids)?
             .ok_or(PruneError::NullBound("below_sequence_ids"))?;
         if nodes.len() != seqs.len() {
             return Err(PruneError::BoundLength {

@@ -67,8 +67,11 @@ pub enum PruneError {
     NotWritable(#[from] crate::pg::xact::NotWritable),
     #[error("SPI error while pruning: {0}")]
     Spi(#[from] pgrx::spi::SpiError),
-    #[error("{0} must not be NULL nor hold NULL")]
+    #[error("{0} must not be NULL")]
     NullBound(&'static str),
+    /// A NULL element of a bound array (the read functions' argument check).
+    #[error("{0}")]
+    Argument(#[from] crate::store::read::select::SelectError),
     #[error("originator_node_ids has {nodes} elements but below_sequence_ids has {seqs}")]
     BoundLength { nodes: usize, seqs: usize },
     #[error("originator {0} is given more than one bound")]
@@ -87,6 +90,7 @@ impl SqlError for PruneError {
             PruneError::NotWritable(e) => e.sqlstate(),
             PruneError::Spi(_) => ERRCODE_INTERNAL_ERROR,
             PruneError::NullBound(_) => ERRCODE_NULL_VALUE_NOT_ALLOWED,
+            PruneError::Argument(e) => e.sqlstate(),
             PruneError::BoundLength { .. } => ERRCODE_ARRAY_ELEMENT_ERROR,
             PruneError::DuplicateBound(_) => ERRCODE_INVALID_PARAMETER_VALUE,
         }
