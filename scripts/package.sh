@@ -261,7 +261,7 @@ install -d "$root$sharedir"
 # What `make -C router install` installs (router/Makefile: EXTENSION and DATA).
 install -m 644 router/pg_envelopes_router.control router/pg_envelopes_router--*.sql "$root$sharedir/"
 install -d "$root/usr/share/doc/$pkg"
-gzip -9n <docs/SCALING.md >"$root/usr/share/doc/$pkg/SCALING.md.gz"
+gzip -9n <docs/operations/scaling.md >"$root/usr/share/doc/$pkg/SCALING.md.gz"
 doc_files "$pkg" "" "$ext_version"
 lintian_overrides "$pkg"
 finish "$pkg" "$ext_version" all "postgresql-15, postgresql-15-plproxy" database \
