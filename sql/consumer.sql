@@ -6,6 +6,10 @@
 -- this database start again when meta is truncated.
 CREATE TRIGGER forget_high_water_marks AFTER TRUNCATE ON gateway_envelopes_meta
     FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.forget_high_water_marks();
+-- A store created again in this database (DROP EXTENSION, then CREATE EXTENSION)
+-- starts with none of the marks the dropped one left in shared memory: those stood
+-- for rows that are gone, and every in-order insert would be taken for late.
+TRUNCATE gateway_envelopes_meta;
 
 -- A consumer's positions: the outbox id and the late-envelope feed id it has
 -- acknowledged up to, and (in consumer_envelope_cursors) a vector clock over
@@ -443,3 +447,12 @@ SELECT c.name AS consumer,
   CROSS JOIN LATERAL (
         SELECT count(*) AS dead_letters FROM @extschema@.dead_letters dl WHERE dl.consumer = c.name) d;
 COMMENT ON VIEW consumer_status IS 'Consumer positions, what is committed but not yet acknowledged, dead letters and the NOTIFY queue usage.';
+
+-- pg_dump carries this state (see "Backup, restore and moving hosts" in the docs):
+-- a table created by an extension is otherwise left out of every dump.
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.consumers', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.consumer_envelope_cursors', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.delivery_log', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.delivery_log_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.dead_letters', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.dead_letters_id_seq', '');

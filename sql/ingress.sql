@@ -120,3 +120,7 @@ BEGIN
     PERFORM @extschema@._check_ingress_names(consumer, stream);
     RETURN @extschema@._lease_release('ingress', consumer, stream);
 END $$;
+
+-- pg_dump carries this state (see "Backup, restore and moving hosts" in the docs):
+-- a table created by an extension is otherwise left out of every dump.
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.ingress_positions', '');

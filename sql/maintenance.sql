@@ -33,3 +33,8 @@ $$;
 
 COMMENT ON FUNCTION maintenance_status(integer) IS
     'The newest runs of the maintenance worker in this database, newest first.';
+
+-- pg_dump carries this state (see "Backup, restore and moving hosts" in the docs):
+-- a table created by an extension is otherwise left out of every dump.
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.maintenance_runs', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.maintenance_runs_run_id_seq', '');

@@ -21,3 +21,8 @@ CREATE TRIGGER notify_envelopes AFTER INSERT ON gateway_envelopes_meta
     FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.notify_on_insert('envelopes');
 CREATE TRIGGER notify_outbox AFTER INSERT ON outbox
     FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.notify_on_insert('outbox');
+
+-- pg_dump carries this state (see "Backup, restore and moving hosts" in the docs):
+-- a table created by an extension is otherwise left out of every dump.
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_id_seq', '');

@@ -1943,3 +1943,62 @@ BEGIN
     END LOOP;
 END
 $upgrade$;
+
+-- Dumps and restores (the docs' "Backup, restore and moving hosts").
+--
+-- The indexes move from the roots to each originator's partition: pg_restore
+-- creates the roots with CREATE EXTENSION and then attaches the dumped
+-- partitions, and a root's index was cloned into each of them just before the
+-- dump created the same index again, so every restore failed. Each originator's
+-- partition is detached (its indexes, clones of the roots', stay with it and
+-- become its own, with the names a fresh install gives them), the roots' indexes
+-- are dropped, and the partitions are attached again. Attaching reads every band
+-- once to check that its rows belong to its originator.
+DO $upgrade$
+DECLARE
+    parts text[][];
+    part text[];
+BEGIN
+    SELECT COALESCE(pg_catalog.array_agg(ARRAY[i.inhparent::pg_catalog.regclass::text,
+                                               i.inhrelid::pg_catalog.regclass::text,
+                                               pg_catalog.pg_get_expr(c.relpartbound, c.oid)]),
+                    '{}')
+      INTO parts
+      FROM pg_catalog.pg_inherits i
+      JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
+     WHERE i.inhparent IN ('@extschema@.gateway_envelopes_meta'::pg_catalog.regclass,
+                           '@extschema@.gateway_envelopes_blob'::pg_catalog.regclass);
+    IF pg_catalog.cardinality(parts) > 0 THEN
+        FOREACH part SLICE 1 IN ARRAY parts LOOP
+            EXECUTE pg_catalog.format('ALTER TABLE %s DETACH PARTITION %s', part[1], part[2]);
+        END LOOP;
+    END IF;
+    ALTER TABLE @extschema@.gateway_envelopes_meta DROP CONSTRAINT gateway_envelopes_meta_pkey;
+    ALTER TABLE @extschema@.gateway_envelopes_blob DROP CONSTRAINT gateway_envelopes_blob_pkey;
+    DROP INDEX @extschema@.gateway_envelopes_meta_topic_idx;
+    DROP INDEX @extschema@.gateway_envelopes_meta_expiry_idx;
+    IF pg_catalog.cardinality(parts) > 0 THEN
+        FOREACH part SLICE 1 IN ARRAY parts LOOP
+            EXECUTE pg_catalog.format('ALTER TABLE %s ATTACH PARTITION %s %s', part[1], part[2], part[3]);
+        END LOOP;
+    END IF;
+END
+$upgrade$;
+
+-- The state a dump must carry: a table an extension creates is left out of
+-- every dump unless it is registered here (undelivered outbox rows, consumers
+-- and their positions, the late-envelope feed, dead letters, ingress positions).
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.late_envelopes', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.late_envelopes_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.consumers', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.consumer_envelope_cursors', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.delivery_log', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.delivery_log_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.dead_letters', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.dead_letters_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.ingress_positions', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.maintenance_runs', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.maintenance_runs_run_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.pruned_maxima', '');

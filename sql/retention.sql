@@ -92,3 +92,7 @@ AS $$
 $$;
 COMMENT ON FUNCTION originator_latest() IS
     'Per originator, the highest sequence id ever stored (surviving pruning) and its gateway time.';
+
+-- pg_dump carries this state (see "Backup, restore and moving hosts" in the docs):
+-- a table created by an extension is otherwise left out of every dump.
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.pruned_maxima', '');

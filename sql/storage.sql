@@ -12,6 +12,19 @@
 -- its twin. There is no DEFAULT partition either: a row without a band would land
 -- there and block the later creation of the band that should hold it.
 --
+-- The roots carry no index. Each originator's partition gets the primary key
+-- (originator_node_id, originator_sequence_id) and, for meta, the topic index
+-- (topic, originator_sequence_id: within one band the node is constant, so it
+-- serves "this topic after this cursor, in order") and the expiry index
+-- (prune_expired() finds expired rows without a full scan) when the extension
+-- creates it, and ATTACH PARTITION clones them into every band
+-- (src/store/partition/catalog.rs, originator_indexes). A key is unique in the
+-- store because each originator's rows live in its own partition. Why not on the
+-- roots: the roots belong to the extension, so pg_restore creates them (with
+-- CREATE EXTENSION) before it attaches the dumped partitions; an index on a root
+-- is then cloned into each partition as it is attached, and the dump's own
+-- statements creating the same indexes fail ("multiple primary keys for table").
+--
 -- There are no CHECK constraints (ids >= 0 are checked by the insert functions):
 -- Postgres re-reads and compiles a table's CHECK expressions for every INSERT
 -- statement, and on this single-row hot path two such checks per table cost about
@@ -31,29 +44,17 @@ CREATE TABLE gateway_envelopes_meta (
     -- Arrived below a sequence id of its originator that another transaction had
     -- already committed: it is also in late_envelopes, and consumers receive it
     -- from there (src/store/feed/).
-    late                   boolean     NOT NULL DEFAULT false,
-    CONSTRAINT gateway_envelopes_meta_pkey
-        PRIMARY KEY (originator_node_id, originator_sequence_id)
+    late                   boolean     NOT NULL DEFAULT false
 ) PARTITION BY LIST (originator_node_id);
 
 COMMENT ON TABLE gateway_envelopes_meta IS
     'Envelope metadata, partitioned by originator then by sequence band. Write through envelopes.insert_gateway_envelope(s).';
 
--- Topic reads: within one band partition the node is constant, so (topic, seq)
--- serves "this topic after this cursor, in order".
-CREATE INDEX gateway_envelopes_meta_topic_idx
-    ON gateway_envelopes_meta (topic, originator_sequence_id);
-
--- Retention: prune_expired() finds expired rows without a full scan.
-CREATE INDEX gateway_envelopes_meta_expiry_idx
-    ON gateway_envelopes_meta (expiry) WHERE expiry IS NOT NULL;
 
 CREATE TABLE gateway_envelopes_blob (
     originator_node_id     integer NOT NULL,
     originator_sequence_id bigint  NOT NULL,
-    originator_envelope    bytea   NOT NULL,
-    CONSTRAINT gateway_envelopes_blob_pkey
-        PRIMARY KEY (originator_node_id, originator_sequence_id)
+    originator_envelope    bytea   NOT NULL
 ) PARTITION BY LIST (originator_node_id);
 
 COMMENT ON TABLE gateway_envelopes_blob IS
@@ -104,3 +105,8 @@ CREATE TABLE late_envelopes (
 CREATE INDEX late_envelopes_key_idx ON late_envelopes (originator_node_id, originator_sequence_id);
 COMMENT ON TABLE late_envelopes IS
     'Envelopes inserted below a sequence id their originator had already committed; consumers read them from here.';
+
+-- pg_dump carries this state (see "Backup, restore and moving hosts" in the docs):
+-- a table created by an extension is otherwise left out of every dump.
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.late_envelopes', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.late_envelopes_id_seq', '');

@@ -43,6 +43,9 @@ pub struct Fresh {
     xmin: u64,
     xmax: u64,
     running: Vec<u64>,
+    /// The next transaction id, read right after the snapshot was taken: every
+    /// transaction of this cluster whose rows the snapshot sees has a lower one.
+    next: u64,
 }
 
 impl Fresh {
@@ -73,6 +76,7 @@ impl Fresh {
                 xmin: widen(next, s.xmin.into_inner()),
                 xmax: widen(next, s.xmax.into_inner()),
                 running,
+                next,
             }
         }
     }
@@ -86,6 +90,17 @@ impl Fresh {
     /// transaction known to have committed, that means: its rows are visible here.
     pub fn saw_end_of(&self, xid: u64) -> bool {
         xid < self.xmin || (xid < self.xmax && self.running.binary_search(&xid).is_err())
+    }
+
+    /// Whether `xid`, the `inserted_xid` of a row this snapshot sees, cannot be
+    /// a transaction of this cluster: it is not below the next transaction id.
+    /// Rows restored from a dump or copied by logical replication keep the ids
+    /// of the cluster that wrote them, which mean nothing here; such a row is
+    /// committed data, as old as any. (One whose foreign id lies below the next
+    /// id is taken for a transaction of this cluster with that id: at worst held
+    /// back until this cluster's transaction of that id has ended.)
+    pub fn foreign(&self, xid: u64) -> bool {
+        xid >= self.next
     }
 }
 

@@ -56,7 +56,6 @@ pub fn envelope_batch(consumer: &str, mut budget: Budget) -> Result<Vec<BatchRow
         // stopped in a further round, as long as the batch is still empty: the
         // budget bounds the work of a call that has rows to return, never makes
         // a call return nothing while rows are deliverable.
-        let before = gate.before();
         let mut step_over: HashMap<i32, i64> = HashMap::new();
         let mut round: Vec<(i32, i64)> = Vec::with_capacity(nodes.len());
         for &node in &nodes {
@@ -74,7 +73,7 @@ pub fn envelope_batch(consumer: &str, mut budget: Budget) -> Result<Vec<BatchRow
                 if budget.exhausted() {
                     break;
                 }
-                let pass = read_in_order(node, after, &gate, before, &mut budget, &mut out)?;
+                let pass = read_in_order(node, after, &gate, &mut budget, &mut out)?;
                 if let Some(seq) = pass.stepped_to {
                     step_over.insert(node, seq);
                 }
@@ -130,7 +129,6 @@ fn read_in_order(
     node: i32,
     after: i64,
     gate: &Gate,
-    before: &crate::pg::snapshot::Fresh,
     budget: &mut Budget,
     out: &mut Vec<BatchRow>,
 ) -> Result<Pass, ConsumerError> {
@@ -170,10 +168,17 @@ fn read_in_order(
     // the markers were listed (see crate::store::feed).
     let settled = read
         .iter()
-        .rposition(|row| before.saw_end_of(row.inserted_xid))
+        .rposition(|row| gate.settled(row.inserted_xid))
         .map_or(0, |i| i + 1);
-    let tail_unsettled = settled < read.len();
+    let mut tail_unsettled = settled < read.len();
     read.truncate(settled);
+    // Rows written around the functions must not let an insert below them take
+    // itself for not late (see Gate::confirm).
+    if let Some(cap) = read.last().and_then(|last| gate.confirm(node, last.seq)) {
+        let keep = read.partition_point(|row| row.seq <= cap);
+        tail_unsettled |= keep < read.len();
+        read.truncate(keep);
+    }
     // Late rows right after the cursor: nothing of this feed is left to hand out
     // below the last of them, so the cursor may step over them without a
     // delivery (the bridge's acknowledgement only covers the rows it was handed).

@@ -281,6 +281,41 @@ mod committed {
     }
 }
 
+/// A reader is about to hand out (or move a cursor to) `seq` of `node`, a row
+/// it read committed. Rows written through the functions raised the marks of
+/// their originator before they became visible; a row written around them (into
+/// a band leaf, by `COPY`, in a band attached by hand, with triggers off, by a
+/// restore or by logical replication's apply) did not, and an insert below it
+/// would then find the slot ready and below its row, and take itself for not
+/// late. So the reader raises the marks to the row first, and reports whether
+/// they were below it: then it must list the in-flight markers again before
+/// handing the row out (see [`super::Gate::confirm`]). Either an insert noted
+/// its rows before the raise, and its marker (taken before it noted) is in that
+/// listing, or it noted after the raise, and finds the row above its own.
+///
+/// A slot that does not exist yet is left alone: the insert that claims it finds
+/// it unready and takes the exact check, whose snapshot (taken after its marker)
+/// sees the row if the reader's listing did not see the marker.
+pub fn cover(node: i32, seq: i64) -> bool {
+    let Some(table) = shared() else { return false };
+    let key = key(node);
+    let start = spread(key, SLOTS);
+    let above = (seq as u64).saturating_add(1);
+    for i in 0..SLOTS {
+        let slot = &table.slots[(start + i) % SLOTS];
+        match slot.key.load(Ordering::SeqCst) {
+            k if k == key => {
+                let mark = slot.mark.fetch_max(above, Ordering::SeqCst);
+                let committed = slot.committed.fetch_max(above, Ordering::SeqCst);
+                return mark < above || committed < above;
+            }
+            0 => return false,
+            _ => continue,
+        }
+    }
+    false
+}
+
 /// A transaction started writing meta around the insert functions.
 pub fn direct_writer_started() {
     if let Some(table) = shared() {

@@ -51,9 +51,17 @@
 //! until each originator has been scanned again after it ended, inserts check
 //! their lateness by scanning ([`highwater`]); once it has committed, it moves the
 //! all-originators change clock, so readers that cached an idle state look again
-//! and hand out such rows that are above their cursors. (Writers that fire no
-//! triggers — logical replication's apply, `session_replication_role = replica`
-//! — are not noticed at all.)
+//! and hand out such rows that are above their cursors. Writers that fire no
+//! statement trigger on the root — a write into a band leaf, `COPY` into it, a
+//! filled band attached by hand, logical replication's apply,
+//! `session_replication_role = replica`, a restore with triggers disabled — are
+//! not noticed by it.
+//!
+//! Whatever the path, such a row never hides a row written through the
+//! functions: a reader that is about to hand out a row above what the
+//! high-water marks know raises them to it and lists the markers again before it
+//! does ([`Gate::confirm`]), so an insert below that row is either held back by
+//! the reader or finds itself late.
 
 pub mod clock;
 pub mod highwater;
@@ -176,9 +184,14 @@ impl Gate {
         self.after.as_ptr()
     }
 
-    /// The snapshot taken before the markers were listed.
-    pub fn before(&self) -> &Fresh {
-        &self.before
+    /// Whether a row read with [`Gate::rows`] and inserted by `xid` may be
+    /// handed out: its transaction had ended before the markers were listed, or
+    /// its id is not one of this cluster's (a row restored from a dump or copied
+    /// by logical replication, see [`Fresh::foreign`]). The second test asks the
+    /// snapshot the rows are read with, whose next id is above every local
+    /// transaction they can come from.
+    pub fn settled(&self, xid: u64) -> bool {
+        self.before.saw_end_of(xid) || self.after.foreign(xid)
     }
 
     /// The highest id of `feed` that a reader may hand out now (every id at or
@@ -198,10 +211,36 @@ impl Gate {
     pub fn envelope_ceiling(&self, node: i32) -> Result<Option<i64>, PartitionError> {
         let committed =
             read::highest_above(node, 0, Reading::passing(self.before.as_ptr()), |_| true)?;
-        Ok(match (committed, self.markers.envelope_limit(node)) {
-            (Some(max), Some(limit)) => Some(max.min(limit)),
-            (Some(max), None) => Some(max),
-            (None, _) => None,
-        })
+        let Some(max) = committed else {
+            return Ok(None);
+        };
+        let ceiling = match self.markers.envelope_limit(node) {
+            Some(limit) => max.min(limit),
+            None => max,
+        };
+        Ok(Some(match self.confirm(node, ceiling) {
+            Some(cap) => cap,
+            None => ceiling,
+        }))
+    }
+
+    /// Before a reader hands out rows of `node` up to `upto` (rows it read
+    /// committed): `Some(cap)` when it may hand out only those up to `cap`.
+    ///
+    /// The markers this gate listed cover every insert that noted its rows before
+    /// the listing. An insert that noted them after it learns from the
+    /// high-water marks whether a committed row lies above its own, and the marks
+    /// know only the rows written through the functions. So when the rows read
+    /// reach above the marks (a row written around the functions), the marks are
+    /// raised to `upto` and the markers listed once more
+    /// ([`highwater::cover`]): every insert below `upto` is then either in the new
+    /// listing, which caps the read below it, or finds its rows late.
+    pub fn confirm(&self, node: i32, upto: i64) -> Option<i64> {
+        if !highwater::cover(node, upto) {
+            return None;
+        }
+        Markers::read()
+            .envelope_limit(node)
+            .filter(|&limit| limit < upto)
     }
 }

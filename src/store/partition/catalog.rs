@@ -364,13 +364,40 @@ pub fn create_originator(table: Table, node: i32) -> Result<(), PartitionError> 
     let name = band::originator_table_name(table, node);
     refuse_taken(&name)?;
     let parent = qualified(&name);
-    run_ddl(&[
-        format!(
-            "CREATE TABLE {parent} (LIKE {root} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) \
-             PARTITION BY RANGE (originator_sequence_id)"
-        ),
-        format!("ALTER TABLE {root} ATTACH PARTITION {parent} FOR VALUES IN ({node})"),
-    ])
+    let mut ddl = vec![format!(
+        "CREATE TABLE {parent} (LIKE {root} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) \
+         PARTITION BY RANGE (originator_sequence_id)"
+    )];
+    ddl.extend(originator_indexes(table, &parent));
+    ddl.push(format!(
+        "ALTER TABLE {root} ATTACH PARTITION {parent} FOR VALUES IN ({node})"
+    ));
+    run_ddl(&ddl)
+}
+
+/// The indexes of an originator's partition, made while it is still empty and
+/// cloned by `ATTACH PARTITION` into every band attached to it. They live here,
+/// not on the roots: the roots are the extension's own tables, which a restore
+/// creates with `CREATE EXTENSION` before it attaches the dumped partitions, and
+/// an index on a root would then be cloned into each of them a moment before the
+/// dump creates the same index again (`pg_restore` failed on exactly that). The
+/// names are those Postgres chooses for a clone, so a store upgraded from 0.3.0
+/// (whose partitions kept the clones of the old roots' indexes) has the same.
+/// Each band is one originator's, so a key unique in its originator's partition
+/// is unique in the store.
+pub fn originator_indexes(table: Table, parent: &str) -> Vec<String> {
+    let mut ddl = vec![format!(
+        "ALTER TABLE {parent} ADD PRIMARY KEY (originator_node_id, originator_sequence_id)"
+    )];
+    if table == Table::Meta {
+        ddl.push(format!(
+            "CREATE INDEX ON {parent} (topic, originator_sequence_id)"
+        ));
+        ddl.push(format!(
+            "CREATE INDEX ON {parent} (expiry) WHERE expiry IS NOT NULL"
+        ));
+    }
+    ddl
 }
 
 /// Creates the band partition of `table` for `node` covering `band`.
