@@ -161,7 +161,7 @@ fn a_row_below_one_written_around_reaches_every_consumer(how: Around, high: i64)
         );
         let pending: i64 = c
             .query_one(
-                "SELECT envelopes.consumer_envelopes_pending($1)",
+                "SELECT pending FROM envelopes.consumer_envelopes_pending($1)",
                 &[&consumer],
             )
             .unwrap()
