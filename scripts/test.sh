@@ -50,7 +50,7 @@ step "integration tests"
 port=$(free_port)
 cluster_start itest "$port" "wal_level = logical" "max_replication_slots = 10"
 shards_dir=""
-trap 'cluster_stop itest_standby; cluster_stop itest; cluster_stop noworkers; [ -z "$shards_dir" ] || scripts/shards.sh down "$shards_dir" 2>/dev/null' EXIT
+trap 'cluster_stop itest_standby; cluster_stop itest; cluster_stop noworkers; cluster_stop fresh; [ -z "$shards_dir" ] || scripts/shards.sh down "$shards_dir" 2>/dev/null' EXIT
 cluster_enable_tls itest
 export ENVELOPES_TEST_PG="host=127.0.0.1 port=$port user=postgres"
 # A hot standby of it, for what the feed does during recovery (tests/tests/standby.rs).
@@ -62,6 +62,11 @@ export ENVELOPES_TEST_PG_STANDBY="host=127.0.0.1 port=$port_sb user=postgres"
 port_nw=$(free_port)
 cluster_start noworkers "$port_nw" "max_worker_processes = 0"
 export ENVELOPES_TEST_PG_NO_WORKERS="host=127.0.0.1 port=$port_nw user=postgres"
+# A fresh server whose transaction counter is far behind the first one's, to
+# restore dumps into (tests/tests/restore.rs).
+port_fresh=$(free_port)
+cluster_start fresh "$port_fresh"
+export ENVELOPES_TEST_PG_FRESH="host=127.0.0.1 port=$port_fresh user=postgres"
 export ENVELOPES_TEST_PG_CA="$ENVELOPES_TMP/itest/ca.crt"
 # Four shard servers, a proxy with pg_envelopes_router, and one spare shard for
 # the partition move (tests/tests/router.rs, bridge/tests/shards.rs).

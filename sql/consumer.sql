@@ -30,7 +30,7 @@ CREATE TABLE consumers (
     owner       oid
 );
 CREATE TABLE consumer_envelope_cursors (
-    consumer           text    NOT NULL REFERENCES consumers (name) ON DELETE CASCADE,
+    consumer           text    NOT NULL,
     originator_node_id integer NOT NULL,
     sequence_id        bigint  NOT NULL,
     version            bigint  NOT NULL DEFAULT 0,
@@ -38,12 +38,29 @@ CREATE TABLE consumer_envelope_cursors (
 );
 CREATE INDEX consumer_envelope_cursors_version_idx ON consumer_envelope_cursors (consumer, version);
 
+-- A consumer's cursors, delivery log and dead letters go with it. Not by foreign
+-- keys: these tables are the extension's, so a restore creates them with their
+-- constraints (CREATE EXTENSION) before it loads their rows, and a parallel
+-- pg_restore loads each table in a session of its own, in any order: a dead
+-- letter may arrive before its consumer. The functions write rows only for a
+-- consumer that exists.
+CREATE FUNCTION _consumer_deleted() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    DELETE FROM @extschema@.consumer_envelope_cursors WHERE consumer = OLD.name;
+    DELETE FROM @extschema@.delivery_log WHERE consumer = OLD.name;
+    DELETE FROM @extschema@.dead_letters WHERE consumer = OLD.name;
+    RETURN NULL;
+END
+$$;
+
 -- The delivery log: one row per acknowledged batch, with when its rows were
 -- written (committed_from .. committed_to, the rows' created_at / gateway_time)
 -- and when the consumer acknowledged them.
 CREATE TABLE delivery_log (
     id              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    consumer        text        NOT NULL REFERENCES consumers (name) ON DELETE CASCADE,
+    consumer        text        NOT NULL,
     kind            text        NOT NULL CHECK (kind IN ('outbox', 'envelopes')),
     rows            bigint      NOT NULL,
     committed_from  timestamptz,
@@ -59,7 +76,7 @@ CREATE INDEX delivery_log_consumer_idx ON delivery_log (consumer, acknowledged_a
 -- stays here until retry_dead_letters() asks the consumer to try it again.
 CREATE TABLE dead_letters (
     id                     bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    consumer               text        NOT NULL REFERENCES consumers (name) ON DELETE CASCADE,
+    consumer               text        NOT NULL,
     kind                   text        NOT NULL CHECK (kind IN ('envelope', 'outbox')),
     originator_node_id     integer,
     originator_sequence_id bigint,
@@ -82,6 +99,8 @@ CREATE TABLE dead_letters (
     CONSTRAINT dead_letters_once UNIQUE NULLS NOT DISTINCT
         (consumer, kind, originator_node_id, originator_sequence_id, outbox_id)
 );
+CREATE TRIGGER consumer_deleted AFTER DELETE ON consumers
+    FOR EACH ROW EXECUTE FUNCTION @extschema@._consumer_deleted();
 CREATE INDEX dead_letters_retry_idx ON dead_letters (consumer) WHERE retry_requested_at IS NOT NULL;
 CREATE INDEX dead_letters_next_attempt_idx ON dead_letters (consumer, next_attempt_at)
     WHERE next_attempt_at IS NOT NULL;

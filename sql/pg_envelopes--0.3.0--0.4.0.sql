@@ -1985,6 +1985,25 @@ BEGIN
 END
 $upgrade$;
 
+-- A consumer's rows go with it by a trigger, not by foreign keys, which a
+-- parallel pg_restore of the extension's tables broke (sql/consumer.sql).
+ALTER TABLE @extschema@.consumer_envelope_cursors DROP CONSTRAINT consumer_envelope_cursors_consumer_fkey;
+ALTER TABLE @extschema@.delivery_log DROP CONSTRAINT delivery_log_consumer_fkey;
+ALTER TABLE @extschema@.dead_letters DROP CONSTRAINT dead_letters_consumer_fkey;
+CREATE FUNCTION _consumer_deleted() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    DELETE FROM @extschema@.consumer_envelope_cursors WHERE consumer = OLD.name;
+    DELETE FROM @extschema@.delivery_log WHERE consumer = OLD.name;
+    DELETE FROM @extschema@.dead_letters WHERE consumer = OLD.name;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER consumer_deleted AFTER DELETE ON consumers
+    FOR EACH ROW EXECUTE FUNCTION @extschema@._consumer_deleted();
+REVOKE ALL ON FUNCTION @extschema@._consumer_deleted() FROM PUBLIC;
+
 -- The state a dump must carry: a table an extension creates is left out of
 -- every dump unless it is registered here (undelivered outbox rows, consumers
 -- and their positions, the late-envelope feed, dead letters, ingress positions).
