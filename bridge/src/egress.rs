@@ -558,6 +558,7 @@ async fn deliver(
             match Sink::connect(&config.sink, &config.name).await {
                 Ok(s) => state.sink = Some(s),
                 Err(error) => {
+                    metrics.sink_stalled.set(1);
                     let failure = SinkFailure::Connecting {
                         error,
                         sink: &config.sink.sink,
@@ -577,6 +578,7 @@ async fn deliver(
         let refusal = match sink.publish(part).await {
             Ok(()) => {
                 metrics.published(part);
+                metrics.sink_stalled.set(0);
                 metrics
                     .batch_latency
                     .observe(started.elapsed().as_secs_f64());
@@ -605,6 +607,7 @@ async fn deliver(
             // it goes again, on a new connection.
             Err(error) => {
                 state.sink = None;
+                metrics.sink_stalled.set(1);
                 wait_out(
                     driver,
                     &SinkFailure::Publishing { error, part },
@@ -616,6 +619,7 @@ async fn deliver(
         };
         if let Some((index, code, reason)) = refusal {
             metrics.published(&batch[start..index]);
+            metrics.sink_stalled.set(0);
             // The bus took what came before the refused message: progress.
             backoff.reset();
             let attempts = prior.get(index).copied().unwrap_or(0) + 1;
@@ -694,6 +698,11 @@ impl retry::Failure for SinkFailure<'_> {
             } => *after,
             _ => Duration::ZERO,
         }
+    }
+
+    /// Every failure of a sink counts in `errors_total` (transient or permanent).
+    fn counts_as_error(&self) -> bool {
+        true
     }
 
     fn what(&self) -> String {

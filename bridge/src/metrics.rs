@@ -37,6 +37,9 @@ pub struct Metrics {
     pub standby_waiting: Gauge,
     /// Time spent holding batches back for the standbys.
     pub standby_wait_seconds: Counter<f64, AtomicU64>,
+    /// 1 while egress holds a batch its sink failed to take (a full disk, a bus
+    /// away or blocking publishers) and tries it again, 0 once the sink takes it.
+    pub sink_stalled: Gauge,
     dead_lettered: Family<KindLabel, Counter>,
     refused: Family<KindLabel, Counter>,
     errors: Family<KindLabel, Counter>,
@@ -73,6 +76,13 @@ impl Metrics {
         let errors = Family::<KindLabel, Counter>::default();
         let standby_waiting = Gauge::default();
         let standby_wait_seconds = Counter::<f64, AtomicU64>::default();
+        let sink_stalled = Gauge::default();
+        registry.register(
+            "sink_stalled",
+            "1 while egress holds a batch the sink failed to take (a full disk, the bus \
+             away or blocking publishers) and tries it again; nothing after it moves meanwhile",
+            sink_stalled.clone(),
+        );
         registry.register(
             "standby_waiting",
             "1 while egress holds a batch back until the standbys have flushed its WAL \
@@ -131,8 +141,9 @@ impl Metrics {
         );
         registry.register(
             "errors",
-            "Database errors, by kind: transient (retried with backoff) or permanent \
-             (data or privileges; retried at the longest backoff)",
+            "Database and sink errors, by kind: transient (retried with backoff) or \
+             permanent (data or privileges, a request the bus refuses as such; retried at \
+             the longest backoff)",
             errors.clone(),
         );
         Metrics {
@@ -146,6 +157,7 @@ impl Metrics {
             active,
             standby_waiting,
             standby_wait_seconds,
+            sink_stalled,
             dead_lettered,
             refused,
             errors,
