@@ -11,12 +11,16 @@
  *      "someone is inserting s or above"); a transaction inserting two rows
  *      keeps only its lowest marker; markers go when it commits or aborts;
  *   2. checks whether another transaction has already brought a higher row
- *      of the originator to its PRE-COMMIT step (the committed mark in shared
- *      memory, which each writer raises to its highest row in that step, before
- *      its commit makes the rows visible); if so, row s ARRIVES LATE: it is
+ *      of the originator to its PRE-COMMIT step, by the high-water marks in
+ *      shared memory (highwater::note, the fast path of a READY slot): it
+ *      raises the MARK (highest row noted) to s and looks at the value it had
+ *      before; if that was at most s, row s is not late without looking
+ *      further; otherwise it reads the COMMITTED mark (which each writer raises
+ *      to its highest row in its pre-commit step, before its commit makes the
+ *      rows visible) and row s is late when that is above s. A late row is
  *      flagged late and an entry for it is added to the late feed in the same
  *      transaction (visible when the row commits). A transaction may still
- *      abort after its pre-commit step; the mark stays raised (a later row may
+ *      abort after its pre-commit step; the marks stay raised (a later row may
  *      then be late needlessly, which costs an entry, never a row);
  *   3. inserts the row.
  * Then it commits -- or aborts (at most MAX_ABORTS times in all), and then the
@@ -25,6 +29,14 @@
  * rows 2 and 3 in one transaction (inserting 2 then 3, or 3 then 2). So "row 1
  * aborts, rows 2 and 3 commit and are delivered, row 1 is retried and commits"
  * is one of the runs: the late arrival.
+ * Or: row 1 and row 3 through the functions, one transaction each, and row 2
+ * written AROUND the functions (into a band leaf, COPY, a restore, logical
+ * replication's apply, triggers off): one transaction that inserts it and
+ * commits, with no marker, no lateness check and no raise of any mark; the
+ * slot stays ready (nothing notices the write). Row 2 is then above row 1 and
+ * below row 3, so both "a row below it is checked against marks that do not
+ * know it" and "the marks are above it already, raised by row 3's writer" are
+ * among the runs.
  * One more transaction never touches the feed: it began before every
  * writer and stays open forever. Nothing here looks at it (the gate asks of a
  * row only whether ITS transaction had ended when S0 was taken, never for the
@@ -33,6 +45,7 @@
  *
  * The egress (one gate per batch), in this order:
  *   a. S0 := what is committed now;
+ *   a'. COV := the lower of the two high-water marks now;
  *   b. M  := the lowest marker held now (no bound if none);
  *   c. S  := what is committed now (later than S0), and how far the late feed
  *      reaches in S;
@@ -41,6 +54,21 @@
  *      (late rows are read, but take no budget); X := the highest row read
  *      that was already committed in S0; the batch is every row read that is
  *      <= X and not flagged late (late rows are the late feed's);
+ *   d'. CONFIRM: between a. and b. the egress has read the high-water marks
+ *      (COV := the lower of the mark and the committed mark); now it raises
+ *      both to X (highwater::cover) and hands out nothing above COV: the
+ *      rows above it wait for the next gate, whose COV is at X. A row the
+ *      marks do not know (written around the functions) is so never handed
+ *      out before the marks know it: an insert below it that reads the marks
+ *      after a. is late; one that read them earlier took its marker earlier
+ *      still, before b., so it is listed (the read stops below it) or had
+ *      ended (S sees its row). Rows written through the functions raised the
+ *      committed mark before they became visible, so they are below COV and
+ *      wait for nothing. Raising the marks and listing the markers again
+ *      after the read instead (Gate::confirm in the working tree) is NOT
+ *      enough: an insert that read the marks before the raise and committed
+ *      between S and the second listing is neither read nor listed
+ *      (egress_counterexample_around_writer_raise_then_relist.pml);
  *   e. the late feed: every late entry after its durable late position, in
  *      feed order (an entry is readable once its row's transaction commits;
  *      the late feed's own markers are the drawn-feed protocol of outbox.pml).
@@ -55,17 +83,20 @@
  * publish a row again.
  *
  * Property (ltl spec):
- *   [] SAFE  : (a) every committed row at or below the cursor is on the bus,
- *              or it arrived late and its late entry is after the late
- *              position (the late feed still hands it out); (b) every late
- *              entry at or below the late position is on the bus; (c) no row
- *              is on the bus more than once;
+ *   [] SAFE  : (a) every committed row written through the functions at or
+ *              below the cursor is on the bus, or it arrived late and its late
+ *              entry is after the late position (the late feed still hands it
+ *              out); (b) every late entry at or below the late position is on
+ *              the bus; (c) no row is on the bus more than once (the row
+ *              written around the functions is held to (c) only: it may commit
+ *              below the cursor and be skipped, as src/store/feed/mod.rs says);
  *   <> DONE  : (d) eventually every writer has finished, every row that
- *              committed is on the bus exactly once, the late position is at
- *              the end of the late feed and the cursor is at the highest
- *              committed row that is not late (nothing left to hand out) -- with weak fairness
- *              and finitely many crashes, aborts, lost publishes and rollbacks,
- *              while the unrelated transaction is still open;
+ *              committed through the functions is on the bus exactly once, the
+ *              late position is at the end of the late feed and the cursor is
+ *              at the highest committed row that is not late (nothing left to
+ *              hand out) -- with weak fairness and finitely many crashes,
+ *              aborts, lost publishes and rollbacks, while the unrelated
+ *              transaction is still open;
  *   assert   : (e) the cursor and the late position only ever move forward
  *              (checked at each update).
  * The macros below spell out k = 1..3: extend them if N changes.
@@ -87,12 +118,16 @@ bool finished[N+1];	/* finished[k]: row k's writer committed or gave up */
 byte late_row[N+1];	/* late_row[i]: the row of late entry i */
 byte late_idx[N+1];	/* late_idx[k]: row k's late entry, 0 if none */
 byte late_len;		/* committed late entries */
+/* shared memory: the originator's high-water marks (a ready slot; rows as
+   they are, where the Rust keeps row + 1 and 0 for none) */
+byte mark;		/* the mark: highest row noted (highwater::note) */
 byte cmark;		/* the committed mark: highest row raised at a pre-commit */
 /* database: the egress's durable positions */
 byte cursor;		/* the originator's cursor (highest row handed out) */
 byte late_pos;		/* the late-feed position (last entry handed out) */
 
 bool unrelated_open;	/* the transaction that never touches the feed */
+byte around_row;	/* the row written around the functions, 0 if none */
 
 /* bus: copies of each message id on the stream */
 byte copies[N+1];
@@ -109,10 +144,22 @@ byte rollbacks;
 #define IN(snap, k)    ((snap & (1 << (k))) != 0)
 /* the lowest marker held right now, NONE if there is none */
 #define LOWEST_MARKER  (marker[1] -> 1 : (marker[2] -> 2 : (marker[3] -> 3 : NONE)))
-/* the lateness check of row s: has another transaction brought a higher row
-   to its pre-commit step? (the checking transaction's own rows raise the mark
-   only at its own pre-commit, after every check it makes) */
-#define COMMITTED_ABOVE(s) (cmark > s)
+/* the lateness check of row s (highwater::note on a ready slot), in two
+   steps: raise the mark to s, and if it was above s already, has another
+   transaction brought a higher row to its pre-commit step? (the checking
+   transaction's own rows raise the committed mark only at its own pre-commit,
+   after every check it makes). late[s] holds "the mark was above s" between
+   the two steps. */
+inline note(s) {
+	d_step {
+		late[s] = (mark > s);
+		mark = (s > mark -> s : mark)
+	};
+	if
+	:: late[s] -> late[s] = (cmark > s)
+	:: else -> skip
+	fi
+}
 /* the cursor is at the highest committed row that is not late (0 if none):
    late rows are the late feed's, and a late row with no committed row above it
    (late because a transaction that raised the mark then failed) leaves the
@@ -126,11 +173,12 @@ byte rollbacks;
 
 #define ON_BUS(k)      (copies[k] > 0)
 #define LATE_PENDING(k) (late_idx[k] > late_pos)
-#define BEHIND_OK(k)   ((cursor < k || !committed[k] || ON_BUS(k) || LATE_PENDING(k)) && \
+#define BEHIND_OK(k)   ((cursor < k || !committed[k] || ON_BUS(k) || LATE_PENDING(k) || \
+                         k == around_row) && \
                         (late_idx[k] == 0 || LATE_PENDING(k) || ON_BUS(k)) && \
                         copies[k] <= 1)
 #define SAFE           (BEHIND_OK(1) && BEHIND_OK(2) && BEHIND_OK(3))
-#define ROW_DONE(k)    (finished[k] && (!committed[k] || copies[k] == 1))
+#define ROW_DONE(k)    (finished[k] && (!committed[k] || copies[k] == 1 || k == around_row))
 #define DONE           (ROW_DONE(1) && ROW_DONE(2) && ROW_DONE(3) && \
                         late_pos == late_len && AT_TOP)
 
@@ -188,14 +236,14 @@ inline commit_row(k) {
 proctype Writer(byte a; byte b) {
 retry:
 	marker[a] = true;			/* 1. marker naming a */
-	late[a] = COMMITTED_ABOVE(a);		/* 2. lateness check */
+	note(a);				/* 2. lateness check */
 	if					/* 3. INSERT a */
 	:: b != 0 ->
 		/* the second row: the transaction's marker becomes the lower of
 		   the two (both stay set here, which is the same: a reader only
 		   ever uses the lowest marker) */
 		marker[b] = true;		/* 1. */
-		late[b] = COMMITTED_ABOVE(b)	/* 2. (row a is its own: not committed) */
+		note(b)				/* 2. (row a is its own: not committed) */
 						/* 3. INSERT b */
 	:: else -> skip
 	fi;
@@ -235,9 +283,19 @@ finish:
 	skip
 }
 
+/* a transaction writing row r around the functions: no marker, no lateness
+   check, no mark raised; it inserts the row and commits */
+proctype Around(byte r) {
+	d_step {
+		committed[r] = true;
+		finished[r] = true
+	}
+}
+
 /* who writes what: one transaction per row, or row 1 alone and rows 2 and 3
-   in one transaction (inserting 2 then 3, or 3 then 2); the unrelated
-   transaction began before all of them */
+   in one transaction (inserting 2 then 3, or 3 then 2), or rows 1 and 3 one
+   transaction each and row 2 around the functions; the unrelated transaction
+   began before all of them */
 init {
 	atomic {
 		unrelated_open = true;	/* BEGIN; writes elsewhere; never ends */
@@ -246,6 +304,7 @@ init {
 		:: run Writer(2, 0); run Writer(3, 0)
 		:: run Writer(2, 3)
 		:: run Writer(3, 2)
+		:: around_row = 2; run Writer(3, 0); run Around(2)
 		fi
 	}
 }
@@ -257,13 +316,14 @@ active proctype Egress() {
 	byte nlate;		/* late entries visible in S */
 	byte room;		/* budget: rows that are not late */
 	byte x;			/* X: highest row read that was committed in S0 */
+	byte cov;		/* the lower of the marks, sampled before the listing */
 	byte batch;		/* rows handed out (bit k for row k) */
 	byte hi;		/* highest row of the batch, 0 if none */
 	byte k, n;
 
 restart:
 	skip;
-	d_step { s0 = 0; s = 0; m = 0; nlate = 0; room = 0; x = 0; batch = 0; hi = 0; k = 0; n = 0 };
+	d_step { s0 = 0; s = 0; m = 0; nlate = 0; room = 0; x = 0; cov = 0; batch = 0; hi = 0; k = 0; n = 0 };
 	d_step { c = cursor; lp = late_pos };
 
 	do
@@ -271,6 +331,7 @@ restart:
 		/* steps a-d only read, so a crash between two of them is the same
 		   as the crash after d (the writers may run in between either way) */
 		s0 = SNAPSHOT;				/* a. */
+		cov = (mark < cmark -> mark : cmark);	/* a'. what the marks cover */
 		m = LOWEST_MARKER;			/* b. */
 		d_step { s = SNAPSHOT; nlate = late_len };	/* c. */
 
@@ -306,8 +367,30 @@ restart:
 				fi;
 				k++
 			od;
-			k = 0; n = 0; s0 = 0; s = 0; m = 0; x = 0; room = 0
+			k = 0; n = 0; s0 = 0; s = 0; m = 0; room = 0
 		};
+
+		/* d'. confirm: hand out nothing above what the marks covered before
+		   the listing; raise them to X for the next gate */
+		if
+		:: x > cov ->
+			d_step {			/* highwater::cover */
+				mark = (x > mark -> x : mark);
+				cmark = (x > cmark -> x : cmark)
+			};
+			d_step {			/* the cap */
+				hi = 0;
+				k = c + 1;
+				do
+				:: k > N -> break
+				:: k <= cov && IN(batch, k) -> hi = k; k++
+				:: k > cov -> batch = batch & ~(1 << k); k++
+				:: else -> k++
+				od;
+				k = 0; x = 0; cov = 0
+			}
+		:: else -> x = 0; cov = 0
+		fi;
 		MAYBE_CRASH;
 
 		/* e. publish the late entries after the late position, in order */
