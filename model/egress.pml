@@ -60,7 +60,7 @@
  *      rows above it wait for the next gate, whose COV is at X. A row the
  *      marks do not know (written around the functions) is so never handed
  *      out before the marks know it: an insert below it that reads the marks
- *      after a. is late; one that read them earlier took its marker earlier
+ *      after a'. is late; one that read them earlier took its marker earlier
  *      still, before b., so it is listed (the read stops below it) or had
  *      ended (S sees its row). Rows written through the functions raised the
  *      committed mark before they became visible, so they are below COV and
@@ -292,19 +292,19 @@ proctype Around(byte r) {
 	}
 }
 
-/* who writes what: one transaction per row, or row 1 alone and rows 2 and 3
-   in one transaction (inserting 2 then 3, or 3 then 2), or rows 1 and 3 one
-   transaction each and row 2 around the functions; the unrelated transaction
-   began before all of them */
+/* who writes what: rows 1 and 3 one transaction each and row 2 around the
+   functions; or one transaction per row; or row 1 alone and rows 2 and 3 in
+   one transaction (inserting 2 then 3, or 3 then 2); the unrelated
+   transaction began before all of them */
 init {
 	atomic {
 		unrelated_open = true;	/* BEGIN; writes elsewhere; never ends */
 		run Writer(1, 0);
 		if
+		:: around_row = 2; run Writer(3, 0); run Around(2)
 		:: run Writer(2, 0); run Writer(3, 0)
 		:: run Writer(2, 3)
 		:: run Writer(3, 2)
-		:: around_row = 2; run Writer(3, 0); run Around(2)
 		fi
 	}
 }
