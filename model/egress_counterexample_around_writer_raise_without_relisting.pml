@@ -4,8 +4,8 @@
  * up to X (highwater::cover) but neither caps the batch by what the marks
  * covered before the listing nor lists the markers again. An insert of row 1
  * that took its marker after the listing and read the marks before the raise
- * is not late, and the reader hands out row 2 (written around the functions)
- * while row 1 is still being written.
+ * is not late; it commits after S, and the reader hands out row 2 (written
+ * around the functions) above it.
  * Otherwise the same as egress.pml:
  *
  * egress.pml -- database -> bus through the change feed: envelope markers,
