@@ -2,7 +2,7 @@
  * egress_counterexample_around_writer_raise_then_always_relist.pml -- COUNTEREXAMPLE, must be
  * REJECTED: the reader raises the marks to X (highwater::cover), then lists
  * the markers again EVERY time (not only when the raise found a mark below
- * X, as Gate::confirm in the working tree does) and hands out nothing at or
+ * X, as Gate::confirm (b0ece98) does) and hands out nothing at or
  * above the lowest one: the Dekker argument of issue 41 item 1 taken at its
  * word. Row 1's insert takes its marker after the first listing, reads the
  * marks before the raise (not late: nothing knows row 2, written around the
@@ -79,7 +79,7 @@
  *      ended (S sees its row). Rows written through the functions raised the
  *      committed mark before they became visible, so they are below COV and
  *      wait for nothing. Raising the marks and listing the markers again
- *      after the read instead (Gate::confirm in the working tree) is NOT
+ *      after the read instead (Gate::confirm (b0ece98)) is NOT
  *      enough: an insert that read the marks before the raise and committed
  *      between S and the second listing is neither read nor listed
  *      (egress_counterexample_around_writer_raise_then_relist.pml);

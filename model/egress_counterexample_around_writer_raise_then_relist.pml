@@ -1,6 +1,6 @@
 /*
  * egress_counterexample_around_writer_raise_then_relist.pml -- COUNTEREXAMPLE, must be
- * REJECTED: Gate::confirm as in the working tree of issue 41 item 1: after
+ * REJECTED: Gate::confirm as committed in b0ece98 of issue 41 item 1: after
  * the read, the reader raises the marks to X (highwater::cover, which reports
  * whether either was below X) and, if it raised, lists the markers again and
  * hands out nothing at or above the lowest one. Two ways to lose row 1 (below
@@ -82,7 +82,7 @@
  *      ended (S sees its row). Rows written through the functions raised the
  *      committed mark before they became visible, so they are below COV and
  *      wait for nothing. Raising the marks and listing the markers again
- *      after the read instead (Gate::confirm in the working tree) is NOT
+ *      after the read instead (Gate::confirm (b0ece98)) is NOT
  *      enough: an insert that read the marks before the raise and committed
  *      between S and the second listing is neither read nor listed
  *      (egress_counterexample_around_writer_raise_then_relist.pml);

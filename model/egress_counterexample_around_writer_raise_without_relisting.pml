@@ -74,7 +74,7 @@
  *      ended (S sees its row). Rows written through the functions raised the
  *      committed mark before they became visible, so they are below COV and
  *      wait for nothing. Raising the marks and listing the markers again
- *      after the read instead (Gate::confirm in the working tree) is NOT
+ *      after the read instead (Gate::confirm (b0ece98)) is NOT
  *      enough: an insert that read the marks before the raise and committed
  *      between S and the second listing is neither read nor listed
  *      (egress_counterexample_around_writer_raise_then_relist.pml);
