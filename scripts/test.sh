@@ -4,7 +4,9 @@
 #   2. the Promela models of the no-loss contracts (model/, spin), then
 #      cargo fmt --check and cargo clippy -D warnings
 #   3. cargo pgrx test: plain #[test]s and in-backend #[pg_test]s
-#   4. pg_regress golden files and isolation specs (pg_test/)
+#   4. pg_regress golden files and isolation specs (pg_test/), then the
+#      documentation test (scripts/docs_test.sh: README.md's and docs/'s
+#      examples run, bridge command lines parsed, links)
 #   5. client integration tests (tests/) and the bridge's end-to-end tests
 #      (bridge/tests/) against a throwaway cluster and the local message buses,
 #      and the router's against four throwaway shards (scripts/shards.sh)
@@ -45,6 +47,9 @@ install_extension debug
 
 step "pg_regress and isolation specs"
 scripts/run_pg_test.sh
+
+step "documentation: every sql example of README.md and docs/ run, bridge command lines and TOML parsed, links"
+scripts/docs_test.sh
 
 step "integration tests"
 port=$(free_port)

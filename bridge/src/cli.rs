@@ -28,6 +28,10 @@ pub struct Cli {
     /// flags and environment variables win over it.
     #[arg(long, global = true, env = "ENVELOPES_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Check the command line, the environment and the --config file, then exit
+    /// (0 when they parse, as `run` would take them) without connecting anywhere.
+    #[arg(long, global = true)]
+    pub check_config: bool,
     #[command(subcommand)]
     pub command: Command,
 }
