@@ -19,7 +19,9 @@ TRUNCATE gateway_envelopes_meta;
 -- positions only through the functions below. owner is the role that registered
 -- it: only that role (its members) and the extension's owner read its batches
 -- and move its positions. It is NULL only for consumers made before 0.4.0, until
--- the first role that acts for one claims it.
+-- the first role that acts for one claims it. A regrole, not an oid: a dump
+-- carries it as the role's name, so it names the same role in another cluster
+-- (whose roles have other oids; restore the roles first, pg_dumpall --globals-only).
 CREATE TABLE consumers (
     name        text        PRIMARY KEY CHECK (name <> ''),
     outbox_id   bigint      NOT NULL DEFAULT 0,
@@ -27,7 +29,7 @@ CREATE TABLE consumers (
     acked_at    timestamptz,
     late_id     bigint      NOT NULL DEFAULT 0,
     version     bigint      NOT NULL DEFAULT 0,
-    owner       oid
+    owner       regrole
 );
 CREATE TABLE consumer_envelope_cursors (
     consumer           text    NOT NULL,
@@ -295,7 +297,7 @@ AS $$
     WITH r AS (
         UPDATE @extschema@.dead_letters d SET retry_requested_at = pg_catalog.now()
           FROM @extschema@.consumers c
-         WHERE c.name = d.consumer AND @extschema@._acts_for(COALESCE(c.owner, 0))
+         WHERE c.name = d.consumer AND @extschema@._acts_for(COALESCE(c.owner::pg_catalog.oid, 0))
            AND ($1 IS NULL OR d.consumer = $1) AND ($2 IS NULL OR d.id = ANY ($2))
         RETURNING 1)
     SELECT count(*) FROM r
@@ -384,7 +386,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT d.* FROM @extschema@.dead_letters d
       JOIN @extschema@.consumers c ON c.name = d.consumer
-     WHERE ($1 IS NULL OR d.consumer = $1) AND @extschema@._acts_for(COALESCE(c.owner, 0))
+     WHERE ($1 IS NULL OR d.consumer = $1) AND @extschema@._acts_for(COALESCE(c.owner::pg_catalog.oid, 0))
      ORDER BY d.id
 $$;
 

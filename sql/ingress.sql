@@ -5,14 +5,15 @@
 -- positions, and a position of one stream never stands in for the other's.
 -- owner is the role that first stored that position: only that role (its members)
 -- and the extension's owner move it. NULL only for positions stored before 0.4.0,
--- until the next store claims it.
+-- until the next store claims it. A regrole, so that a dump names the role
+-- (see consumers.owner).
 
 CREATE TABLE ingress_positions (
     consumer   text        NOT NULL CHECK (consumer <> ''),
     stream     text        NOT NULL,
     position   bigint      NOT NULL CHECK (position >= 0),
     updated_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
-    owner      oid,
+    owner      regrole,
     CONSTRAINT ingress_positions_pkey PRIMARY KEY (consumer, stream)
 );
 COMMENT ON TABLE ingress_positions IS

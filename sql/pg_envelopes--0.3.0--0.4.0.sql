@@ -23,8 +23,8 @@ AS 'MODULE_PATHNAME', '_acts_for_wrapper';
 
 -- Consumers and ingress positions made before 0.4.0 have no owner: the first role
 -- that acts for one afterwards (the bridge that goes on using it) claims it.
-ALTER TABLE consumers ADD COLUMN owner oid;
-ALTER TABLE ingress_positions ADD COLUMN owner oid;
+ALTER TABLE consumers ADD COLUMN owner regrole;
+ALTER TABLE ingress_positions ADD COLUMN owner regrole;
 
 -- An ingress position is per (consumer, stream): keyed by the name alone, storing
 -- a second stream's position under the same name kept the larger of the two and
@@ -110,7 +110,7 @@ AS $$
     WITH r AS (
         UPDATE @extschema@.dead_letters d SET retry_requested_at = pg_catalog.now()
           FROM @extschema@.consumers c
-         WHERE c.name = d.consumer AND @extschema@._acts_for(COALESCE(c.owner, 0))
+         WHERE c.name = d.consumer AND @extschema@._acts_for(COALESCE(c.owner::pg_catalog.oid, 0))
            AND ($1 IS NULL OR d.consumer = $1) AND ($2 IS NULL OR d.id = ANY ($2))
         RETURNING 1)
     SELECT count(*) FROM r
@@ -189,7 +189,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT d.* FROM @extschema@.dead_letters d
       JOIN @extschema@.consumers c ON c.name = d.consumer
-     WHERE ($1 IS NULL OR d.consumer = $1) AND @extschema@._acts_for(COALESCE(c.owner, 0))
+     WHERE ($1 IS NULL OR d.consumer = $1) AND @extschema@._acts_for(COALESCE(c.owner::pg_catalog.oid, 0))
      ORDER BY d.id
 $$;
 -- How far a consumer is behind, cheaply enough to ask every round of a bridge

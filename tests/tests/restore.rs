@@ -66,7 +66,7 @@ fn state(c: &mut Client) -> Vec<String> {
                 COALESCE(last_sequence_id::text, '-')
            FROM envelopes.late_envelopes",
         "SELECT 'dead letter ' || id || ' ' || consumer || ' ' || kind || ' ' || reason FROM envelopes.dead_letters",
-        "SELECT 'ingress ' || consumer || ' ' || stream || ' ' || position FROM envelopes.ingress_positions",
+        "SELECT 'ingress ' || consumer || ' ' || stream || ' ' || position || ' ' || COALESCE(owner::regrole::text, '-') FROM envelopes.ingress_positions",
         "SELECT 'pruned ' || originator_node_id || ' ' || originator_sequence_id FROM envelopes.pruned_maxima",
         "SELECT 'orphans ' || count(*) FROM envelopes.orphaned_envelopes()",
     ];
@@ -312,6 +312,52 @@ fn check_restored(
     let _ = source;
 }
 
+/// A LOGIN role on each of `servers` (the dump names it; a restore needs it to
+/// exist), dropped on drop. A second role made first on the target makes the
+/// role's oid differ between the clusters.
+struct Roles {
+    name: String,
+    servers: Vec<String>,
+}
+
+impl Roles {
+    fn new(label: &str, servers: &[&str]) -> Roles {
+        let name = format!("restore_{label}_{}", std::process::id());
+        for (i, server) in servers.iter().enumerate() {
+            let mut admin = Client::connect(&conninfo(server, "postgres"), NoTls).unwrap();
+            if i > 0 {
+                admin
+                    .batch_execute(&format!(
+                        "DROP ROLE IF EXISTS \"{name}_x\"; CREATE ROLE \"{name}_x\""
+                    ))
+                    .unwrap();
+            }
+            admin
+                .batch_execute(&format!(
+                    "DROP ROLE IF EXISTS \"{name}\"; CREATE ROLE \"{name}\" LOGIN"
+                ))
+                .unwrap();
+        }
+        Roles {
+            name,
+            servers: servers.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+}
+
+impl Drop for Roles {
+    fn drop(&mut self) {
+        for server in &self.servers {
+            if let Ok(mut admin) = Client::connect(&conninfo(server, "postgres"), NoTls) {
+                let _ = admin.batch_execute(&format!(
+                    "DROP ROLE IF EXISTS \"{0}\"; DROP ROLE IF EXISTS \"{0}_x\"",
+                    self.name
+                ));
+            }
+        }
+    }
+}
+
 fn round_trip(target_server: &str, label: &str, burn: bool) {
     let db = TestDb::new(label);
     let mut c = db.connect();
@@ -319,6 +365,35 @@ fn round_trip(target_server: &str, label: &str, burn: bool) {
         burn_xids(&mut c, 50_000);
     }
     fill(&mut c);
+    // A consumer and an ingress position owned by a role that is not a superuser.
+    let servers: Vec<&str> = if target_server == db.server {
+        vec![&db.server]
+    } else {
+        vec![&db.server, target_server]
+    };
+    let role = Roles::new(label, &servers);
+    c.execute("SELECT envelopes.grant_consumer($1)", &[&role.name])
+        .unwrap();
+    c.execute("SELECT envelopes.grant_writer($1)", &[&role.name])
+        .unwrap();
+    {
+        let mut as_role = Client::connect(
+            &format!(
+                "{} dbname={} user={}",
+                db.server.replace("user=postgres", ""),
+                db.name,
+                role.name
+            ),
+            NoTls,
+        )
+        .unwrap();
+        as_role
+            .batch_execute(
+                "SELECT envelopes.consumer_register('owned');
+                 SELECT envelopes.ingress_store_position('owned_importer', 'ORDERS', 9);",
+            )
+            .unwrap();
+    }
     let expected_state = state(&mut c);
     let dir =
         std::env::temp_dir().join(format!("envelopes_restore_{label}_{}", std::process::id()));

@@ -40,7 +40,7 @@ pub enum Owner {
 /// The two columns, selected from `envelopes.consumers c`, that [`Owner::read`]
 /// reads: written so that they work whether or not the column exists.
 pub const OWNER_COLUMNS: &str =
-    "(pg_catalog.to_jsonb(c) ->> 'owner')::pg_catalog.oid, pg_catalog.to_jsonb(c) ? 'owner'";
+    "(pg_catalog.to_jsonb(c) ->> 'owner')::pg_catalog.regrole::pg_catalog.oid, pg_catalog.to_jsonb(c) ? 'owner'";
 
 impl Owner {
     pub fn read(owner: Option<pg_sys::Oid>, tracked: Option<bool>) -> Owner {
@@ -81,7 +81,7 @@ fn claim(consumer: &str) -> Result<pg_sys::Oid, ConsumerError> {
     let owner = Spi::connect_mut(|client| {
         let rows = client.update(
             "UPDATE envelopes.consumers c SET owner = COALESCE(c.owner, $2)
-              WHERE c.name = $1 RETURNING c.owner",
+              WHERE c.name = $1 RETURNING c.owner::pg_catalog.oid",
             None,
             &[
                 DatumWithOid::from(consumer),
