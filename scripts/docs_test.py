@@ -16,6 +16,12 @@ docs/contributing/testing.md, "The documentation test").
         each block in a psql session of its own; a block followed by an
         ```output block must print exactly that (--accept rewrites those blocks
         with what was printed).
+    docs_test.py tour PORT BRIDGE_BIN STATE_DIR
+        the README's ten-minute tour as written, against the server on PORT
+        (database "tour") and a private nats-server with JetStream (the
+        README's 127.0.0.1:5432 and 127.0.0.1:4222 replaced by those): its sql
+        blocks in order, `watch` and `egress` in the background, `status`;
+        every row of the tour must reach `watch`.
 
 Fence info strings: ```sql runs and must succeed; ```sql fails must fail (the
 output then holds the error); ```sql norun: REASON and ```toml norun: REASON
@@ -288,6 +294,112 @@ def check_sql(port, accept):
     return not failures
 
 
+# --- the README's tour, bridge included ------------------------------------
+
+def check_tour(port, binary, state):
+    import signal
+    import socket
+    import time
+
+    def free():
+        # Below the kernel's ephemeral range, as scripts/lib.sh's free_port.
+        import random
+        for p in random.sample(range(20000, 32000), 12000):
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", p))
+            except OSError:
+                continue
+            finally:
+                s.close()
+            return p
+        sys.exit("no free port")
+
+    nats_port, metrics_port = free(), free()
+    nats_bin = os.environ.get("ENVELOPES_TEST_NATS_SERVER", "/usr/sbin/nats-server")
+    os.makedirs(state, exist_ok=True)
+    procs = []
+    failures = []
+
+    def sub(text):
+        return (text.replace("127.0.0.1:5432", f"127.0.0.1:{port}")
+                    .replace("127.0.0.1:4222", f"127.0.0.1:{nats_port}")
+                    .replace("127.0.0.1:9187", f"127.0.0.1:{metrics_port}"))
+
+    def start(args, name):
+        out = open(os.path.join(state, name + ".out"), "w")
+        err = open(os.path.join(state, name + ".err"), "w")
+        procs.append(subprocess.Popen(args, stdout=out, stderr=err, env=bridge_env()))
+        return os.path.join(state, name + ".out")
+
+    def wait_for(path, ids, seconds=30):
+        deadline = time.time() + seconds
+        while time.time() < deadline:
+            text = open(path).read()
+            if all(f'"id":"{i}"' in text for i in ids):
+                return True
+            time.sleep(0.2)
+        return False
+
+    watch_out = None
+    try:
+        start([nats_bin, "-a", "127.0.0.1", "-p", str(nats_port), "-js", "-sd",
+               os.path.join(state, "nats")], "nats")
+        time.sleep(1)
+        psql(port, "postgres", 'DROP DATABASE IF EXISTS tour; CREATE DATABASE tour;')
+        psql(port, "tour", "CREATE EXTENSION pg_envelopes;")
+        found, _ = blocks(os.path.join(ROOT, "README.md"))
+        started_egress = False
+        for b in found:
+            kind = (b["info"].split() or [""])[0]
+            if kind == "sql" and b["info"] == "sql":
+                if "CREATE EXTENSION" in b["text"]:
+                    continue  # the install section's; done above
+                code, out = psql(port, "tour", b["text"])
+                if code != 0:
+                    failures.append(f"README.md:{b['line']}: {out}")
+            if kind != "sh":
+                continue
+            for _, command in commands(b["text"]):
+                words = shlex.split(sub(command), comments=True)
+                if not words or words[0] != "envelopes-bridge":
+                    continue
+                args = [binary] + words[1:]
+                if words[1] == "watch":
+                    watch_out = start(args, "watch")
+                    time.sleep(1)  # subscribed before egress publishes
+                elif words[1] == "egress":
+                    start(args, "egress")
+                    started_egress = True
+                elif words[1] == "status":
+                    # what egress had when the tour was written: its rows delivered
+                    if watch_out and not wait_for(watch_out, ["2:4"]):
+                        failures.append("the tour's last envelope (2:4) never reached watch")
+                    p = subprocess.run(args, env=bridge_env(), capture_output=True, text=True,
+                                       timeout=60)
+                    if p.returncode != 0 or "tour" not in p.stdout:
+                        failures.append(f"status: exit {p.returncode}: {p.stdout}{p.stderr}")
+        if not started_egress or watch_out is None:
+            failures.append("the tour has no `envelopes-bridge watch` and `egress`")
+        else:
+            ids = ["1:1", "1:2", "1:3", "2:1", "2:2", "2:3", "2:4", "outbox:1"]
+            if not wait_for(watch_out, ids, 5):
+                failures.append(f"watch did not show every row of the tour ({', '.join(ids)}):\n"
+                                + open(watch_out).read())
+    finally:
+        for p in reversed(procs):
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    for f in failures:
+        print(f"docs: {f}", file=sys.stderr)
+    print("tour: watch showed every row; status answered" if not failures else "tour: failed")
+    return not failures
+
+
 def main():
     what = sys.argv[1] if len(sys.argv) > 1 else ""
     if what == "links":
@@ -296,6 +408,8 @@ def main():
         ok = check_bridge(sys.argv[2])
     elif what == "sql" and len(sys.argv) in (3, 4):
         ok = check_sql(int(sys.argv[2]), sys.argv[3:] == ["--accept"])
+    elif what == "tour" and len(sys.argv) == 5:
+        ok = check_tour(int(sys.argv[2]), sys.argv[3], sys.argv[4])
     else:
         sys.exit(__doc__)
     sys.exit(0 if ok else 1)

@@ -2,7 +2,8 @@
 # The documentation test: every ```sql block of README.md and of the book
 # (docs/, in docs/SUMMARY.md order) runs against a throwaway cluster with the
 # extension installed, shown output compared; every envelopes-bridge command
-# line and ```toml block is parsed by the bridge (--check-config); README.md
+# line and ```toml block is parsed by the bridge (--check-config); the
+# README's tour runs as written, the bridge to a private nats-server; README.md
 # stays under 15 KB and every relative link resolves. The rules are in
 # docs/contributing/testing.md ("The documentation test"); the work is done by
 # scripts/docs_test.py.
@@ -35,3 +36,7 @@ port=$(free_port)
 trap 'cluster_stop docs' EXIT
 cluster_start docs "$port"
 python3 scripts/docs_test.py sql "$port" ${mode:+"$mode"}
+
+log "the README's tour, bridge to a private nats-server included"
+python3 scripts/docs_test.py tour "$port" "${CARGO_TARGET_DIR:-$PWD/target}/debug/envelopes-bridge" \
+    "$ENVELOPES_TMP/docs/tour"
