@@ -113,7 +113,8 @@ def check_links():
     listed = set(pages())
     for path in all_markdown():
         if path not in listed and not path.endswith("docs/SUMMARY.md"):
-            failures.append(f"{rel(path)} is not listed in docs/SUMMARY.md")
+            failures.append(f"{rel(path)} is not listed in docs/SUMMARY.md (add it there: "
+                            "every page of the book must be reachable from its table of contents)")
     count = 0
     for path in all_markdown():
         text, fenced = [], False
@@ -345,7 +346,15 @@ def check_tour(port, binary, state):
     try:
         start([nats_bin, "-a", "127.0.0.1", "-p", str(nats_port), "-js", "-sd",
                os.path.join(state, "nats")], "nats")
-        time.sleep(1)
+        deadline = time.time() + 20
+        while True:  # until the server accepts connections
+            try:
+                socket.create_connection(("127.0.0.1", nats_port), timeout=1).close()
+                break
+            except OSError:
+                if time.time() > deadline:
+                    sys.exit(f"nats-server on {nats_port} did not start: see {state}/nats.err")
+                time.sleep(0.1)
         psql(port, "postgres", 'DROP DATABASE IF EXISTS tour; CREATE DATABASE tour;')
         psql(port, "tour", "CREATE EXTENSION pg_envelopes;")
         found, _ = blocks(os.path.join(ROOT, "README.md"))
@@ -367,7 +376,12 @@ def check_tour(port, binary, state):
                 args = [binary] + words[1:]
                 if words[1] == "watch":
                     watch_out = start(args, "watch")
-                    time.sleep(1)  # subscribed before egress publishes
+                    # Subscribed before egress publishes: it says so on stderr.
+                    deadline = time.time() + 20
+                    while "watching" not in open(os.path.join(state, "watch.err")).read():
+                        if time.time() > deadline:
+                            sys.exit(f"watch never subscribed: see {state}/watch.err")
+                        time.sleep(0.1)
                 elif words[1] == "egress":
                     start(args, "egress")
                     started_egress = True
