@@ -116,5 +116,7 @@ an example configuration
 .BR systemctl (1),
 .BR systemd.exec (5);
 the pg_envelopes README (/usr/share/doc/postgresql\-15\-pg\-envelopes/README.md.gz
-where that package is installed).
+where that package is installed) and the reference book in the source tree,
+docs/bridge/ (configuration with every key, one page per sink, exit codes,
+leases, failover, ingress).
 EOF
