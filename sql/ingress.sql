@@ -7,6 +7,11 @@
 -- and the extension's owner move it. NULL only for positions stored before 0.4.0,
 -- until the next store claims it. A regrole, so that a dump names the role
 -- (see consumers.owner).
+-- stream_identity says which incarnation of the stream the position counts in (for
+-- JetStream, the stream's creation time): a stream deleted and re-created under the
+-- same name numbers its messages from 1 again, and a position of the old one would
+-- skip the new one's first messages. NULL when the writer did not say (the
+-- three-argument ingress_store_position, or positions stored before 0.4.0).
 
 CREATE TABLE ingress_positions (
     consumer   text        NOT NULL CHECK (consumer <> ''),
@@ -14,6 +19,7 @@ CREATE TABLE ingress_positions (
     position   bigint      NOT NULL CHECK (position >= 0),
     updated_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
     owner      regrole,
+    stream_identity text,
     CONSTRAINT ingress_positions_pkey PRIMARY KEY (consumer, stream)
 );
 COMMENT ON TABLE ingress_positions IS
@@ -68,6 +74,68 @@ BEGIN
     VALUES ($1, $2, $3, @extschema@._caller())
     ON CONFLICT ON CONSTRAINT ingress_positions_pkey
     DO UPDATE SET position = GREATEST(p.position, EXCLUDED.position),
+                  updated_at = now(),
+                  owner = COALESCE(p.owner, EXCLUDED.owner)
+          WHERE p.owner IS NULL OR @extschema@._acts_for(p.owner);
+    GET DIAGNOSTICS moved = ROW_COUNT;
+    IF moved = 0 THEN
+        SELECT p.owner INTO owner FROM @extschema@.ingress_positions p
+         WHERE p.consumer = $1 AND p.stream = $2;
+        RAISE EXCEPTION 'permission denied for ingress consumer "%" on stream "%"', consumer, stream
+              USING ERRCODE = 'insufficient_privilege',
+                    HINT = pg_catalog.format('Its position belongs to role %s: only that role (or a member of it) '
+                                             'and the extension''s owner may move it.',
+                                             owner::pg_catalog.regrole);
+    END IF;
+END $$;
+
+-- The stored position of a consumer on a stream and the identity of the stream it
+-- counts in: (0, NULL) when there is none yet; identity NULL when none was stored.
+CREATE FUNCTION ingress_stream_position(consumer text, stream text,
+                                        OUT "position" bigint, OUT stream_identity text)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT @extschema@._check_ingress_names($1, $2);
+    SELECT COALESCE(p.position, 0), p.stream_identity
+      FROM (VALUES (1)) AS one (x)
+      LEFT JOIN @extschema@.ingress_positions p ON p.consumer = $1 AND p.stream = $2;
+$$;
+
+-- Stores a consumer's position on a stream together with the identity of the
+-- stream it was read from. On the same identity the position only moves forward;
+-- on another one (the stream was re-created, and numbers from 1 again) it is
+-- replaced, backwards if need be. Otherwise as ingress_store_position(consumer,
+-- stream, new_position): 42501 for a position another role owns, 55006 while
+-- another session holds the ingress lease; a NULL identity is refused (22004),
+-- an empty one too (22023).
+CREATE FUNCTION ingress_store_position(consumer text, stream text, new_position bigint,
+                                       stream_identity text)
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    moved bigint;
+    owner oid;
+BEGIN
+    PERFORM @extschema@._check_ingress_names(consumer, stream);
+    IF new_position IS NULL OR stream_identity IS NULL THEN
+        RAISE EXCEPTION 'position and stream identity must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF new_position < 0 THEN
+        RAISE EXCEPTION 'position must not be negative (got %)', new_position USING ERRCODE = 'numeric_value_out_of_range';
+    END IF;
+    IF stream_identity = '' THEN
+        RAISE EXCEPTION 'stream identity must not be empty' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM @extschema@._lease_check('ingress', consumer, stream);
+    INSERT INTO @extschema@.ingress_positions AS p (consumer, stream, position, owner, stream_identity)
+    VALUES ($1, $2, $3, @extschema@._caller(), $4)
+    ON CONFLICT ON CONSTRAINT ingress_positions_pkey
+    DO UPDATE SET position = CASE WHEN p.stream_identity = EXCLUDED.stream_identity
+                                  THEN GREATEST(p.position, EXCLUDED.position)
+                                  ELSE EXCLUDED.position END,
+                  stream_identity = EXCLUDED.stream_identity,
                   updated_at = now(),
                   owner = COALESCE(p.owner, EXCLUDED.owner)
           WHERE p.owner IS NULL OR @extschema@._acts_for(p.owner);

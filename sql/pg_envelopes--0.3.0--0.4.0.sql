@@ -1667,6 +1667,8 @@ BEGIN
         @extschema@.publish(text, bytea, jsonb),
         @extschema@.ingress_position(text, text),
         @extschema@.ingress_store_position(text, text, bigint),
+        @extschema@.ingress_stream_position(text, text),
+        @extschema@.ingress_store_position(text, text, bigint, text),
         @extschema@.ingress_lease(text, text),
         @extschema@.ingress_lease_release(text, text)
         TO %I', role);
@@ -1695,6 +1697,8 @@ BEGIN
         @extschema@.publish(text, bytea, jsonb),
         @extschema@.ingress_position(text, text),
         @extschema@.ingress_store_position(text, text, bigint),
+        @extschema@.ingress_stream_position(text, text),
+        @extschema@.ingress_store_position(text, text, bigint, text),
         @extschema@.ingress_lease(text, text),
         @extschema@.ingress_lease_release(text, text)
         FROM %I', role);
@@ -2021,3 +2025,89 @@ SELECT pg_catalog.pg_extension_config_dump('@extschema@.ingress_positions', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.maintenance_runs', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.maintenance_runs_run_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.pruned_maxima', '');
+
+-- An ingress position says which incarnation of its stream it counts in (a stream
+-- deleted and re-created under the same name numbers from 1 again; the old position
+-- skipped the new stream's first messages): a column for the stream's identity, a
+-- reader and a writer of it, granted to the roles that store ingress positions.
+ALTER TABLE ingress_positions ADD COLUMN stream_identity text;
+-- The stored position of a consumer on a stream and the identity of the stream it
+-- counts in: (0, NULL) when there is none yet; identity NULL when none was stored.
+CREATE FUNCTION ingress_stream_position(consumer text, stream text,
+                                        OUT "position" bigint, OUT stream_identity text)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT @extschema@._check_ingress_names($1, $2);
+    SELECT COALESCE(p.position, 0), p.stream_identity
+      FROM (VALUES (1)) AS one (x)
+      LEFT JOIN @extschema@.ingress_positions p ON p.consumer = $1 AND p.stream = $2;
+$$;
+
+-- Stores a consumer's position on a stream together with the identity of the
+-- stream it was read from. On the same identity the position only moves forward;
+-- on another one (the stream was re-created, and numbers from 1 again) it is
+-- replaced, backwards if need be. Otherwise as ingress_store_position(consumer,
+-- stream, new_position): 42501 for a position another role owns, 55006 while
+-- another session holds the ingress lease; a NULL identity is refused (22004),
+-- an empty one too (22023).
+CREATE FUNCTION ingress_store_position(consumer text, stream text, new_position bigint,
+                                       stream_identity text)
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    moved bigint;
+    owner oid;
+BEGIN
+    PERFORM @extschema@._check_ingress_names(consumer, stream);
+    IF new_position IS NULL OR stream_identity IS NULL THEN
+        RAISE EXCEPTION 'position and stream identity must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF new_position < 0 THEN
+        RAISE EXCEPTION 'position must not be negative (got %)', new_position USING ERRCODE = 'numeric_value_out_of_range';
+    END IF;
+    IF stream_identity = '' THEN
+        RAISE EXCEPTION 'stream identity must not be empty' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM @extschema@._lease_check('ingress', consumer, stream);
+    INSERT INTO @extschema@.ingress_positions AS p (consumer, stream, position, owner, stream_identity)
+    VALUES ($1, $2, $3, @extschema@._caller(), $4)
+    ON CONFLICT ON CONSTRAINT ingress_positions_pkey
+    DO UPDATE SET position = CASE WHEN p.stream_identity = EXCLUDED.stream_identity
+                                  THEN GREATEST(p.position, EXCLUDED.position)
+                                  ELSE EXCLUDED.position END,
+                  stream_identity = EXCLUDED.stream_identity,
+                  updated_at = now(),
+                  owner = COALESCE(p.owner, EXCLUDED.owner)
+          WHERE p.owner IS NULL OR @extschema@._acts_for(p.owner);
+    GET DIAGNOSTICS moved = ROW_COUNT;
+    IF moved = 0 THEN
+        SELECT p.owner INTO owner FROM @extschema@.ingress_positions p
+         WHERE p.consumer = $1 AND p.stream = $2;
+        RAISE EXCEPTION 'permission denied for ingress consumer "%" on stream "%"', consumer, stream
+              USING ERRCODE = 'insufficient_privilege',
+                    HINT = pg_catalog.format('Its position belongs to role %s: only that role (or a member of it) '
+                                             'and the extension''s owner may move it.',
+                                             owner::pg_catalog.regrole);
+    END IF;
+END $$;
+
+REVOKE ALL ON FUNCTION @extschema@.ingress_stream_position(text, text),
+    @extschema@.ingress_store_position(text, text, bigint, text) FROM PUBLIC;
+DO $upgrade$
+DECLARE
+    grantee text;
+BEGIN
+    FOR grantee IN
+        SELECT DISTINCT a.grantee::pg_catalog.regrole::text
+          FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+         WHERE p.oid = '@extschema@.ingress_store_position(text, text, bigint)'::pg_catalog.regprocedure
+           AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner AND a.grantee <> 0
+    LOOP
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION
+            @extschema@.ingress_stream_position(text, text),
+            @extschema@.ingress_store_position(text, text, bigint, text) TO %s', grantee);
+    END LOOP;
+END
+$upgrade$;

@@ -37,6 +37,8 @@ BEGIN
         @extschema@.publish(text, bytea, jsonb),
         @extschema@.ingress_position(text, text),
         @extschema@.ingress_store_position(text, text, bigint),
+        @extschema@.ingress_stream_position(text, text),
+        @extschema@.ingress_store_position(text, text, bigint, text),
         @extschema@.ingress_lease(text, text),
         @extschema@.ingress_lease_release(text, text)
         TO %I', role);
@@ -65,6 +67,8 @@ BEGIN
         @extschema@.publish(text, bytea, jsonb),
         @extschema@.ingress_position(text, text),
         @extschema@.ingress_store_position(text, text, bigint),
+        @extschema@.ingress_stream_position(text, text),
+        @extschema@.ingress_store_position(text, text, bigint, text),
         @extschema@.ingress_lease(text, text),
         @extschema@.ingress_lease_release(text, text)
         FROM %I', role);

@@ -39,7 +39,7 @@ use crate::retry::{self, Class, DbFailure, Driver, Fatal, Wait};
 use async_nats::jetstream::{self, consumer::pull, consumer::AckPolicy, consumer::DeliverPolicy};
 use futures_util::StreamExt;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 
 /// How long JetStream waits for a message's acknowledgement before it delivers
@@ -168,25 +168,44 @@ async fn session(config: &IngressConfig, driver: &mut Driver) -> Result<(), Fail
             }
         })?;
     let js = jetstream::new(client.clone());
-    let stream = js.get_stream(&config.stream).await.map_err(|e| retry(&e))?;
+    let mut stream = js.get_stream(&config.stream).await.map_err(|e| retry(&e))?;
+    let info = stream.info().await.map_err(|e| retry(&e))?;
+    let identity = stream_identity(info);
+    let (first, last) = (info.state.first_sequence, info.state.last_sequence);
 
-    // Resume after what the database says is stored.
-    let position: i64 = db
+    // Resume after what the database says is stored, in the stream it was read from.
+    let row = db
         .client
         .query_one(
-            "SELECT envelopes.ingress_position($1, $2)",
+            "SELECT position, stream_identity FROM envelopes.ingress_stream_position($1, $2)",
             &[&config.name, &config.stream],
         )
         .await
-        .map_err(|e| database(e.into()))?
-        .get(0);
+        .map_err(|e| database(e.into()))?;
+    let position = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
+    let stored_identity: Option<String> = row.get(1);
+    let plan = resume(position, stored_identity.as_deref(), &identity, first, last);
+    if plan.reset {
+        metrics.ingress_stream_resets.inc();
+        tracing::warn!(stream = %config.stream, position, stored_identity = ?stored_identity,
+                       identity = %identity, first_sequence = first, last_sequence = last,
+                       "the stream was deleted and re-created (its numbering started again) since \
+                        the position was stored: starting from the new stream's first message")
+    }
+    if plan.gone > 0 {
+        metrics.ingress_gone.inc_by(plan.gone);
+        tracing::warn!(stream = %config.stream, gone = plan.gone, from_sequence = plan.start - plan.gone,
+                       first_sequence = first,
+                       "messages were gone from the stream before ingress read them (purged, or \
+                        removed by the stream's limits or age); they cannot be stored")
+    }
     let durable = format!("envelopes-ingress-{}", config.name);
     let _ = stream.delete_consumer(&durable).await; // the database position wins
     let consumer = stream
         .create_consumer(pull::Config {
             durable_name: Some(durable.clone()),
             deliver_policy: DeliverPolicy::ByStartSequence {
-                start_sequence: position as u64 + 1,
+                start_sequence: plan.start,
             },
             ack_policy: AckPolicy::Explicit,
             ack_wait: ACK_WAIT,
@@ -195,7 +214,12 @@ async fn session(config: &IngressConfig, driver: &mut Driver) -> Result<(), Fail
         })
         .await
         .map_err(|e| retry(&e))?;
-    tracing::info!(consumer = %config.name, stream = %config.stream, position, "ingress connected");
+    // A stream re-created between the look at it and the consumer: start over.
+    check_identity(&mut stream, &identity).await?;
+    tracing::info!(consumer = %config.name, stream = %config.stream, position,
+                   start_sequence = plan.start, identity = %identity, "ingress connected");
+    let mut next_sequence = plan.start;
+    let mut identity_checked = Instant::now();
 
     loop {
         if driver.stopping() {
@@ -213,15 +237,27 @@ async fn session(config: &IngressConfig, driver: &mut Driver) -> Result<(), Fail
             messages.push(message.map_err(|e| retry(&e))?);
         }
         if messages.is_empty() {
+            // Idle: a stream deleted (and perhaps re-created) under the consumer
+            // may leave the pulls merely empty.
+            if identity_checked.elapsed() >= IDENTITY_CHECK_INTERVAL {
+                check_identity(&mut stream, &identity).await?;
+                identity_checked = Instant::now();
+            }
             driver.worked(); // a whole round worked
             continue;
         }
         let mut good = Vec::with_capacity(messages.len());
         let mut good_sources = Vec::with_capacity(messages.len());
         let mut last_sequence = 0u64;
+        // Where the sequence jumped ahead: (expected, got).
+        let mut jumps = Vec::new();
         for m in &messages {
             let sequence = m.info().map(|i| i.stream_sequence).map_err(|e| retry(&e))?;
             last_sequence = last_sequence.max(sequence);
+            if sequence > next_sequence {
+                jumps.push((next_sequence, sequence));
+            }
+            next_sequence = next_sequence.max(sequence + 1);
             match Envelope::from_bus(&m.payload) {
                 Ok(envelope) => {
                     good.push(envelope);
@@ -243,7 +279,7 @@ async fn session(config: &IngressConfig, driver: &mut Driver) -> Result<(), Fail
                 }
             }
         }
-        let stored = match store(&mut db, config, &good, last_sequence as i64).await {
+        let stored = match store(&mut db, config, &good, last_sequence as i64, &identity).await {
             Ok(stored) => stored,
             Err(e) if refuses_rows(&e) && !good.is_empty() => {
                 // Which messages does the database refuse? Set them aside, store the rest.
@@ -272,12 +308,15 @@ async fn session(config: &IngressConfig, driver: &mut Driver) -> Result<(), Fail
                     .filter(|(i, _)| !refused.iter().any(|(r, _)| r == i))
                     .map(|(_, e)| e.clone())
                     .collect();
-                store(&mut db, config, &kept, last_sequence as i64)
+                store(&mut db, config, &kept, last_sequence as i64, &identity)
                     .await
                     .map_err(database)?
             }
             Err(e) => return Err(database(e)),
         };
+        if !jumps.is_empty() {
+            count_gone(&mut stream, config, &jumps, &metrics).await?;
+        }
         metrics.ingested.inc_by(stored as u64);
         driver.worked();
         crash::reached("after_commit");
@@ -289,6 +328,114 @@ async fn session(config: &IngressConfig, driver: &mut Driver) -> Result<(), Fail
         }
         tracing::debug!(rows = good.len(), stored, last_sequence, "batch stored");
     }
+}
+
+/// How often an idle ingress checks that its stream is still the one it reads.
+const IDENTITY_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Which incarnation of a stream this is: its creation time (a stream deleted
+/// and re-created under the same name has another one, and numbers its
+/// messages from 1 again). Stored with the position.
+fn stream_identity(info: &jetstream::stream::Info) -> String {
+    format!("jetstream:created:{}", info.created.unix_timestamp_nanos())
+}
+
+/// Where a session starts reading, and what it found on the way.
+#[derive(Debug, PartialEq, Eq)]
+struct Resume {
+    /// The first stream sequence to ask for.
+    start: u64,
+    /// Sequence numbers between the stored position and `start` that are gone
+    /// (purged, removed by limits or age) and will never be read.
+    gone: u64,
+    /// The stored position counts in another incarnation of the stream.
+    reset: bool,
+}
+
+/// Where to resume on a stream whose messages run from `first` to `last` and
+/// whose identity is `current`, after `position` stored under identity `stored`.
+///
+/// The same stream: after the position, or at the first message still there
+/// (what lies between is gone). Another stream (re-created): from its first
+/// message; the old position means nothing in it. A position stored without an
+/// identity (before 0.4.0) counts as the same stream unless it lies beyond the
+/// stream's end, which only a restarted numbering explains.
+fn resume(position: u64, stored: Option<&str>, current: &str, first: u64, last: u64) -> Resume {
+    let first = first.max(1);
+    let same = match stored {
+        Some(identity) => identity == current,
+        None => position <= last,
+    };
+    if !same {
+        return Resume {
+            start: first,
+            gone: if last > 0 { first - 1 } else { 0 },
+            reset: true,
+        };
+    }
+    let next = position + 1;
+    if position > 0 && first > next && last > 0 {
+        // Purged: `first` may be last + 1 (nothing left yet).
+        Resume {
+            start: first,
+            gone: first - next,
+            reset: false,
+        }
+    } else {
+        Resume {
+            start: next,
+            gone: 0,
+            reset: false,
+        }
+    }
+}
+
+/// Ends the session when the stream is no longer the incarnation `identity`
+/// names (deleted, or deleted and re-created): the next one starts afresh.
+async fn check_identity(
+    stream: &mut jetstream::stream::Stream,
+    identity: &str,
+) -> Result<(), Failure> {
+    let info = stream
+        .info()
+        .await
+        .map_err(|e| Failure::Retry(format!("reading the stream's info: {e}")))?;
+    let now = stream_identity(info);
+    if now != identity {
+        return Err(Failure::Retry(format!(
+            "the stream was re-created while ingress read it ({identity} -> {now})"
+        )));
+    }
+    Ok(())
+}
+
+/// After a batch whose sequences jumped ahead (`(expected, got)`), counts and
+/// logs the sequence numbers that are gone from the stream's head (first
+/// sequence now past them): purged or removed by limits or age before they were
+/// read. Jumps over messages still there are other subjects' (the filter).
+async fn count_gone(
+    stream: &mut jetstream::stream::Stream,
+    config: &IngressConfig,
+    jumps: &[(u64, u64)],
+    metrics: &Metrics,
+) -> Result<(), Failure> {
+    let info = stream
+        .info()
+        .await
+        .map_err(|e| Failure::Retry(format!("reading the stream's info: {e}")))?;
+    let first = info.state.first_sequence;
+    let gone: u64 = jumps
+        .iter()
+        .filter(|(expected, _)| first > *expected)
+        .map(|(expected, got)| first.min(*got) - expected)
+        .sum();
+    if gone > 0 {
+        metrics.ingress_gone.inc_by(gone);
+        tracing::warn!(stream = %config.stream, gone, first_sequence = first,
+                       "messages were gone from the stream before ingress read them (purged, or \
+                        removed by the stream's limits or age); they cannot be stored");
+    }
+    Ok(())
 }
 
 fn database(e: DbFailure) -> Failure {
@@ -322,6 +469,7 @@ async fn store(
     config: &IngressConfig,
     envelopes: &[Envelope],
     position: i64,
+    identity: &str,
 ) -> Result<i64, DbFailure> {
     let mut parts: Vec<std::ops::Range<usize>> = Vec::new();
     parts.push(0..envelopes.len());
@@ -349,8 +497,8 @@ async fn store(
         }
         crash::reached("before_commit");
         tx.execute(
-            "SELECT envelopes.ingress_store_position($1, $2, $3)",
-            &[&config.name, &config.stream, &position],
+            "SELECT envelopes.ingress_store_position($1, $2, $3, $4)",
+            &[&config.name, &config.stream, &position, &identity],
         )
         .await?;
         tx.commit().await?;
@@ -443,4 +591,43 @@ async fn dead_letter(
         .await?;
     client.flush().await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_same_stream_resumes_after_the_position() {
+        let r = resume(3000, Some("a"), "a", 1, 5000);
+        assert_eq!((r.start, r.gone, r.reset), (3001, 0, false));
+        // Nothing stored yet: from the start, nothing counted as gone.
+        let r = resume(0, None, "a", 40, 5000);
+        assert_eq!((r.start, r.gone, r.reset), (1, 0, false));
+    }
+
+    #[test]
+    fn a_re_created_stream_is_read_from_its_first_message() {
+        let r = resume(3000, Some("old"), "new", 1, 8000);
+        assert_eq!((r.start, r.gone, r.reset), (1, 0, true));
+        // Empty new stream (JetStream reports 0, 0).
+        let r = resume(3000, Some("old"), "new", 0, 0);
+        assert_eq!((r.start, r.gone, r.reset), (1, 0, true));
+        // Stored before identities were: a position past the end means the
+        // numbering restarted.
+        let r = resume(3000, None, "new", 1, 200);
+        assert_eq!((r.start, r.gone, r.reset), (1, 0, true));
+        // The new stream already lost its head (max age).
+        let r = resume(3000, Some("old"), "new", 51, 800);
+        assert_eq!((r.start, r.gone, r.reset), (51, 50, true));
+    }
+
+    #[test]
+    fn a_purged_stream_resumes_at_its_first_message_and_counts_the_gap() {
+        let r = resume(100, Some("a"), "a", 151, 250);
+        assert_eq!((r.start, r.gone, r.reset), (151, 50, false));
+        // Purged with nothing after: first = last + 1.
+        let r = resume(100, Some("a"), "a", 151, 150);
+        assert_eq!((r.start, r.gone, r.reset), (151, 50, false));
+    }
 }

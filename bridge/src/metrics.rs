@@ -30,6 +30,11 @@ pub struct Metrics {
     pub lag_seconds: Gauge<f64, AtomicU64>,
     pub batch_latency: Histogram,
     pub ingested: Counter,
+    /// Stream sequence numbers ingress found gone before it read them.
+    pub ingress_gone: Counter,
+    /// Times ingress found its stream deleted and re-created (or its numbering
+    /// restarted) and started over from the new stream's first message.
+    pub ingress_stream_resets: Counter,
     /// 1 while this instance holds its name's lease (active), 0 while it stands by.
     pub active: Gauge,
     /// 1 while egress holds a batch back until the standbys have flushed it
@@ -70,6 +75,8 @@ impl Metrics {
         let lag_seconds = Gauge::<f64, AtomicU64>::default();
         let batch_latency = Histogram::new(exponential_buckets(0.001, 2.0, 16));
         let ingested = Counter::default();
+        let ingress_gone = Counter::default();
+        let ingress_stream_resets = Counter::default();
         let dead_lettered = Family::<KindLabel, Counter>::default();
         let refused = Family::<KindLabel, Counter>::default();
         let active = Gauge::default();
@@ -121,6 +128,19 @@ impl Metrics {
         );
         registry.register("ingested", "Envelopes stored by ingress", ingested.clone());
         registry.register(
+            "ingress_gone",
+            "Stream sequence numbers gone before ingress read them (purged, removed by the \
+             stream's limits or age, or in a stream re-created meanwhile); with a subject \
+             filter, messages of other subjects may be among them",
+            ingress_gone.clone(),
+        );
+        registry.register(
+            "ingress_stream_resets",
+            "Times ingress found its stream deleted and re-created and started over from \
+             the new stream's first message",
+            ingress_stream_resets.clone(),
+        );
+        registry.register(
             "dead_lettered",
             "Rows set aside for good: egress rows the bus still refused after the bridge's \
              own attempts (envelopes.dead_letters, until retry_dead_letters()), ingress \
@@ -154,6 +174,8 @@ impl Metrics {
             lag_seconds,
             batch_latency,
             ingested,
+            ingress_gone,
+            ingress_stream_resets,
             active,
             standby_waiting,
             standby_wait_seconds,
