@@ -35,14 +35,16 @@ fn originator_ceilings(
 ) -> TableIterator<'static, (name!(originator_node_id, i32), name!(max_sequence_id, i64))> {
     use crate::error::OrRaise;
     let ceilings = || -> Result<Vec<(i32, i64)>, CeilingError> {
-        let gate = Gate::open()?;
-        let mut out = Vec::new();
-        for node in crate::store::partition::originators()? {
-            if let Some(ceiling) = gate.envelope_ceiling(node)? {
-                out.push((node, ceiling));
+        let nodes = crate::store::partition::originators()?;
+        Gate::read_settled(|gate| {
+            let mut out = Vec::new();
+            for &node in &nodes {
+                if let Some(ceiling) = gate.envelope_ceiling(node)? {
+                    out.push((node, ceiling));
+                }
             }
-        }
-        Ok(out)
+            Ok::<_, CeilingError>(out)
+        })
     };
     TableIterator::new(ceilings().or_raise())
 }

@@ -2,7 +2,7 @@
 
 use super::late;
 use super::owner::{self, Owner, OWNER_COLUMNS};
-use super::state::{with_consumer, Access};
+use super::state::{with_consumer, Access, Known};
 use super::{Budget, ConsumerError};
 use crate::store::feed::clock;
 use crate::store::feed::late::Positions;
@@ -21,85 +21,108 @@ pub type BatchRow = (EnvelopeRow, Option<i64>);
 
 /// The next envelopes `consumer` has not acknowledged, within `budget` (see
 /// `consumer_envelope_batch`).
-pub fn envelope_batch(consumer: &str, mut budget: Budget) -> Result<Vec<BatchRow>, ConsumerError> {
+pub fn envelope_batch(consumer: &str, budget: Budget) -> Result<Vec<BatchRow>, ConsumerError> {
     // The originator list and partition cache then reflect every partition
     // attached so far.
     crate::pg::invalidation::accept();
     let sample = Sample::take()?;
     let nodes = partition::originators()?;
     with_consumer(consumer, Access::Act, |known| {
-        let last_late = sample.last_drawn(Drawn::Late);
         if let Some(clocks) = &sample.clocks {
-            if known.envelopes_idle(clocks, last_late, &nodes) {
+            if known.envelopes_idle(clocks, sample.last_drawn(Drawn::Late), &nodes) {
                 return Ok(Vec::new()); // nothing can have committed since
             }
         }
-        let gate = sample.open();
-        let mut out = Vec::new();
-
-        // Late arrivals first, in the order they were recorded.
-        let ceiling = gate.drawn_ceiling(Drawn::Late);
-        let mut delivered_late = known.late_id;
-        let complete = late::late_rows(known.late_id, ceiling, gate.rows(), Blobs::All, |late| {
-            if !budget.take(late.row.bytes()) {
-                return false;
+        let mut sample = sample;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let gate = sample.open();
+            let (out, step_over) = read_batch(known, &gate, &nodes, budget.clone())?;
+            // Rows held back only because the high-water marks did not cover
+            // them yet (written around the functions, or read first since a
+            // restart) are handed out by a gate opened now (Gate::cap): a call
+            // returns nothing only when nothing can be handed out.
+            if !out.is_empty() || !gate.held() || attempt == crate::store::feed::MAX_GATES {
+                if !step_over.is_empty() {
+                    move_cursor(consumer, step_over.into_iter().collect())?;
+                }
+                return Ok(out);
             }
-            delivered_late = late.position;
-            out.push((late.row, Some(late.position)));
-            true
-        })?;
-        known.late_clean =
-            (complete && ceiling == last_late).then_some((last_late, delivered_late));
-
-        // Then each originator after the vector clock. A read that stops at
-        // the step-over budget inside a run of late rows moves on from where it
-        // stopped in a further round, as long as the batch is still empty: the
-        // budget bounds the work of a call that has rows to return, never makes
-        // a call return nothing while rows are deliverable.
-        let mut step_over: HashMap<i32, i64> = HashMap::new();
-        let mut round: Vec<(i32, i64)> = Vec::with_capacity(nodes.len());
-        for &node in &nodes {
-            if let Some(clocks) = &gate.sample.clocks {
-                if known.node_is_clean(node, clocks) {
-                    continue;
-                }
-            }
-            known.clean.remove(&node);
-            round.push((node, known.cursor_of(node)));
+            sample = Sample::take()?;
         }
-        while !round.is_empty() {
-            let mut again = Vec::new();
-            for (node, after) in round {
-                if budget.exhausted() {
-                    break;
-                }
-                let pass = read_in_order(node, after, &gate, &mut budget, &mut out)?;
-                if let Some(seq) = pass.stepped_to {
-                    step_over.insert(node, seq);
-                }
-                if pass.clean {
-                    if let Some(clocks) = &gate.sample.clocks {
-                        known.clean.insert(
-                            node,
-                            (
-                                clocks[clock::bucket(node)],
-                                clocks[clock::ALL],
-                                pass.reached,
-                            ),
-                        );
-                    }
-                }
-                if let Some(from) = pass.go_on_from {
-                    again.push((node, from));
-                }
-            }
-            round = if out.is_empty() { again } else { Vec::new() };
-        }
-        if !step_over.is_empty() {
-            move_cursor(consumer, step_over.into_iter().collect())?;
-        }
-        Ok(out)
     })
+}
+
+/// One batch through `gate`: the late rows first, then each originator's rows in
+/// order; and where the cursor steps over late rows.
+fn read_batch(
+    known: &mut Known,
+    gate: &Gate,
+    nodes: &[i32],
+    mut budget: Budget,
+) -> Result<(Vec<BatchRow>, HashMap<i32, i64>), ConsumerError> {
+    let last_late = gate.sample.last_drawn(Drawn::Late);
+    let mut out = Vec::new();
+
+    // Late arrivals first, in the order they were recorded.
+    let ceiling = gate.drawn_ceiling(Drawn::Late);
+    let mut delivered_late = known.late_id;
+    let complete = late::late_rows(known.late_id, ceiling, gate.rows(), Blobs::All, |late| {
+        if !budget.take(late.row.bytes()) {
+            return false;
+        }
+        delivered_late = late.position;
+        out.push((late.row, Some(late.position)));
+        true
+    })?;
+    known.late_clean = (complete && ceiling == last_late).then_some((last_late, delivered_late));
+
+    // Then each originator after the vector clock. A read that stops at
+    // the step-over budget inside a run of late rows moves on from where it
+    // stopped in a further round, as long as the batch is still empty: the
+    // budget bounds the work of a call that has rows to return, never makes
+    // a call return nothing while rows are deliverable.
+    let mut step_over: HashMap<i32, i64> = HashMap::new();
+    let mut round: Vec<(i32, i64)> = Vec::with_capacity(nodes.len());
+    for &node in nodes {
+        if let Some(clocks) = &gate.sample.clocks {
+            if known.node_is_clean(node, clocks) {
+                continue;
+            }
+        }
+        known.clean.remove(&node);
+        round.push((node, known.cursor_of(node)));
+    }
+    while !round.is_empty() {
+        let mut again = Vec::new();
+        for (node, after) in round {
+            if budget.exhausted() {
+                break;
+            }
+            let pass = read_in_order(node, after, gate, &mut budget, &mut out)?;
+            if let Some(seq) = pass.stepped_to {
+                step_over.insert(node, seq);
+            }
+            if pass.clean {
+                if let Some(clocks) = &gate.sample.clocks {
+                    known.clean.insert(
+                        node,
+                        (
+                            clocks[clock::bucket(node)],
+                            clocks[clock::ALL],
+                            pass.reached,
+                        ),
+                    );
+                }
+            }
+            if let Some(from) = pass.go_on_from {
+                again.push((node, from));
+            }
+        }
+        round = if out.is_empty() { again } else { Vec::new() };
+    }
+    Ok((out, step_over))
 }
 
 /// Late rows one read of the in-order part steps over at most before it lets the
@@ -172,12 +195,14 @@ fn read_in_order(
         .map_or(0, |i| i + 1);
     let mut tail_unsettled = settled < read.len();
     read.truncate(settled);
-    // Rows written around the functions must not let an insert below them take
-    // itself for not late (see Gate::confirm).
-    if let Some(cap) = read.last().and_then(|last| gate.confirm(node, last.seq)) {
-        let keep = read.partition_point(|row| row.seq <= cap);
-        tail_unsettled |= keep < read.len();
-        read.truncate(keep);
+    // Nothing above what the high-water marks covered (rows written around the
+    // functions): see Gate::cap.
+    if let Some(last) = read.last().map(|row| row.seq) {
+        let cap = gate.cap(node, last);
+        if cap < last {
+            tail_unsettled = true;
+            read.truncate(read.partition_point(|row| row.seq <= cap));
+        }
     }
     // Late rows right after the cursor: nothing of this feed is left to hand out
     // below the last of them, so the cursor may step over them without a
@@ -253,46 +278,65 @@ pub fn envelopes_pending(
                 return Ok((0, None));
             }
         }
-        let gate = sample.open();
-        let mut pending = 0i64;
-        let mut oldest: Option<TimestampWithTimeZone> = None;
-        let mut older = |t: TimestampWithTimeZone| {
-            if oldest.is_none_or(|o| t < o) {
-                oldest = Some(t);
+        let mut gate = sample.open();
+        let mut attempt = 1;
+        loop {
+            let counted = count_pending(known, &gate, &nodes)?;
+            // Rows held back for the high-water marks are counted by a gate
+            // opened now (Gate::cap).
+            if !gate.held() || attempt == crate::store::feed::MAX_GATES {
+                return Ok(counted);
             }
-        };
-        let ceiling = gate.drawn_ceiling(Drawn::Late);
-        late::late_rows(known.late_id, ceiling, gate.rows(), Blobs::None, |late| {
-            pending += 1;
-            older(late.recorded_at.unwrap_or(late.row.gateway_time));
-            true
-        })?;
-        for &node in &nodes {
-            if let Some(clocks) = &gate.sample.clocks {
-                if known.node_is_clean(node, clocks) {
-                    continue;
-                }
-            }
-            let Some(ceiling) = gate.envelope_ceiling(node)? else {
-                continue;
-            };
-            read::originator_rows(
-                node,
-                known.cursor_of(node),
-                ceiling,
-                gate.rows(),
-                Blobs::None,
-                |row| {
-                    if !row.late {
-                        pending += 1;
-                        older(row.gateway_time);
-                    }
-                    Flow::Continue
-                },
-            )?;
+            attempt += 1;
+            gate = Sample::take()?.open();
         }
-        Ok((pending, oldest))
     })
+}
+
+/// What [`envelopes_pending`] counts, through `gate`.
+fn count_pending(
+    known: &Known,
+    gate: &Gate,
+    nodes: &[i32],
+) -> Result<(i64, Option<TimestampWithTimeZone>), ConsumerError> {
+    let mut pending = 0i64;
+    let mut oldest: Option<TimestampWithTimeZone> = None;
+    let mut older = |t: TimestampWithTimeZone| {
+        if oldest.is_none_or(|o| t < o) {
+            oldest = Some(t);
+        }
+    };
+    let ceiling = gate.drawn_ceiling(Drawn::Late);
+    late::late_rows(known.late_id, ceiling, gate.rows(), Blobs::None, |late| {
+        pending += 1;
+        older(late.recorded_at.unwrap_or(late.row.gateway_time));
+        true
+    })?;
+    for &node in nodes {
+        if let Some(clocks) = &gate.sample.clocks {
+            if known.node_is_clean(node, clocks) {
+                continue;
+            }
+        }
+        let Some(ceiling) = gate.envelope_ceiling(node)? else {
+            continue;
+        };
+        read::originator_rows(
+            node,
+            known.cursor_of(node),
+            ceiling,
+            gate.rows(),
+            Blobs::None,
+            |row| {
+                if !row.late {
+                    pending += 1;
+                    older(row.gateway_time);
+                }
+                Flow::Continue
+            },
+        )?;
+    }
+    Ok((pending, oldest))
 }
 
 /// What an acknowledgement moved: rows acknowledged, and their first and last

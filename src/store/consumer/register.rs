@@ -20,22 +20,24 @@ fn starting_positions(from_start: bool) -> Result<(i64, i64, Vec<(i32, i64)>), C
     if from_start {
         return Ok((0, 0, Vec::new()));
     }
-    let gate = Gate::open()?;
-    let mut cursor = Vec::new();
-    for node in partition::originators()? {
-        // A ceiling below the first id (all originators held back) is "no entry".
-        if let Some(ceiling) = gate
-            .envelope_ceiling(node)?
-            .filter(|&c| c >= partition::FIRST_SEQUENCE_ID)
-        {
-            cursor.push((node, ceiling));
+    let nodes = partition::originators()?;
+    Gate::read_settled(|gate| {
+        let mut cursor = Vec::new();
+        for &node in &nodes {
+            // A ceiling below the first id (all originators held back) is "no entry".
+            if let Some(ceiling) = gate
+                .envelope_ceiling(node)?
+                .filter(|&c| c >= partition::FIRST_SEQUENCE_ID)
+            {
+                cursor.push((node, ceiling));
+            }
         }
-    }
-    Ok((
-        Positions::current().whole(gate.drawn_ceiling(Drawn::Late)),
-        gate.drawn_ceiling(Drawn::Outbox),
-        cursor,
-    ))
+        Ok((
+            Positions::current().whole(gate.drawn_ceiling(Drawn::Late)),
+            gate.drawn_ceiling(Drawn::Outbox),
+            cursor,
+        ))
+    })
 }
 
 /// Creates consumer `name` at the beginning of every feed or at their current

@@ -281,39 +281,96 @@ mod committed {
     }
 }
 
-/// A reader is about to hand out (or move a cursor to) `seq` of `node`, a row
-/// it read committed. Rows written through the functions raised the marks of
-/// their originator before they became visible; a row written around them (into
-/// a band leaf, by `COPY`, in a band attached by hand, with triggers off, by a
-/// restore or by logical replication's apply) did not, and an insert below it
-/// would then find the slot ready and below its row, and take itself for not
-/// late. So the reader raises the marks to the row first, and reports whether
-/// they were below it: then it must list the in-flight markers again before
-/// handing the row out (see [`super::Gate::confirm`]). Either an insert noted
-/// its rows before the raise, and its marker (taken before it noted) is in that
-/// listing, or it noted after the raise, and finds the row above its own.
+/// What the marks of the current database covered at one moment: per
+/// originator, the highest sequence id below both of its marks. A reader samples
+/// it between its snapshot `S0` and its listing of the markers
+/// ([`super::Gate`]) and hands out no row above it.
 ///
-/// A slot that does not exist yet is left alone: the insert that claims it finds
-/// it unready and takes the exact check, whose snapshot (taken after its marker)
-/// sees the row if the reader's listing did not see the marker.
-pub fn cover(node: i32, seq: i64) -> bool {
-    let Some(table) = shared() else { return false };
-    let key = key(node);
-    let start = spread(key, SLOTS);
-    let above = (seq as u64).saturating_add(1);
-    for i in 0..SLOTS {
-        let slot = &table.slots[(start + i) % SLOTS];
-        match slot.key.load(Ordering::SeqCst) {
-            k if k == key => {
-                let mark = slot.mark.fetch_max(above, Ordering::SeqCst);
-                let committed = slot.committed.fetch_max(above, Ordering::SeqCst);
-                return mark < above || committed < above;
+/// Why: rows written through the functions raised both marks before they became
+/// visible, so they are covered. A row written around the functions (into a band
+/// leaf, by `COPY`, in a band attached by hand, with triggers off, by a restore or
+/// by logical replication's apply) raised none, and an insert below it would
+/// find the slot ready with its mark below its own row and take itself for not
+/// late. A row handed out at or below what the marks covered before the listing
+/// is safe: an insert below it that reads the marks after the listing finds them
+/// above its row (late), and one that read them before took its marker before
+/// the listing (listed, or ended and seen by `S`). A row above it waits: the
+/// reader raises the marks to it ([`cover`]) and the next gate's sample covers
+/// it. (Raising the marks and then listing the markers again, without the
+/// sample, is not enough: an insert that read the marks before the raise and
+/// committed between `S` and the second listing is in neither;
+/// `model/egress_counterexample_around_writer_raise_then_relist.pml`.)
+pub struct Coverage {
+    /// Per originator of this database with a slot: the highest sequence id
+    /// covered (-1: none).
+    covered: std::collections::HashMap<i32, i64>,
+    /// No slot was free: an originator without one never gets one, and its
+    /// inserts always take the exact check, which needs no cover.
+    full: bool,
+    /// The marks were not available: every insert takes the exact check.
+    unavailable: bool,
+}
+
+impl Coverage {
+    /// The marks as they are now.
+    pub fn sample() -> Coverage {
+        let Some(table) = shared() else {
+            return Coverage {
+                covered: Default::default(),
+                full: false,
+                unavailable: true,
+            };
+        };
+        let database = u64::from(database());
+        let mut covered = std::collections::HashMap::new();
+        let mut full = true;
+        for slot in &table.slots {
+            let key = slot.key.load(Ordering::SeqCst);
+            if key == 0 {
+                full = false;
+                continue;
             }
-            0 => return false,
-            _ => continue,
+            if key >> 32 != database {
+                continue;
+            }
+            let node = (key as u32).wrapping_sub(1) as i32;
+            let mark = slot.mark.load(Ordering::SeqCst);
+            let committed = slot.committed.load(Ordering::SeqCst);
+            covered.insert(node, mark.min(committed) as i64 - 1);
+        }
+        Coverage {
+            covered,
+            full,
+            unavailable: false,
         }
     }
-    false
+
+    /// The highest sequence id of `node` that the marks covered.
+    pub fn of(&self, node: i32) -> i64 {
+        if self.unavailable {
+            return i64::MAX;
+        }
+        match self.covered.get(&node) {
+            Some(&covered) => covered,
+            None if self.full => i64::MAX,
+            None => -1,
+        }
+    }
+}
+
+/// A reader read `seq` of `node` committed, above what its [`Coverage`] covered:
+/// raises both marks of the originator to it (claiming a slot if it has none), so
+/// that the next gate covers it and every insert below it from now on is late.
+pub fn cover(node: i32, seq: i64) {
+    let Some(table) = shared() else { return };
+    let Some(slot) = slot_of(table, node) else {
+        return;
+    };
+    let above = (seq as u64).saturating_add(1);
+    table.slots[slot].mark.fetch_max(above, Ordering::SeqCst);
+    table.slots[slot]
+        .committed
+        .fetch_max(above, Ordering::SeqCst);
 }
 
 /// A transaction started writing meta around the insert functions.

@@ -58,10 +58,9 @@
 //! not noticed by it.
 //!
 //! Whatever the path, such a row never hides a row written through the
-//! functions: a reader that is about to hand out a row above what the
-//! high-water marks know raises them to it and lists the markers again before it
-//! does ([`Gate::confirm`]), so an insert below that row is either held back by
-//! the reader or finds itself late.
+//! functions: a reader hands out no row above what the high-water marks covered
+//! before it listed the markers, and raises the marks to the rows it held back,
+//! which the next gate hands out ([`Gate::cap`], [`highwater::Coverage`]).
 
 pub mod clock;
 pub mod highwater;
@@ -149,6 +148,7 @@ impl Sample {
     /// Completes the gate: snapshot, markers, snapshot.
     pub fn open(self) -> Gate {
         let before = Fresh::take();
+        let coverage = highwater::Coverage::sample();
         let markers = Markers::read();
         let pause = crate::gucs::gate_pause();
         if !pause.is_zero() {
@@ -158,8 +158,10 @@ impl Sample {
         Gate {
             sample: self,
             before,
+            coverage,
             markers,
             after,
+            held: std::cell::Cell::new(false),
         }
     }
 }
@@ -169,14 +171,41 @@ pub struct Gate {
     pub sample: Sample,
     /// Snapshot taken before the markers were listed.
     before: Fresh,
+    /// What the high-water marks covered, sampled after `before` and before the
+    /// markers were listed (see [`Gate::cap`]).
+    coverage: highwater::Coverage,
     pub markers: Markers,
     /// Snapshot taken after the markers were listed: read rows with it.
     after: Fresh,
+    /// Some row was held back by [`Gate::cap`]: a further gate hands it out.
+    held: std::cell::Cell<bool>,
 }
+
+/// Gates a reader opens at most for one answer: a second hands out what the
+/// first held back for the high-water marks ([`Gate::cap`]); a third only if
+/// the marks were reset between the two (a `TRUNCATE`).
+pub const MAX_GATES: usize = 3;
 
 impl Gate {
     pub fn open() -> Result<Gate, MarkerError> {
         Ok(Sample::take()?.open())
+    }
+
+    /// Runs `read` through a gate, and again through a new one (up to
+    /// [`MAX_GATES`]) while a gate held rows back for the high-water marks, so
+    /// that the answer covers every row that can be handed out now.
+    pub fn read_settled<T, E: From<MarkerError>>(
+        mut read: impl FnMut(&Gate) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let mut attempt = 1;
+        loop {
+            let gate = Gate::open()?;
+            let out = read(&gate)?;
+            if !gate.held() || attempt == MAX_GATES {
+                return Ok(out);
+            }
+            attempt += 1;
+        }
     }
 
     /// The snapshot to read rows with.
@@ -218,29 +247,27 @@ impl Gate {
             Some(limit) => max.min(limit),
             None => max,
         };
-        Ok(Some(match self.confirm(node, ceiling) {
-            Some(cap) => cap,
-            None => ceiling,
-        }))
+        Ok(Some(self.cap(node, ceiling)))
     }
 
-    /// Before a reader hands out rows of `node` up to `upto` (rows it read
-    /// committed): `Some(cap)` when it may hand out only those up to `cap`.
-    ///
-    /// The markers this gate listed cover every insert that noted its rows before
-    /// the listing. An insert that noted them after it learns from the
-    /// high-water marks whether a committed row lies above its own, and the marks
-    /// know only the rows written through the functions. So when the rows read
-    /// reach above the marks (a row written around the functions), the marks are
-    /// raised to `upto` and the markers listed once more
-    /// ([`highwater::cover`]): every insert below `upto` is then either in the new
-    /// listing, which caps the read below it, or finds its rows late.
-    pub fn confirm(&self, node: i32, upto: i64) -> Option<i64> {
-        if !highwater::cover(node, upto) {
-            return None;
+    /// How far a reader may hand out rows of `node` that it read up to `upto`
+    /// (committed rows): `upto`, or less when the high-water marks did not cover
+    /// that far before the markers were listed — a row written around the
+    /// functions is above them. Then the marks are raised to `upto` and the rows
+    /// above the cap wait for the next gate, which covers them
+    /// ([`highwater::Coverage`] says why both steps are needed, in this order).
+    pub fn cap(&self, node: i32, upto: i64) -> i64 {
+        let covered = self.coverage.of(node);
+        if upto <= covered {
+            return upto;
         }
-        Markers::read()
-            .envelope_limit(node)
-            .filter(|&limit| limit < upto)
+        highwater::cover(node, upto);
+        self.held.set(true);
+        covered
+    }
+
+    /// Whether [`Gate::cap`] held a row back: a gate opened now hands it out.
+    pub fn held(&self) -> bool {
+        self.held.get()
     }
 }
