@@ -71,6 +71,7 @@ use crate::pg::scan::Reading;
 use crate::pg::snapshot::Fresh;
 use crate::store::partition::PartitionError;
 use crate::store::read;
+pub use highwater::Sampled;
 use markers::{Drawn, MarkerError, Markers};
 use pgrx::prelude::*;
 
@@ -145,10 +146,11 @@ impl Sample {
         self.last_drawn[feed as usize]
     }
 
-    /// Completes the gate: snapshot, markers, snapshot.
-    pub fn open(self) -> Gate {
+    /// Completes the gate: snapshot, markers, snapshot; for a reader of the
+    /// originators `which` names ([`Gate::cap`] answers for those only).
+    pub fn open(self, which: Sampled<'_>) -> Gate {
         let before = Fresh::take();
-        let coverage = highwater::Coverage::sample();
+        let coverage = highwater::Coverage::sample(which);
         let markers = Markers::read();
         let pause = crate::gucs::gate_pause();
         if !pause.is_zero() {
@@ -187,19 +189,20 @@ pub struct Gate {
 pub const MAX_GATES: usize = 3;
 
 impl Gate {
-    pub fn open() -> Result<Gate, MarkerError> {
-        Ok(Sample::take()?.open())
+    pub fn open(which: Sampled<'_>) -> Result<Gate, MarkerError> {
+        Ok(Sample::take()?.open(which))
     }
 
     /// Runs `read` through a gate, and again through a new one (up to
     /// [`MAX_GATES`]) while a gate held rows back for the high-water marks, so
     /// that the answer covers every row that can be handed out now.
     pub fn read_settled<T, E: From<MarkerError>>(
+        which: Sampled<'_>,
         mut read: impl FnMut(&Gate) -> Result<T, E>,
     ) -> Result<T, E> {
         let mut attempt = 1;
         loop {
-            let gate = Gate::open()?;
+            let gate = Gate::open(which)?;
             let out = read(&gate)?;
             if !gate.held() || attempt == MAX_GATES {
                 return Ok(out);

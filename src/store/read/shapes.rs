@@ -25,7 +25,7 @@ use crate::error::{PgSqlErrorCode, SqlError};
 use crate::pg::scan::Reading;
 use crate::pg::srf::Materialized;
 use crate::store::feed::markers::MarkerError;
-use crate::store::feed::Gate;
+use crate::store::feed::{Gate, Sampled};
 use crate::store::partition::PartitionError;
 use crate::store::read::results::EnvelopeResults;
 use crate::store::read::select::{self, statement_snapshot, SelectError};
@@ -100,7 +100,7 @@ impl Horizon {
     /// to return rows).
     fn new(commit_safe: bool) -> Result<Horizon, ShapeError> {
         Ok(if commit_safe {
-            Horizon::CommitSafe(Box::new(Gate::open()?))
+            Horizon::CommitSafe(Box::new(Gate::open(Sampled::All)?))
         } else {
             Horizon::Statement(statement_snapshot()?)
         })
