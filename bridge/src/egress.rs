@@ -115,6 +115,13 @@ async fn session(
     state: &mut State,
     progress: &mut Progress,
 ) -> Result<(), Failure> {
+    if let Some(until) = state.stand_aside_until.take() {
+        driver.metrics().active.set(0);
+        let wait = until.saturating_duration_since(Instant::now());
+        if crate::shutdown::sleep(wait, driver.shutdown()).await {
+            return Ok(());
+        }
+    }
     let mut db = match connect(config, driver).await {
         Ok(Some(db)) => db,
         Ok(None) => return Ok(()), // shutdown while standing by
@@ -158,7 +165,7 @@ async fn session(
             }
             Err(Failure::Shutdown) => return Ok(()),
             Err(failure) => {
-                if let Failure::Database(..) = failure {
+                if let Failure::Database(..) | Failure::Blocked(..) = failure {
                     driver.metrics().active.set(0);
                 }
                 return Err(failure);
@@ -249,6 +256,10 @@ enum Failure {
     Database(DbFailure, String),
     /// The bus refuses the bridge's configuration before any round worked.
     Fatal(Fatal),
+    /// The broker blocked publishing for longer than the sink's bound (the
+    /// error, and the rows held): the session ends and the lease is left to a
+    /// standby for a while.
+    Blocked(String, usize),
     /// Shutdown was asked for: the session ends (this never reaches the
     /// driver's retries).
     Shutdown,
@@ -260,7 +271,7 @@ impl retry::Failure for Failure {
         match self {
             Failure::Database(error, _) => error.class,
             Failure::Fatal(_) => Class::Config,
-            Failure::Shutdown => Class::Transient,
+            Failure::Blocked(..) | Failure::Shutdown => Class::Transient,
         }
     }
 
@@ -268,15 +279,22 @@ impl retry::Failure for Failure {
         match self {
             Failure::Database(error, during) => format!("{during}: {error}"),
             Failure::Fatal(fatal) => fatal.message.clone(),
+            Failure::Blocked(error, _) => error.clone(),
             Failure::Shutdown => "shutdown requested".into(),
         }
     }
 
     fn counts_as_error(&self) -> bool {
-        matches!(self, Failure::Database(..))
+        matches!(self, Failure::Database(..) | Failure::Blocked(..))
     }
 
     fn log(&self, wait: Wait) {
+        if let Failure::Blocked(error, rows) = self {
+            tracing::error!(error = %error, rows, stand_aside_ms = STAND_ASIDE.as_millis() as u64,
+                            "the broker has blocked publishing for too long: giving up the lease \
+                             so that a standby can take over (nothing unconfirmed counts)");
+            return;
+        }
         let Failure::Database(error, during) = self else {
             return;
         };
@@ -299,15 +317,33 @@ impl retry::Failure for Failure {
         match self {
             Failure::Database(error, _) => Fatal::database(error),
             Failure::Fatal(fatal) => fatal.clone(),
+            Failure::Blocked(error, _) => Fatal::new(error, "free the broker's memory or disk"),
             Failure::Shutdown => Fatal::new("shutdown requested", "none needed"),
         }
     }
 }
 
+/// How long a bridge whose broker blocked it past the bound stays away from
+/// its lease, so that a standby (polling every [`lease::STANDBY_POLL`]) takes it.
+const STAND_ASIDE: Duration = Duration::from_secs(3);
+
+/// How long after the bus pushed back on a message (a publisher nack: a queue
+/// full with `reject-publish`) egress publishes one message per request.
+/// Pipelining more into a queue at its limit lets a later message in when room
+/// frees up just after an earlier one was refused, ahead of it: the order the
+/// consumer sees breaks. One at a time costs a confirm round trip per message,
+/// which is the consumer's pace anyway while the queue is full.
+const PUSHBACK_CAREFUL: Duration = Duration::from_secs(5);
+
 /// What the bridge keeps between batches: the sink connection.
 #[derive(Default)]
 struct State {
     sink: Option<Sink>,
+    /// Until when this instance leaves its lease to others (after its broker
+    /// blocked it for too long).
+    stand_aside_until: Option<Instant>,
+    /// When the bus last pushed back on a message (a nack).
+    pushed_back_at: Option<Instant>,
     /// Whether `synchronous_standby_names` was set at the last batch (see
     /// [`standby::wait_until_flushed`]).
     standby_names_seen: bool,
@@ -541,6 +577,16 @@ async fn deliver(
     // Messages per publish: the whole rest, halved while the bus refuses a
     // request as too large, doubled again after each one it takes.
     let mut window = batch.len().max(1);
+    // While the bus pushed back recently, one message per request (see
+    // [`PUSHBACK_CAREFUL`]).
+    let careful = |state: &State| {
+        state
+            .pushed_back_at
+            .is_some_and(|at| at.elapsed() < PUSHBACK_CAREFUL)
+    };
+    if careful(state) {
+        window = 1;
+    }
     let mut refused_again = Vec::new();
     let mut lag_due = Instant::now() + LAG_INTERVAL;
     metrics.lag_seconds.set(batch_age(batch));
@@ -555,7 +601,7 @@ async fn deliver(
             }
         }
         if state.sink.is_none() {
-            match Sink::connect(&config.sink, &config.name).await {
+            match Sink::connect(&config.sink, &config.name, &metrics).await {
                 Ok(s) => state.sink = Some(s),
                 Err(error) => {
                     metrics.sink_stalled.set(1);
@@ -584,7 +630,11 @@ async fn deliver(
                     .observe(started.elapsed().as_secs_f64());
                 backoff.reset();
                 start = end;
-                window = (window * 2).min(batch.len());
+                window = if careful(state) {
+                    1
+                } else {
+                    (window * 2).min(batch.len())
+                };
                 None
             }
             Err(SinkError::TooLarge { code, reason, .. }) if part.len() > 1 => {
@@ -594,6 +644,44 @@ async fn deliver(
                                first_id = %part[0].dedup_id(),
                                "the bus refuses the request as too large; publishing it in halves");
                 None
+            }
+            Err(SinkError::Backpressure {
+                sink,
+                delivered,
+                message,
+            }) => {
+                // What the bus took counts and is not published again; the
+                // rest goes in requests no larger than what it just took
+                // (doubling while it takes them), at the bus's pace.
+                let delivered = delivered.min(part.len());
+                metrics.published(&part[..delivered]);
+                if delivered > 0 {
+                    backoff.reset();
+                }
+                // One message per request for a while: a request larger than
+                // the room the bus has lets a later message in when room frees
+                // up after an earlier one was pushed back, ahead of it.
+                window = 1;
+                state.pushed_back_at = Some(Instant::now());
+                metrics.sink_stalled.set(1);
+                let error = SinkError::Backpressure {
+                    sink,
+                    delivered,
+                    message,
+                };
+                let failure = SinkFailure::Publishing { error, part };
+                start += delivered;
+                wait_out(driver, &failure, &mut backoff).await?;
+                None
+            }
+            Err(error @ SinkError::Blocked { .. }) => {
+                // Blocked past the sink's bound: give the lease up for a while
+                // (the session ends, and its database session with it) so that
+                // a standby on another broker node can take over.
+                state.sink = None;
+                metrics.sink_stalled.set(1);
+                state.stand_aside_until = Some(Instant::now() + STAND_ASIDE);
+                return Err(Failure::Blocked(error.to_string(), part.len()));
             }
             Err(SinkError::Refused {
                 index,
@@ -735,6 +823,13 @@ impl retry::Failure for SinkFailure<'_> {
                                         rows = part.len(),
                                         "the bus refuses the request; retrying at the longest \
                                          backoff until it is fixed (nothing is skipped)")
+                    }
+                    SinkError::Backpressure { delivered, .. } => {
+                        tracing::warn!(error = %error, first_id = %first_id, last_id = %last_id,
+                                       rows = part.len(), delivered,
+                                       retry_in_ms = wait.millis(),
+                                       "the bus pushes back: what it took counts, the rest goes \
+                                        again in smaller requests at its pace")
                     }
                     SinkError::Unavailable { retry_after, .. } => {
                         tracing::warn!(error = %error, first_id = %first_id, last_id = %last_id,

@@ -45,6 +45,11 @@ pub struct Metrics {
     /// 1 while egress holds a batch its sink failed to take (a full disk, a bus
     /// away or blocking publishers) and tries it again, 0 once the sink takes it.
     pub sink_stalled: Gauge,
+    /// 1 while the broker blocks the bridge's publishing (RabbitMQ
+    /// `connection.blocked`, a memory or disk alarm).
+    pub sink_blocked: Gauge,
+    /// Why, as the broker said.
+    blocked_reason: Mutex<String>,
     dead_lettered: Family<KindLabel, Counter>,
     refused: Family<KindLabel, Counter>,
     errors: Family<KindLabel, Counter>,
@@ -84,6 +89,13 @@ impl Metrics {
         let standby_waiting = Gauge::default();
         let standby_wait_seconds = Counter::<f64, AtomicU64>::default();
         let sink_stalled = Gauge::default();
+        let sink_blocked = Gauge::default();
+        registry.register(
+            "sink_blocked",
+            "1 while the broker blocks the bridge's publishing (RabbitMQ connection.blocked: \
+             a memory or disk alarm); /readyz answers 503 meanwhile",
+            sink_blocked.clone(),
+        );
         registry.register(
             "sink_stalled",
             "1 while egress holds a batch the sink failed to take (a full disk, the bus \
@@ -180,6 +192,8 @@ impl Metrics {
             standby_waiting,
             standby_wait_seconds,
             sink_stalled,
+            sink_blocked,
+            blocked_reason: Mutex::new(String::new()),
             dead_lettered,
             refused,
             errors,
@@ -204,8 +218,26 @@ impl Metrics {
         }
     }
 
+    /// The broker blocks publishing (with its reason), or no longer does (`None`).
+    pub fn sink_blocked(&self, reason: Option<String>) {
+        self.sink_blocked.set(i64::from(reason.is_some()));
+        if let (Ok(mut last), Some(reason)) = (self.blocked_reason.lock(), reason) {
+            *last = reason;
+        }
+    }
+
     /// Whether this instance is ready, and why not.
     pub fn readiness(&self) -> Result<(), String> {
+        if self.sink_blocked.get() != 0 {
+            let reason = self
+                .blocked_reason
+                .lock()
+                .map(|r| r.clone())
+                .unwrap_or_default();
+            return Err(format!(
+                "the broker blocks publishing (connection.blocked: {reason})"
+            ));
+        }
         if self.active.get() == 0 {
             return Err(
                 "not active: connecting, or standing by while another instance \

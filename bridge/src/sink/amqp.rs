@@ -3,12 +3,21 @@
 //! published `mandatory` to a topic exchange (declared durable if missing) with
 //! the routing key `PREFIX.envelope.NODE` or `PREFIX.outbox.SUBJECT`, as NATS
 //! subjects are built. The batch is delivered when the broker has confirmed every
-//! message. A nack, or a message returned as unroutable (no queue bound for its
-//! key), fails the whole batch: it is logged with the message's dedup id and
-//! published again, never skipped (a binding added later lets it through; the
-//! replays before carry the same `message_id`). After a failed batch the
+//! message. A nack (a queue full with `overflow = reject-publish`) or a message
+//! returned as unroutable (no queue bound for its key) is back-pressure: the
+//! messages confirmed before it count and are not published again, the rest goes
+//! again at the broker's pace ([`SinkError::Backpressure`]; egress then sends one
+//! message per request for a while), never skipped. The channel is kept: every
+//! confirm of the request is awaited first. After any other failure the
 //! connection is rebuilt, so confirms of an abandoned attempt cannot count for
 //! the next one.
+//!
+//! A broker under a memory or disk alarm blocks its publishers
+//! (`connection.blocked`): the sink logs it at once and reports it
+//! (`sink_blocked`, /readyz), the batch waits, and after `--amqp-blocked-timeout`
+//! seconds it fails with [`SinkError::Blocked`], on which egress gives up its
+//! lease for a few seconds so that a standby connected to another node takes
+//! over.
 //!
 //! Refused for good, and set aside while the rest flows:
 //! - a routing key or message id over AMQP's 255-byte short-string limit (an
@@ -26,11 +35,14 @@
 use super::error::SinkError;
 use super::wire::Wire;
 use crate::message::Message;
+use crate::metrics::Metrics;
 use clap::Args;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::uri::AMQPUri;
 use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties, ExchangeKind};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// The RabbitMQ sink's own options.
 #[derive(Args)]
@@ -40,6 +52,13 @@ pub struct AmqpArgs {
     /// missing); the routing keys are the NATS subjects.
     #[arg(long, env = "ENVELOPES_AMQP_EXCHANGE", default_value = "envelopes")]
     pub amqp_exchange: String,
+    /// Seconds a batch may wait while the broker blocks publishing (a memory or
+    /// disk alarm: connection.blocked) before this instance gives up its lease
+    /// for a few seconds, so that a standby connected to another broker node can
+    /// take over.
+    #[arg(long, env = "ENVELOPES_AMQP_BLOCKED_TIMEOUT", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub amqp_blocked_timeout: u64,
 }
 
 pub struct Amqp {
@@ -49,7 +68,13 @@ pub struct Amqp {
     session: Option<Session>,
     /// The broker's `max_message_size`, once a refusal named it.
     max_message_size: Option<usize>,
+    /// How long a batch may wait while the broker blocks publishing.
+    blocked_timeout: Duration,
+    metrics: Arc<Metrics>,
 }
+
+/// How often a batch in flight looks whether the broker blocks the connection.
+const BLOCKED_CHECK: Duration = Duration::from_millis(250);
 
 /// Whether this process asks brokers for the protocol's smallest frame size (see
 /// the module documentation): set once that was what made a connection work, and
@@ -108,12 +133,53 @@ fn max_size_named(text: &str) -> Option<usize> {
 struct Session {
     connection: Connection,
     channel: lapin::Channel,
+    /// Follows the connection's events: logs and reports `connection.blocked`
+    /// and `connection.unblocked` as they come, whether or not a batch is in
+    /// flight.
+    events: tokio::task::JoinHandle<()>,
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.events.abort();
+        self.metrics.sink_blocked(None);
+    }
+}
+
+/// Logs and reports the broker blocking and unblocking the connection.
+fn follow_events(connection: &Connection, metrics: Arc<Metrics>) -> tokio::task::JoinHandle<()> {
+    use futures_util::StreamExt;
+    let events = connection.events_listener();
+    tokio::spawn(async move {
+        futures_util::pin_mut!(events);
+        while let Some(event) = events.next().await {
+            match event {
+                lapin::Event::ConnectionBlocked(reason) => {
+                    tracing::warn!(reason = %reason,
+                                   "RabbitMQ blocks the bridge's publishing (connection.blocked: \
+                                    a memory or disk alarm); batches wait until it unblocks");
+                    metrics.sink_blocked(Some(reason));
+                }
+                lapin::Event::ConnectionUnblocked => {
+                    tracing::info!("RabbitMQ unblocked the connection: publishing resumes");
+                    metrics.sink_blocked(None);
+                }
+                _ => {}
+            }
+        }
+    })
 }
 
 const SINK: &str = "amqp";
 
 impl Amqp {
-    pub async fn connect(url: &str, args: &AmqpArgs, wire: &Wire) -> Result<Amqp, SinkError> {
+    pub async fn connect(
+        url: &str,
+        args: &AmqpArgs,
+        wire: &Wire,
+        metrics: Arc<Metrics>,
+    ) -> Result<Amqp, SinkError> {
         let exchange = ShortString::try_new(args.amqp_exchange.clone()).map_err(|_| {
             SinkError::permanent(
                 SINK,
@@ -126,6 +192,8 @@ impl Amqp {
             wire: wire.clone(),
             session: None,
             max_message_size: None,
+            blocked_timeout: Duration::from_secs(args.amqp_blocked_timeout),
+            metrics,
         };
         amqp.session().await?;
         Ok(amqp)
@@ -180,15 +248,52 @@ impl Amqp {
                 )
                 .await
                 .map_err(error)?;
+            let events = follow_events(&connection, self.metrics.clone());
             self.session = Some(Session {
                 connection,
                 channel,
+                events,
+                metrics: self.metrics.clone(),
             });
         }
         Ok(self.session.as_ref().expect("set above"))
     }
 
+    /// Publishes the batch; while the broker blocks the connection the batch
+    /// waits, for at most the blocked timeout ([`SinkError::Blocked`] then).
     pub async fn publish(&mut self, batch: &[Message]) -> Result<(), SinkError> {
+        let status = self.session().await?.connection.status().clone();
+        let timeout = self.blocked_timeout;
+        let work = self.publish_unblocked(batch);
+        tokio::pin!(work);
+        let mut blocked_since: Option<Instant> = None;
+        let mut check = tokio::time::interval(BLOCKED_CHECK);
+        loop {
+            tokio::select! {
+                result = &mut work => return result,
+                _ = check.tick() => {
+                    if !status.blocked() {
+                        blocked_since = None;
+                        continue;
+                    }
+                    let since = *blocked_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= timeout {
+                        return Err(SinkError::Blocked {
+                            sink: SINK,
+                            message: format!(
+                                "the broker has blocked publishing (connection.blocked) for more \
+                                 than {} s (--amqp-blocked-timeout) with {} messages unconfirmed",
+                                timeout.as_secs(),
+                                batch.len()
+                            ),
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    async fn publish_unblocked(&mut self, batch: &[Message]) -> Result<(), SinkError> {
         // After a 406 that named the broker's limit but failed an earlier message
         // than the oversized one (its confirm was still pending when the channel
         // closed), the rest is published again at once on a new channel, now
@@ -217,6 +322,17 @@ impl Amqp {
                         reason,
                     })
                 }
+                Err(Failed::Sink(SinkError::Backpressure {
+                    sink,
+                    delivered,
+                    message,
+                })) => {
+                    break Err(SinkError::Backpressure {
+                        sink,
+                        delivered: from + delivered,
+                        message,
+                    })
+                }
                 Err(Failed::Sink(e)) => break Err(e),
             }
         };
@@ -226,7 +342,11 @@ impl Amqp {
             .session
             .as_ref()
             .is_some_and(|s| s.channel.status().connected());
-        if result.is_err() && !(healthy && matches!(result, Err(SinkError::Refused { .. }))) {
+        let keep = matches!(
+            result,
+            Err(SinkError::Refused { .. } | SinkError::Backpressure { .. })
+        );
+        if result.is_err() && !(healthy && keep) {
             self.close().await;
         }
         result
@@ -321,9 +441,25 @@ impl Amqp {
         // broker refused an earlier message of the batch): each result is looked
         // at in batch order, so the first failure is the one that names the cause.
         let confirms = futures_util::future::join_all(publishes).await;
+        // The first message the broker pushed back on (a nack, a return): the
+        // ones before it count; the confirms after it are still awaited so
+        // that the channel carries none of this batch into the next.
+        let mut pushed_back: Option<(usize, String)> = None;
+        // Messages after the pushed-back one that the broker took anyway (room
+        // freed up meanwhile): they are ahead of it in the queue, and go again
+        // in their place.
+        let mut overtaking = 0usize;
         for (index, ((message, _, _, payload, _), confirm)) in
             prepared.iter().zip(confirms).enumerate()
         {
+            if pushed_back.is_some() {
+                if let Ok(confirm) = confirm {
+                    if let Ok(Confirmation::Ack(None)) = confirm.await {
+                        overtaking += 1;
+                    }
+                }
+                continue;
+            }
             let confirmed = match confirm {
                 Ok(confirm) => confirm.await,
                 Err(e) => Err(e),
@@ -359,21 +495,25 @@ impl Amqp {
             match confirmation {
                 Confirmation::Ack(None) => {}
                 Confirmation::Ack(Some(returned)) => {
-                    return Err(Failed::Sink(SinkError::new(
-                        SINK,
+                    pushed_back = Some((
+                        index,
                         format!(
                             "message {} returned by the broker ({} {}): no queue is bound for its routing key",
                             message.dedup_id(),
                             returned.reply_code,
                             returned.reply_text
                         ),
-                    )));
+                    ));
                 }
                 Confirmation::Nack(_) => {
-                    return Err(Failed::Sink(SinkError::new(
-                        SINK,
-                        format!("the broker nacked message {}", message.dedup_id()),
-                    )));
+                    pushed_back = Some((
+                        index,
+                        format!(
+                            "the broker nacked message {} (a queue full with overflow \
+                             reject-publish, or an internal error)",
+                            message.dedup_id()
+                        ),
+                    ));
                 }
                 Confirmation::NotRequested => {
                     return Err(Failed::Sink(SinkError::new(
@@ -382,6 +522,20 @@ impl Amqp {
                     )));
                 }
             }
+        }
+        if let Some((delivered, mut message)) = pushed_back {
+            if overtaking > 0 {
+                message.push_str(&format!(
+                    "; {overtaking} later messages of the request were taken anyway, ahead of \
+                     it: they are published again in order (duplicates under the same \
+                     message_id)"
+                ));
+            }
+            return Err(Failed::Sink(SinkError::Backpressure {
+                sink: SINK,
+                delivered,
+                message,
+            }));
         }
         local.map_or(Ok(()), |e| Err(Failed::Sink(e)))
     }

@@ -31,6 +31,26 @@ pub enum SinkError {
     /// is retried at the longest backoff.
     #[error("{sink}: {message}")]
     Config { sink: &'static str, message: String },
+    /// The bus took the first `delivered` messages of the request and pushes
+    /// back on the next (a publisher nack: a queue full with `reject-publish`, a
+    /// message returned as unroutable): the delivered ones count and are never
+    /// published again; the rest goes again after a backoff, in smaller requests
+    /// that grow while the bus takes them.
+    #[error(
+        "{sink} took {delivered} messages of the request and pushes back on the next: {message}"
+    )]
+    Backpressure {
+        sink: &'static str,
+        delivered: usize,
+        message: String,
+    },
+    /// The broker has blocked the bridge's publishing (RabbitMQ
+    /// `connection.blocked`: a memory or disk alarm) for longer than the
+    /// sink's bound: nothing unconfirmed counts, and egress gives up its lease
+    /// for a while so that a standby (connected to another broker node) can
+    /// take over.
+    #[error("{sink}: {message}")]
+    Blocked { sink: &'static str, message: String },
     /// The bus refuses the batch as a whole as too large (an HTTP 413), without
     /// saying which message: nothing of it counts. The caller publishes it again
     /// in halves, down to single messages; a single message refused this way is

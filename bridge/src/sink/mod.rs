@@ -28,8 +28,10 @@ pub use error::SinkError;
 pub use spec::SinkSpec;
 
 use crate::message::Message;
+use crate::metrics::Metrics;
 use crate::nats::NatsAuthArgs;
 use clap::Args;
+use std::sync::Arc;
 
 /// The sink egress publishes to and its options, flattened into `egress`: the
 /// sink itself, what every bus sink shares ([`wire::Wire`]) and each sink's own
@@ -78,8 +80,13 @@ pub enum Sink {
 
 impl Sink {
     /// Connects the sink `args` names, with that sink's own options, for the
-    /// consumer `consumer` (the MQTT client id's default).
-    pub async fn connect(args: &SinkArgs, consumer: &str) -> Result<Sink, SinkError> {
+    /// consumer `consumer` (the MQTT client id's default); a sink whose bus can
+    /// block the bridge reports it in `metrics`.
+    pub async fn connect(
+        args: &SinkArgs,
+        consumer: &str,
+        metrics: &Arc<Metrics>,
+    ) -> Result<Sink, SinkError> {
         let wire = &args.wire;
         Ok(match &args.sink {
             SinkSpec::Stdout => Sink::Stdout(file::Stdout::new()),
@@ -106,7 +113,9 @@ impl Sink {
                 )
                 .await?,
             ),
-            SinkSpec::Amqp(url) => Sink::Amqp(amqp::Amqp::connect(url, &args.amqp, wire).await?),
+            SinkSpec::Amqp(url) => {
+                Sink::Amqp(amqp::Amqp::connect(url, &args.amqp, wire, metrics.clone()).await?)
+            }
             SinkSpec::Webhook(url) => Sink::Webhook(webhook::Webhook::new(url, &args.webhook)?),
         })
     }
