@@ -24,7 +24,8 @@ pub struct Cli {
           default_value_t = false, num_args = 0..=1, default_missing_value = "true")]
     pub log_json: bool,
     /// A TOML file giving any option of the subcommand by its long name (e.g.
-    /// `database-url = "..."`), at the top or under `[egress]` / `[ingress]`;
+    /// `database-url = "..."`), at the top or under `[egress]`, `[ingress]`,
+    /// `[register]` or `[status]`; checked whole (exit 78 naming file, line, key);
     /// flags and environment variables win over it.
     #[arg(long, global = true, env = "ENVELOPES_CONFIG")]
     pub config: Option<PathBuf>,
@@ -215,10 +216,13 @@ fn parse_source(source: &str) -> Result<String, String> {
 pub struct RegisterArgs {
     #[command(flatten)]
     pub database: DatabaseArgs,
-    /// The consumer to create (nothing happens if it exists).
+    /// The consumer to create (nothing happens if it exists); from a --config
+    /// file, its `name`.
+    #[arg(env = "ENVELOPES_BRIDGE_NAME")]
     pub name: String,
     /// Start at the current end of every feed instead of the beginning.
-    #[arg(long)]
+    #[arg(long, env = "ENVELOPES_REGISTER_FROM_END", value_parser = BoolishValueParser::new(),
+          default_value_t = false, num_args = 0..=1, default_missing_value = "true")]
     pub from_end: bool,
 }
 
