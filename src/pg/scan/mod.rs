@@ -151,6 +151,12 @@ pub enum Path {
 pub struct Scan {
     heap: pg_sys::Relation,
     hold: Hold,
+    /// A row was read: with [`Hold::Transaction`], the table's lock is then kept
+    /// until the transaction ends. A band that gave nothing gives its lock back
+    /// when the scan closes, so a read that looks into many bands and finds rows
+    /// in few holds locks on those few, not on every band it looked into (the
+    /// lock table is shared by the cluster, 64 per connection by default).
+    saw_row: bool,
     source: Source,
     /// The slot the current row is in: the heap's own type on the index path;
     /// on the executor path a heap-tuple slot of the result's descriptor, made
@@ -283,6 +289,7 @@ impl Scan {
             Some(Scan {
                 heap,
                 hold: reading.hold,
+                saw_row: false,
                 source: Source::Index(IndexSource {
                     index,
                     desc,
@@ -324,6 +331,7 @@ impl Scan {
         Scan {
             heap,
             hold: reading.hold,
+            saw_row: false,
             source: Source::Executor(Box::new(executed)),
             slot: std::ptr::null_mut(),
             scratch: None,
@@ -373,6 +381,12 @@ impl Scan {
 
     /// Moves to the next row visible to the snapshot; false at the end.
     pub fn next(&mut self) -> bool {
+        let found = self.next_row();
+        self.saw_row |= found;
+        found
+    }
+
+    fn next_row(&mut self) -> bool {
         // SAFETY: resetting the scratch context frees only the copies made for the
         // previous row, which were already turned into Rust values. The scan and
         // slot are open (self exists).
@@ -573,8 +587,8 @@ impl Drop for Scan {
         }
         let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
         let heap_lock = match self.hold {
-            Hold::Scan => lock,
-            Hold::Transaction => pg_sys::NoLock as pg_sys::LOCKMODE,
+            Hold::Transaction if self.saw_row => pg_sys::NoLock as pg_sys::LOCKMODE,
+            Hold::Transaction | Hold::Scan => lock,
         };
         // SAFETY: everything was opened in Scan::open and is released once, here:
         // the slot (the executor path's lives in its memory, still there), the

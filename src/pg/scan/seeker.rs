@@ -152,6 +152,7 @@ impl Seeker {
                         pg_sys::index_fetch_heap(index.desc, self.scan.slot)
                     };
                     if visible {
+                        self.scan.saw_row = true;
                         return true;
                     }
                     // Another version of the key, dead to this snapshot: the next

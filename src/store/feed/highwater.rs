@@ -385,7 +385,6 @@ impl Coverage {
         }
     }
 
-
     /// The highest sequence id of `node` that the marks covered.
     pub fn of(&self, node: i32) -> i64 {
         if self.unavailable {

@@ -72,6 +72,23 @@ struct Known {
     /// Every parent and leaf oid in `originators`, pointing back at its entry, so
     /// the invalidation callback can find what to forget in O(1).
     by_oid: HashMap<Oid, (Table, i32)>,
+    /// What the catalog said of each band read so far: its bound, and why the
+    /// direct paths cannot use it (None: they can). Kept when its originator is
+    /// forgotten (a band attached beside it invalidates the parent), forgotten
+    /// with the band's own invalidation (attached elsewhere, an index changed):
+    /// so loading an originator again after a new band reads only the new one
+    /// from the catalog, not all of them (the cost of a creation grew with the
+    /// originator's bands).
+    bands: HashMap<Oid, BandFacts>,
+}
+
+/// What [`Known::bands`] keeps of one band.
+#[derive(Clone, Debug)]
+pub struct BandFacts {
+    /// Its range, None when it is not a range band of the originator.
+    pub bound: Option<RangeBound>,
+    /// Why the direct paths cannot use it.
+    pub lacks: Option<String>,
 }
 
 impl Known {
@@ -80,6 +97,7 @@ impl Known {
             *self = Known::default();
             return;
         }
+        self.bands.remove(&relid);
         if self.roots.is_some_and(|roots| roots.contains(&relid)) {
             self.roots = None;
             self.nodes = None;
@@ -125,6 +143,17 @@ fn forget_relation(relid: Oid) {
 /// Registers [`forget_relation`]. Called once per process from `_PG_init`.
 pub fn register_invalidation_callback() {
     crate::pg::invalidation::on_relation(forget_relation);
+}
+
+/// What the catalog said of band `relid`, if it was read since its last change.
+pub fn band_facts(relid: Oid) -> Option<BandFacts> {
+    with_known(|known| known.bands.get(&relid).cloned())
+}
+
+pub fn store_band_facts(relid: Oid, facts: BandFacts) {
+    with_known(|known| {
+        known.bands.insert(relid, facts);
+    });
 }
 
 pub fn roots() -> Option<[Oid; 2]> {

@@ -13,7 +13,7 @@
 //! integers formatted by Rust (node ids and band bounds), never caller text.
 
 use super::band::{self, Band, RangeBound, Table};
-use super::cache::OriginatorParts;
+use super::cache::{self, OriginatorParts};
 use super::PartitionError;
 use crate::pg::locks::RelationLock;
 use crate::pg::rel::Rel;
@@ -90,13 +90,33 @@ pub fn load_originator(
     let kind = unsafe { pg_sys::get_rel_relkind(parent) } as u8;
     if kind == pg_sys::RELKIND_PARTITIONED_TABLE {
         for leaf in partition_oids(parent)? {
+            let facts = match cache::band_facts(leaf) {
+                Some(facts) => facts,
+                None => {
+                    let facts = cache::BandFacts {
+                        bound: partition_bound(leaf)
+                            .as_deref()
+                            .and_then(band::parse_range_bound),
+                        lacks: band_lacks(leaf, table).map(|lacks| lacks.to_string()),
+                    };
+                    if facts.lacks.as_deref() != Some(&Lacks::Gone.to_string()) {
+                        cache::store_band_facts(leaf, facts.clone());
+                    }
+                    facts
+                }
+            };
             // A child that is not a plain range band (a user's DEFAULT partition)
             // never routes our rows; leave it out of the cache.
-            if let Some(bound) = partition_bound(leaf)
-                .as_deref()
-                .and_then(band::parse_range_bound)
-            {
+            if let Some(bound) = facts.bound {
                 parts.bands.push((bound, leaf));
+                if let Some(lacks) = facts.lacks {
+                    pgrx::debug1!(
+                        "pg_envelopes: band {} of originator {node} {lacks}: it is read and \
+                         written through the executor",
+                        leaf.to_u32()
+                    );
+                    parts.executor.push(leaf);
+                }
             }
         }
     } else {
@@ -109,15 +129,12 @@ pub fn load_originator(
             },
             parent,
         ));
-    }
-    for (_, leaf) in &parts.bands {
-        if let Some(lacks) = band_lacks(*leaf, table) {
+        if let Some(lacks) = band_lacks(parent, table) {
             pgrx::debug1!(
-                "pg_envelopes: band {} of originator {node} {lacks}: it is read and written \
-                 through the executor",
-                leaf.to_u32()
+                "pg_envelopes: the partition of originator {node} {lacks}: it is read and \
+                 written through the executor"
             );
-            parts.executor.push(*leaf);
+            parts.executor.push(parent);
         }
     }
     parts.sort();
