@@ -164,7 +164,7 @@ pub struct IngressArgs {
     /// (per stream).
     #[arg(long, env = "ENVELOPES_BRIDGE_NAME")]
     pub name: String,
-    /// The bus to read from: nats://HOST:PORT (JetStream; several servers of a
+    /// The bus to read from: nats://HOST[:PORT] (JetStream; several servers of a
     /// cluster comma-separated).
     #[arg(long, env = "ENVELOPES_SOURCE", hide_env_values = true,
           value_parser = parse_source)]

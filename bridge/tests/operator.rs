@@ -130,3 +130,82 @@ fn status_and_register_read_the_service_file() {
     assert_eq!(exit, Some(0), "{stderr}");
     assert!(stdout.contains("fromfile"), "{stdout}");
 }
+
+/// Item 5: sink URLs without a port take their scheme's, and a bus sink takes
+/// several servers in its clients' usual comma-separated form (the first that
+/// answers is used). Here the local buses on their default ports, each behind a
+/// dead server; 211056c exits 2 (`missing or invalid host:port`) on every one.
+#[test]
+fn sink_urls_without_ports_and_with_several_servers_deliver() {
+    let db = TestDb::new("urls");
+    let mut c = db.client();
+    insert(&mut c, 1, 1);
+    let dead = free_port();
+    let stream = unique("URLS");
+    let cases = [
+        (
+            format!("nats://127.0.0.1:{dead},nats://127.0.0.1"),
+            vec!["--nats-stream", stream.as_str()],
+        ),
+        (
+            format!("redis://127.0.0.1:{dead},redis://127.0.0.1"),
+            vec!["--redis-stream", stream.as_str()],
+        ),
+        (
+            "redis://127.0.0.1".to_owned(),
+            vec!["--redis-stream", stream.as_str()],
+        ),
+        (
+            format!("mqtt://127.0.0.1:{dead},127.0.0.1"),
+            vec!["--subject-prefix", stream.as_str()],
+        ),
+    ];
+    for (n, (sink, extra)) in cases.iter().enumerate() {
+        let name = format!("urls{n}");
+        let mut bridge = Bridge::egress(&db, &name, sink, extra, &[]);
+        wait_until(
+            &format!("delivery through {sink}"),
+            Duration::from_secs(30),
+            || lag(&db, &name) == 0,
+        );
+        assert_eq!(bridge.terminate().code(), Some(0), "{}", bridge.log_text());
+    }
+    // URLs of the other sinks parse the same way.
+    for sink in [
+        "https://hooks.example.com/x",
+        "http://hooks.example.com/x?a=1,2",
+        "amqp://guest:guest@127.0.0.1/%2f,amqp://guest:guest@127.0.0.2/%2f",
+        "amqps://u:p@rabbit-a/%2f,rabbit-b",
+        "tls://a,b",
+    ] {
+        let (exit, _, stderr) = run(
+            &[
+                "egress",
+                "--database-url",
+                "postgres://x@127.0.0.1:1/db",
+                "--name",
+                "x",
+                "--sink",
+                sink,
+                "--check-config",
+            ],
+            &[],
+        );
+        assert_eq!(exit, Some(0), "{sink}: {stderr}");
+    }
+    let (exit, _, stderr) = run(
+        &[
+            "egress",
+            "--database-url",
+            "postgres://x@127.0.0.1:1/db",
+            "--name",
+            "x",
+            "--sink",
+            "redis://127.0.0.1,nats://127.0.0.1",
+            "--check-config",
+        ],
+        &[],
+    );
+    assert_eq!(exit, Some(2), "{stderr}");
+    assert!(stderr.contains("of the same bus"), "{stderr}");
+}

@@ -39,11 +39,12 @@ use std::sync::Arc;
 #[derive(Args)]
 #[command(next_help_heading = "Sink")]
 pub struct SinkArgs {
-    /// Where to publish: stdout (JSON lines), jsonl:PATH, nats://HOST:PORT
-    /// (JetStream), redis://HOST:PORT (Redis Streams, XADD), mqtt://HOST:PORT
-    /// (MQTT 5, QoS 1), amqp://USER:PASS@HOST:PORT/VHOST (RabbitMQ) or an
-    /// http(s):// URL (a webhook). Credentials may be embedded
-    /// (mqtt://user:pass@host:port, redis://:pass@host:port) and are never logged.
+    /// Where to publish: stdout (JSON lines), jsonl:PATH, nats://HOST[:PORT]
+    /// (JetStream), redis://HOST[:PORT] (Redis Streams, XADD), mqtt://HOST[:PORT]
+    /// (MQTT 5, QoS 1), amqp://USER:PASS@HOST[:PORT]/VHOST (RabbitMQ) or an
+    /// http(s):// URL (a webhook); a left-out port is the scheme's usual one, and
+    /// a bus sink takes several servers comma-separated. Credentials may be
+    /// embedded (mqtt://user:pass@host, redis://:pass@host) and are never logged.
     #[arg(
         long,
         env = "ENVELOPES_SINK",
@@ -94,28 +95,33 @@ impl Sink {
             SinkSpec::Nats(url) => Sink::Nats(
                 nats::Nats::connect(url, &args.nats, &args.nats_auth.auth(), wire).await?,
             ),
-            SinkSpec::Redis(url) => {
-                Sink::Redis(redis::Redis::connect(url, &args.redis, wire).await?)
-            }
+            SinkSpec::Redis(urls) => Sink::Redis(
+                first_that_answers(urls, |url| redis::Redis::connect(url, &args.redis, wire))
+                    .await?,
+            ),
             SinkSpec::Mqtt {
-                host,
-                port,
+                servers,
                 username,
                 password,
             } => Sink::Mqtt(
-                mqtt::Mqtt::connect(
-                    host,
-                    *port,
-                    username.clone(),
-                    password.clone(),
-                    args.mqtt.client_id(consumer),
-                    wire,
-                )
+                first_that_answers(servers, |(host, port)| {
+                    mqtt::Mqtt::connect(
+                        host,
+                        *port,
+                        username.clone(),
+                        password.clone(),
+                        args.mqtt.client_id(consumer),
+                        wire,
+                    )
+                })
                 .await?,
             ),
-            SinkSpec::Amqp(url) => {
-                Sink::Amqp(amqp::Amqp::connect(url, &args.amqp, wire, metrics.clone()).await?)
-            }
+            SinkSpec::Amqp(urls) => Sink::Amqp(
+                first_that_answers(urls, |url| {
+                    amqp::Amqp::connect(url, &args.amqp, wire, metrics.clone())
+                })
+                .await?,
+            ),
             SinkSpec::Webhook(url) => Sink::Webhook(webhook::Webhook::new(url, &args.webhook)?),
         })
     }
@@ -132,4 +138,40 @@ impl Sink {
             Sink::Webhook(s) => s.publish(batch).await,
         }
     }
+}
+
+/// Connects to the first of several servers that accepts the bridge, in the
+/// order given (as RabbitMQ's and Paho's address lists do); the error of the
+/// last one otherwise, or a refused configuration if any server refused the
+/// bridge itself (waiting does not cure that).
+async fn first_that_answers<'a, S, T, F, Fut>(
+    servers: &'a [S],
+    mut connect: F,
+) -> Result<T, SinkError>
+where
+    F: FnMut(&'a S) -> Fut,
+    Fut: std::future::Future<Output = Result<T, SinkError>>,
+{
+    let mut refused = None;
+    let mut last = None;
+    for server in servers {
+        match connect(server).await {
+            Ok(sink) => return Ok(sink),
+            Err(e @ SinkError::Config { .. }) => {
+                if servers.len() > 1 {
+                    tracing::warn!(error = %e, "a server of the sink refuses the bridge; trying the next");
+                }
+                refused.get_or_insert(e);
+            }
+            Err(e) => {
+                if servers.len() > 1 {
+                    tracing::warn!(error = %e, "a server of the sink does not answer; trying the next");
+                }
+                last = Some(e);
+            }
+        }
+    }
+    Err(refused
+        .or(last)
+        .unwrap_or_else(|| SinkError::new("sink", "no server given")))
 }
