@@ -8,8 +8,9 @@
 //!   serve), as clap reports it;
 //! - 78 ([`CONFIG`], sysexits.h's EX_CONFIG): a configuration the servers refuse
 //!   before the bridge ever worked (a wrong password, a missing database, role
-//!   or extension, an unknown consumer, a refused AMQP login or vhost, a bad
-//!   --config file);
+//!   or extension, an unknown consumer, a privilege the role lacks (42501), a
+//!   refused AMQP login or vhost, a bad --config file); also `status` and
+//!   `register` when the database refuses them so;
 //! - 128 + the signal's number: a second SIGTERM/SIGINT (exit at once, see
 //!   `shutdown.rs`).
 //!

@@ -125,13 +125,7 @@ async fn run(command: Command) -> i32 {
             logging::err("envelopes-bridge run: --config FILE with a `command` key is needed");
             exit::CONFIG
         }
-        Command::Register(args) => match register::run(args).await {
-            Ok(()) => 0,
-            Err(e) => {
-                logging::err(format!("envelopes-bridge register: {e}"));
-                exit::FAILURE
-            }
-        },
+        Command::Register(args) => one_shot("register", register::run(args).await),
         Command::Watch(args) => match watch::run(args).await {
             Ok(()) => 0,
             Err(e) => {
@@ -139,13 +133,28 @@ async fn run(command: Command) -> i32 {
                 exit::FAILURE
             }
         },
-        Command::Status(args) => match status::run(args).await {
-            Ok(()) => 0,
-            Err(e) => {
-                logging::err(format!("envelopes-bridge status: {e}"));
-                exit::FAILURE
-            }
-        },
+        Command::Status(args) => one_shot("status", status::run(args).await),
+    }
+}
+
+/// The exit code of a one-shot command: 0, 78 with the cause and the fix when
+/// the database refuses the configuration (a wrong password, role, database,
+/// a missing grant), 1 for anything else.
+fn one_shot(command: &str, result: Result<(), retry::DbFailure>) -> i32 {
+    match result {
+        Ok(()) => 0,
+        Err(e) if e.class == retry::Class::Config => {
+            let fatal = retry::Fatal::database(&e);
+            logging::err(format!(
+                "envelopes-bridge {command}: {} ({})",
+                fatal.message, fatal.hint
+            ));
+            exit::CONFIG
+        }
+        Err(e) => {
+            logging::err(format!("envelopes-bridge {command}: {e}"));
+            exit::FAILURE
+        }
     }
 }
 

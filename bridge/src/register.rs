@@ -7,18 +7,18 @@ use crate::logging::out;
 use crate::retry::DbFailure;
 
 /// `envelopes-bridge register NAME [--from-end]`.
-pub async fn run(args: RegisterArgs) -> Result<(), String> {
+pub async fn run(args: RegisterArgs) -> Result<(), DbFailure> {
     args.database.apply();
     let db = crate::db::connect(&args.database.database_url, "envelopes-bridge register")
         .await
-        .map_err(|e| DbFailure::from(e).to_string())?;
+        .map_err(DbFailure::from)?;
     db.client
         .execute(
             "SELECT envelopes.consumer_register($1, $2)",
             &[&args.name, &!args.from_end],
         )
         .await
-        .map_err(|e| DbFailure::new(&e).to_string())?;
+        .map_err(|e| DbFailure::new(&e))?;
     out(format!(
         "consumer {:?} registered (at the {} of every feed)",
         args.name,

@@ -7,13 +7,13 @@ use crate::cli::StatusArgs;
 use crate::logging::out;
 use crate::retry::DbFailure;
 
-/// Prints the report. `Err` carries the message for a failure.
-pub async fn run(args: StatusArgs) -> Result<(), String> {
+/// Prints the report. `Err` carries the database's failure.
+pub async fn run(args: StatusArgs) -> Result<(), DbFailure> {
     args.database.apply();
     let db = crate::db::connect(&args.database.database_url, "envelopes-bridge status")
         .await
-        .map_err(|e| DbFailure::from(e).to_string())?;
-    let failure = |e: tokio_postgres::Error| DbFailure::new(&e).to_string();
+        .map_err(DbFailure::from)?;
+    let failure = |e: tokio_postgres::Error| DbFailure::new(&e);
     let rows = db
         .client
         .query(

@@ -209,3 +209,125 @@ fn sink_urls_without_ports_and_with_several_servers_deliver() {
     assert_eq!(exit, Some(2), "{stderr}");
     assert!(stderr.contains("of the same bus"), "{stderr}");
 }
+
+/// A role of its own for one test, dropped at the end.
+struct Role {
+    name: String,
+}
+
+impl Role {
+    fn new(db: &TestDb) -> Role {
+        let name = unique("r43_");
+        db.client()
+            .batch_execute(&format!("CREATE ROLE {name} LOGIN"))
+            .unwrap();
+        Role { name }
+    }
+
+    /// The database's URL as this role.
+    fn url(&self, db: &TestDb) -> String {
+        db.url()
+            .replacen("postgres@", &format!("{}@", self.name), 1)
+    }
+}
+
+impl Drop for Role {
+    fn drop(&mut self) {
+        if let Ok(mut c) =
+            postgres::Client::connect(&format!("{} dbname=postgres", server()), postgres::NoTls)
+        {
+            let _ = c.batch_execute(&format!("DROP ROLE IF EXISTS {}", self.name));
+        }
+    }
+}
+
+/// Item 3: a role the database refuses — without grant_consumer, or acting for
+/// a consumer another role registered — ends egress with exit 78 within
+/// seconds, with the server's HINT (who owns the consumer, consumer_set_owner)
+/// on stderr; 211056c retried 42501 forever. `register` and `status` end with 78
+/// too (211056c: 1).
+#[test]
+fn a_role_the_database_refuses_ends_the_bridge_with_the_hint() {
+    let db = TestDb::new("roles");
+    let role = Role::new(&db);
+    let mut c = db.client();
+    insert(&mut c, 1, 1);
+    c.batch_execute("SELECT envelopes.consumer_register('theirs')")
+        .unwrap();
+    let url = role.url(&db);
+    // No grant at all.
+    let started = Instant::now();
+    let (exit, _, stderr) = run(
+        &[
+            "egress",
+            "--database-url",
+            &url,
+            "--name",
+            "mine",
+            "--register",
+        ],
+        &[],
+    );
+    assert_eq!(exit, Some(78), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(
+        stderr.contains("42501") && stderr.contains("envelopes.grant_consumer(role)"),
+        "{stderr}"
+    );
+    let (exit, _, stderr) = run(&["register", "--database-url", &url, "mine"], &[]);
+    assert_eq!(exit, Some(78), "{stderr}");
+    assert!(stderr.contains("42501"), "{stderr}");
+    // Granted, but the consumer is another role's: the server's hint shows.
+    c.batch_execute(&format!("SELECT envelopes.grant_consumer('{}')", role.name))
+        .unwrap();
+    let started = Instant::now();
+    let (exit, _, stderr) = run(&["egress", "--database-url", &url, "--name", "theirs"], &[]);
+    assert_eq!(exit, Some(78), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(
+        stderr.contains("42501")
+            && stderr.contains("belongs to role postgres")
+            && stderr.contains("consumer_set_owner"),
+        "{stderr}"
+    );
+    // Handed over, it works.
+    c.batch_execute(&format!(
+        "SELECT envelopes.consumer_set_owner('theirs', '{}')",
+        role.name
+    ))
+    .unwrap();
+    let mut bridge = Bridge::egress_with_url(&url, "theirs", "stdout", &[], &[]);
+    wait_until("delivery once handed over", Duration::from_secs(20), || {
+        lag(&db, "theirs") == 0
+    });
+    assert_eq!(bridge.terminate().code(), Some(0), "{}", bridge.log_text());
+}
+
+/// Item 9: `status` with a wrong password ends with 78 and the fix, not 1.
+#[test]
+fn status_with_a_wrong_password_is_a_configuration_error() {
+    let db = TestDb::new("statuspw");
+    let url = db.url();
+    let (host_port, _) = url
+        .trim_start_matches("postgres://postgres@")
+        .split_once('/')
+        .unwrap();
+    let wrong = format!(
+        "postgres://envelopes_tls:wrong{}@{host_port}/{}?sslmode=require",
+        fastrand::u32(..),
+        db.name
+    );
+    for command in ["status", "register"] {
+        let mut args = vec![command, "--database-url", wrong.as_str()];
+        if command == "register" {
+            args.push("x");
+        }
+        let (exit, _, stderr) = run(&args, &[]);
+        assert_eq!(exit, Some(78), "{command}: {stderr}");
+        assert!(
+            stderr.contains("28P01") && stderr.contains("check the password"),
+            "{command}: {stderr}"
+        );
+        assert!(!stderr.contains("wrong"), "{command}: {stderr}");
+    }
+}

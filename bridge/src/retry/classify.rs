@@ -10,7 +10,8 @@
 //! grants. Egress retries those too, at the longest backoff, because skipping a
 //! row is never an option; ingress sets the offending message aside instead
 //! (see `ingress.rs`). Other classes are treated as transient. A wrong password
-//! or role, a missing database, extension or consumer is *config*.
+//! or role, a missing database, extension or consumer, and a privilege the role
+//! lacks (42501: no grant, a consumer owned by another role) are *config*.
 
 use crate::sink::SinkError;
 use std::fmt;
@@ -31,7 +32,10 @@ impl Class {
     /// The class of a SQLSTATE (five characters; `None` when there is none).
     pub fn of_sqlstate(code: Option<&str>) -> Class {
         match code {
-            Some("3D000" | "3F000" | "42883" | "42704") => return Class::Config,
+            // 42501: the role may not do what the bridge needs (no grant, a
+            // consumer owned by another role); the same statement fails the
+            // same way until someone grants it.
+            Some("3D000" | "3F000" | "42883" | "42704" | "42501") => return Class::Config,
             Some(c) if c.starts_with("28") => return Class::Config,
             _ => {}
         }
@@ -111,22 +115,39 @@ impl Fatal {
                  its functions (envelopes.grant_consumer / grant_writer)"
             }
             Some("42704") => "check --name, or create the consumer (see --register)",
+            Some("42501") => {
+                "grant the bridge's role what it needs: envelopes.grant_consumer(role) for \
+                 egress, envelopes.grant_writer(role) for ingress; a consumer registered by \
+                 another role is handed over with envelopes.consumer_set_owner(name, role)"
+            }
             _ => "fix the configuration",
         };
+        // For a refused privilege the extension's own hint says it best (who
+        // owns the consumer, what to call), when it gave one; for the others
+        // the server's hints are Postgres' generic ones ("add explicit type
+        // casts") and the bridge's say more.
+        let hint = match (&error.hint, error.sqlstate.as_deref()) {
+            (Some(server), Some("42501")) => server.clone(),
+            _ => hint.to_owned(),
+        };
         Fatal {
-            message: error.to_string(),
-            hint: hint.to_owned(),
+            message: error.without_hint(),
+            hint,
             sqlstate: error.sqlstate.clone(),
         }
     }
 }
 
 /// A database failure with what a log line needs: the SQLSTATE and the server's
-/// own message and detail, never just "db error".
+/// own message, detail and hint, never just "db error".
 #[derive(Clone, Debug)]
 pub struct DbFailure {
     pub sqlstate: Option<String>,
+    /// The server's message, its detail in parentheses and its hint after
+    /// `; HINT: ` (what every log line of the failure shows).
     pub message: String,
+    /// The server's HINT alone.
+    pub hint: Option<String>,
     pub class: Class,
 }
 
@@ -140,18 +161,37 @@ impl DbFailure {
                     message.push_str(detail);
                     message.push(')');
                 }
+                let hint = db.hint().filter(|h| !h.is_empty()).map(str::to_owned);
+                if let Some(hint) = &hint {
+                    message.push_str("; HINT: ");
+                    message.push_str(hint);
+                }
                 let code = db.code().code().to_owned();
                 DbFailure {
                     class: Class::of_sqlstate(Some(&code)),
                     sqlstate: Some(code),
                     message,
+                    hint,
                 }
             }
             None => DbFailure {
                 sqlstate: None,
                 message: crate::db::chain(error),
+                hint: None,
                 class: Class::Transient,
             },
+        }
+    }
+
+    /// The failure as [`Display`](fmt::Display) shows it, without the hint.
+    pub fn without_hint(&self) -> String {
+        let text = self.to_string();
+        match &self.hint {
+            Some(hint) => text
+                .strip_suffix(&format!("; HINT: {hint}"))
+                .map(str::to_owned)
+                .unwrap_or(text),
+            None => text,
         }
     }
 
@@ -183,6 +223,7 @@ impl From<crate::db::DbError> for DbFailure {
             None => DbFailure {
                 sqlstate: None,
                 message: error.to_string(),
+                hint: None,
                 class: Class::Transient,
             },
         }
@@ -200,10 +241,12 @@ mod tests {
         ] {
             assert_eq!(Class::of_sqlstate(Some(code)), Class::Transient, "{code}");
         }
-        for code in ["22001", "22003", "23505", "42501", "42P01"] {
+        for code in ["22001", "22003", "23505", "42P01"] {
             assert_eq!(Class::of_sqlstate(Some(code)), Class::Permanent, "{code}");
         }
-        for code in ["28P01", "28000", "3D000", "3F000", "42883", "42704"] {
+        for code in [
+            "28P01", "28000", "3D000", "3F000", "42883", "42704", "42501",
+        ] {
             assert_eq!(Class::of_sqlstate(Some(code)), Class::Config, "{code}");
         }
         assert_eq!(Class::of_sqlstate(None), Class::Transient);
