@@ -371,7 +371,7 @@ async fn drain_once(
         .await
         .map_err(|e| Failure::Database(e, "reading the outbox".into()))?;
     if let Some(Position::Outbox(last)) = positions.last() {
-        hold_for_standbys(config, db, state, driver).await?;
+        hold_for_standbys(config, db, state, &outbox, driver).await?;
         deliver(config, db, state, &outbox, &[], driver).await?;
         db.client
             .execute(
@@ -388,7 +388,7 @@ async fn drain_once(
         .await
         .map_err(|e| Failure::Database(e, "reading envelopes".into()))?;
     if !envelopes.is_empty() {
-        hold_for_standbys(config, db, state, driver).await?;
+        hold_for_standbys(config, db, state, &envelopes, driver).await?;
         deliver(config, db, state, &envelopes, &[], driver).await?;
         let mut tops: BTreeMap<i32, i64> = BTreeMap::new();
         let mut late: Option<i64> = None;
@@ -425,13 +425,19 @@ async fn hold_for_standbys(
     config: &EgressConfig,
     db: &Db,
     state: &mut State,
+    batch: &[Message],
     driver: &mut Driver,
 ) -> Result<(), Failure> {
     let metrics = driver.metrics().clone();
+    let held = standby::Held {
+        consumer: &config.name,
+        oldest_us: oldest_us(batch),
+    };
     match standby::wait_until_flushed(
         db,
         config.forward_after,
         &mut state.standby_names_seen,
+        &held,
         &metrics,
         driver.shutdown(),
     )
@@ -1045,18 +1051,23 @@ async fn update_lag(db: &Db, name: &str, metrics: &Metrics) {
 /// How old the oldest row of a batch is: while the batch waits for the bus,
 /// the consumer's lag in time.
 fn batch_age(batch: &[Message]) -> f64 {
-    let oldest = batch
-        .iter()
-        .map(|m| match m {
-            Message::Envelope(e) => e.gateway_time_us,
-            Message::Outbox(o) => o.created_at_us,
-        })
-        .min();
+    let oldest = oldest_us(batch);
     let now = SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_micros() as i64)
         .unwrap_or(0);
     oldest.map_or(0.0, |t| (now.saturating_sub(t)).max(0) as f64 / 1e6)
+}
+
+/// When the oldest row of a batch was written (µs since the epoch).
+fn oldest_us(batch: &[Message]) -> Option<i64> {
+    batch
+        .iter()
+        .map(|m| match m {
+            Message::Envelope(e) => e.gateway_time_us,
+            Message::Outbox(o) => o.created_at_us,
+        })
+        .min()
 }
 
 /// A progress line while catching up a large backlog.

@@ -185,6 +185,28 @@ pub enum WaitError {
     Shutdown,
 }
 
+/// How often the lag's rows are read while a batch is held back.
+const LAG_DURING_WAIT: Duration = Duration::from_secs(1);
+
+/// The batch held back, for the lag metrics while it waits.
+pub struct Held<'a> {
+    /// The consumer (for `consumer_lag`).
+    pub consumer: &'a str,
+    /// When the oldest row of the batch was written (µs since the epoch).
+    pub oldest_us: Option<i64>,
+}
+
+impl Held<'_> {
+    fn age_seconds(&self) -> f64 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros() as i64)
+            .unwrap_or(0);
+        self.oldest_us
+            .map_or(0.0, |t| now.saturating_sub(t).max(0) as f64 / 1e6)
+    }
+}
+
 /// Waits, in `mode`, until the batch just read may be published. Call it right
 /// after the read returned, on the same session. `names_seen` carries between
 /// calls whether `synchronous_standby_names` was set at the last one: in auto
@@ -195,6 +217,7 @@ pub async fn wait_until_flushed(
     db: &Db,
     mode: ForwardAfter,
     names_seen: &mut bool,
+    held: &Held<'_>,
     metrics: &Metrics,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<(), WaitError> {
@@ -228,6 +251,10 @@ pub async fn wait_until_flushed(
     let mut log_due = started + LOG_AFTER;
     let mut logged = false;
     let mut polls = 0u32;
+    // What the wait has added to standby_wait_seconds so far: it grows during a
+    // wait, not only once it ends.
+    let mut counted = Instant::now();
+    let mut lag_due = started;
     let result = loop {
         polls += 1;
         let state = match first.take() {
@@ -247,6 +274,23 @@ pub async fn wait_until_flushed(
             break Ok(());
         };
         metrics.standby_waiting.set(1);
+        metrics
+            .standby_wait_seconds
+            .inc_by(counted.elapsed().as_secs_f64());
+        counted = Instant::now();
+        // The held rows are lag: its age from the oldest of them, its rows
+        // from the database (at most once a second).
+        metrics.lag_seconds.set(held.age_seconds());
+        if Instant::now() >= lag_due {
+            if let Ok(row) = db
+                .client
+                .query_one("SELECT envelopes.consumer_lag($1)", &[&held.consumer])
+                .await
+            {
+                metrics.lag_rows.set(row.get::<_, i64>(0));
+            }
+            lag_due = Instant::now() + LAG_DURING_WAIT;
+        }
         if Instant::now() >= log_due {
             tracing::warn!(target_lsn = %target, waited_ms = started.elapsed().as_millis() as u64,
                            reason = %why,
@@ -262,7 +306,7 @@ pub async fn wait_until_flushed(
     metrics.standby_waiting.set(0);
     metrics
         .standby_wait_seconds
-        .inc_by(started.elapsed().as_secs_f64());
+        .inc_by(counted.elapsed().as_secs_f64());
     tracing::debug!(target_lsn = %target, waited_us = started.elapsed().as_micros() as u64, polls,
                     "standby-flush: wait over");
     if logged && result.is_ok() {
