@@ -2111,3 +2111,18 @@ BEGIN
     END LOOP;
 END
 $upgrade$;
+
+-- orphaned_envelopes() reads band by band in Rust: the SQL anti-join over the
+-- roots locked every band of both tables at once and ran out of the lock table
+-- (53200) at a few thousand bands.
+DROP FUNCTION @extschema@.orphaned_envelopes();
+CREATE  FUNCTION "orphaned_envelopes"() RETURNS TABLE (
+	"originator_node_id" INT,  /* i32 */
+	"originator_sequence_id" bigint,  /* i64 */
+	"missing_from" TEXT  /* String */
+)
+STRICT STABLE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'orphaned_envelopes_wrapper';
+REVOKE ALL ON FUNCTION @extschema@.orphaned_envelopes() FROM PUBLIC;

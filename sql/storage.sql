@@ -60,25 +60,9 @@ CREATE TABLE gateway_envelopes_blob (
 COMMENT ON TABLE gateway_envelopes_blob IS
     'Envelope bytes, partitioned like gateway_envelopes_meta. Write through envelopes.insert_gateway_envelope(s).';
 
--- Rows present in one table but not the other. Empty unless someone wrote to the
--- tables directly or dropped a partition of one table only.
-CREATE FUNCTION orphaned_envelopes()
-RETURNS TABLE (originator_node_id integer, originator_sequence_id bigint, missing_from text)
-LANGUAGE sql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT m.originator_node_id, m.originator_sequence_id, 'gateway_envelopes_blob'
-      FROM @extschema@.gateway_envelopes_meta m
-     WHERE NOT EXISTS (SELECT FROM @extschema@.gateway_envelopes_blob b
-                        WHERE b.originator_node_id = m.originator_node_id
-                          AND b.originator_sequence_id = m.originator_sequence_id)
-    UNION ALL
-    SELECT b.originator_node_id, b.originator_sequence_id, 'gateway_envelopes_meta'
-      FROM @extschema@.gateway_envelopes_blob b
-     WHERE NOT EXISTS (SELECT FROM @extschema@.gateway_envelopes_meta m
-                        WHERE m.originator_node_id = b.originator_node_id
-                          AND m.originator_sequence_id = b.originator_sequence_id)
-$$;
+-- envelopes.orphaned_envelopes(), the rows present in one table but not the
+-- other, is in Rust (src/store/read/orphans.rs): it reads band by band, where an
+-- anti-join over the roots locks every band at once.
 
 -- The late-envelope feed: entries for envelopes that arrived below a sequence id
 -- of their originator that another transaction had already committed (a consumer

@@ -128,3 +128,28 @@ fn prune_expired_below(
     };
     TableIterator::new(prune().or_raise())
 }
+
+/// Rows present in one of meta and blob and missing from the other (`missing_from`
+/// names the table without it). Empty unless someone wrote to the tables directly
+/// or dropped a band of one table only. Reads band by band, holding a lock or two
+/// at a time, so it works however many bands the store has.
+#[pg_extern(stable, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+#[allow(clippy::type_complexity)]
+fn orphaned_envelopes() -> TableIterator<
+    'static,
+    (
+        name!(originator_node_id, i32),
+        name!(originator_sequence_id, i64),
+        name!(missing_from, String),
+    ),
+> {
+    let find = || {
+        let mut out = Vec::new();
+        crate::store::read::orphans::orphans(|node, seq, missing_from| {
+            out.push((node, seq, missing_from.to_owned()));
+        })?;
+        Ok::<_, PartitionError>(out)
+    };
+    TableIterator::new(find().or_raise())
+}

@@ -8,6 +8,7 @@
 //! scans per band rather than one index lookup per row.
 
 pub mod lookup;
+pub mod orphans;
 pub mod results;
 pub mod select;
 pub mod shapes;
