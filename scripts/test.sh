@@ -55,7 +55,7 @@ step "integration tests"
 port=$(free_port)
 cluster_start itest "$port" "wal_level = logical" "max_replication_slots = 10"
 shards_dir=""
-trap 'cluster_stop itest_standby; cluster_stop itest; cluster_stop noworkers; cluster_stop fresh; [ -z "$shards_dir" ] || scripts/shards.sh down "$shards_dir" 2>/dev/null' EXIT
+trap 'cluster_stop itest_standby; cluster_stop itest; cluster_stop noworkers; cluster_stop fresh; cluster_stop few_locks; [ -z "$shards_dir" ] || scripts/shards.sh down "$shards_dir" 2>/dev/null' EXIT
 cluster_enable_tls itest
 export ENVELOPES_TEST_PG="host=127.0.0.1 port=$port user=postgres"
 # A hot standby of it, for what the feed does during recovery (tests/tests/standby.rs).
@@ -72,6 +72,11 @@ export ENVELOPES_TEST_PG_NO_WORKERS="host=127.0.0.1 port=$port_nw user=postgres"
 port_fresh=$(free_port)
 cluster_start fresh "$port_fresh"
 export ENVELOPES_TEST_PG_FRESH="host=127.0.0.1 port=$port_fresh user=postgres"
+# A server with a small lock table, where 1,000 bands stand for 10,000 and more
+# at the default max_locks_per_transaction (tests/tests/scale.rs).
+port_few_locks=$(free_port)
+cluster_start few_locks "$port_few_locks" "max_locks_per_transaction = 10" "max_connections = 20"
+export ENVELOPES_TEST_PG_FEW_LOCKS="host=127.0.0.1 port=$port_few_locks user=postgres"
 export ENVELOPES_TEST_PG_CA="$ENVELOPES_TMP/itest/ca.crt"
 # Four shard servers, a proxy with pg_envelopes_router, and one spare shard for
 # the partition move (tests/tests/router.rs, bridge/tests/shards.rs).

@@ -2126,3 +2126,17 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'orphaned_envelopes_wrapper';
 REVOKE ALL ON FUNCTION @extschema@.orphaned_envelopes() FROM PUBLIC;
+
+-- store_size(): the store's originators and bands against the lock table.
+CREATE  FUNCTION "store_size"() RETURNS TABLE (
+	"originators" bigint,  /* i64 */
+	"bands" bigint,  /* i64 */
+	"whole_store_locks" bigint,  /* i64 */
+	"lock_table_size" bigint,  /* i64 */
+	"max_locks_per_transaction" bigint  /* i64 */
+)
+STRICT STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'store_size_wrapper';
+REVOKE ALL ON FUNCTION @extschema@.store_size() FROM PUBLIC;

@@ -153,3 +153,44 @@ fn orphaned_envelopes() -> TableIterator<
     };
     TableIterator::new(find().or_raise())
 }
+
+/// The size of the store against the lock table: how many originators and bands
+/// it has, about how many locks a statement over the whole store takes (a query
+/// on `gateway_envelopes_view` or the roots that no originator or sequence bound
+/// narrows down, `prune_expired(in_transaction => true)`), and how many the lock
+/// table holds (`max_locks_per_transaction` for each connection slot). When
+/// `whole_store_locks` nears `lock_table_size`, such statements fail with 53200;
+/// the functions of the extension read band by band and need no more than the
+/// bands they find rows in.
+#[pg_extern(stable, parallel_safe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+#[allow(clippy::type_complexity)]
+fn store_size() -> TableIterator<
+    'static,
+    (
+        name!(originators, i64),
+        name!(bands, i64),
+        name!(whole_store_locks, i64),
+        name!(lock_table_size, i64),
+        name!(max_locks_per_transaction, i64),
+    ),
+> {
+    let size = || {
+        let nodes = partition::originators()?;
+        let mut bands = 0i64;
+        for &node in &nodes {
+            if let Some(parts) = partition::originator_parts(partition::band::Table::Meta, node)? {
+                bands += parts.bands.len() as i64;
+            }
+        }
+        let (per_slot, slots) = crate::pg::locks::lock_table_size();
+        Ok::<_, PartitionError>((
+            nodes.len() as i64,
+            bands,
+            bands * retention::LOCKS_PER_BAND as i64 + 2 * nodes.len() as i64 + 2,
+            (per_slot * slots) as i64,
+            per_slot as i64,
+        ))
+    };
+    TableIterator::once(size().or_raise())
+}

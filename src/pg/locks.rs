@@ -239,3 +239,29 @@ impl Drop for RelationLock {
         unsafe { pg_sys::UnlockRelationOid(self.relid, self.mode) };
     }
 }
+
+/// The size of the lock table, as `(max_locks_per_transaction, slots)`: Postgres
+/// sizes it for max_locks_per_transaction locks per backend slot and prepared
+/// transaction, and any transaction may take more than its share while room is
+/// left.
+pub fn lock_table_size() -> (u64, u64) {
+    // SAFETY: plain globals set from the server's settings at start-up;
+    // GetConfigOption returns the setting's current value as a C string (or NULL
+    // with missing_ok), valid until the setting changes, read at once.
+    unsafe {
+        let prepared = pg_sys::GetConfigOption(c"max_prepared_transactions".as_ptr(), true, false);
+        let prepared = if prepared.is_null() {
+            0
+        } else {
+            std::ffi::CStr::from_ptr(prepared)
+                .to_str()
+                .ok()
+                .and_then(|s| s.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        (
+            pg_sys::max_locks_per_xact.max(0) as u64,
+            pg_sys::MaxBackends.max(0) as u64 + prepared,
+        )
+    }
+}

@@ -76,6 +76,18 @@ pub enum PruneError {
     BoundLength { nodes: usize, seqs: usize },
     #[error("originator {0} is given more than one bound")]
     DuplicateBound(i32),
+    #[error(
+        "pruning {bands} bands in the calling transaction would take about {needed} locks, \
+         more than the lock table holds ({capacity}: max_locks_per_transaction = \
+         {per_slot} for each of {slots} connection slots)"
+    )]
+    LockTable {
+        bands: usize,
+        needed: u64,
+        capacity: u64,
+        per_slot: u64,
+        slots: u64,
+    },
 }
 
 impl SqlError for PruneError {
@@ -93,6 +105,7 @@ impl SqlError for PruneError {
             PruneError::Argument(e) => e.sqlstate(),
             PruneError::BoundLength { .. } => ERRCODE_ARRAY_ELEMENT_ERROR,
             PruneError::DuplicateBound(_) => ERRCODE_INVALID_PARAMETER_VALUE,
+            PruneError::LockTable { .. } => ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
         }
     }
 
@@ -102,6 +115,12 @@ impl SqlError for PruneError {
                 "Pruning deletes rows and drops partitions: run it as the extension's owner."
                     .into(),
             ),
+            PruneError::LockTable { needed, slots, .. } => Some(format!(
+                "Prune without in_transaction (each band in a transaction of its own, \
+                 which needs a few locks at a time), or set max_locks_per_transaction to at \
+                 least {} and restart the server.",
+                needed.div_ceil(*slots).max(64)
+            )),
             PruneError::WorkerFailed { .. } | PruneError::WorkerLost { .. } => Some(
                 "Bands handled before the failure stay pruned (each was committed); run \
                  prune_expired again."
@@ -216,6 +235,7 @@ pub fn prune(
             ),
         }
     }
+    check_lock_room(entries.len())?;
     for entry in &mut entries {
         delete_expired(entry, cutoff, late)?;
         if entry.droppable {
@@ -223,6 +243,30 @@ pub fn prune(
         }
     }
     Ok(rows_of(&entries))
+}
+
+/// Locks one band's pruning in the calling transaction keeps until it ends: the
+/// meta band and its three indexes, the blob band and its primary key (a query
+/// that plans over the whole store, on the view or the roots, takes as many).
+pub const LOCKS_PER_BAND: u64 = 6;
+
+/// Refuses, before taking any lock, to prune `bands` bands in one transaction
+/// when their locks would not fit the lock table (Postgres would fail part way
+/// with "out of shared memory", 53200, having touched many of them).
+fn check_lock_room(bands: usize) -> Result<(), PruneError> {
+    let needed = bands as u64 * LOCKS_PER_BAND;
+    let (per_slot, slots) = crate::pg::locks::lock_table_size();
+    let capacity = per_slot * slots;
+    if needed > capacity {
+        return Err(PruneError::LockTable {
+            bands,
+            needed,
+            capacity,
+            per_slot,
+            slots,
+        });
+    }
+    Ok(())
 }
 
 /// Whether the calling transaction already holds a lock on an originator
