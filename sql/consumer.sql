@@ -390,20 +390,23 @@ AS $$
      ORDER BY d.id
 $$;
 
--- How far a consumer is behind, cheaply enough to ask every round of a bridge
--- that is catching up: per originator, its ceiling minus the consumer's cursor,
--- plus the late-feed and outbox ids drawn after the consumer's positions. It
--- counts ids, not rows: a gap (a rolled-back insert) or a late arrival counted
--- in both its originator's range and the late feed make it a little larger than
--- consumer_status's exact counts, and a late-feed entry covering several rows
--- (a late batch) counts once; with dense ids and rows in order the two agree.
+-- How many rows a consumer has not acknowledged yet among those it can read now,
+-- cheaply enough to ask every round of a bridge that is catching up: the
+-- envelopes consumer_envelopes_pending counts (each originator's rows after the
+-- consumer's cursor up to its ceiling, and the late arrivals after its late-feed
+-- position, each row once: ids never used, such as a rolled-back insert's or the
+-- gap below a first id of 1,500,000, count nothing) plus the outbox rows after its
+-- outbox position. Originators the consumer has caught up with cost nothing
+-- (their high-water marks say so); the others cost one index range each and the
+-- rows pending, read without their blobs. (Before 0.4.0 was released this
+-- counted ids, which a gap made count rows that never existed.)
 CREATE FUNCTION consumer_lag(consumer text) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     c @extschema@.consumers;
-    behind bigint;
+    envelopes bigint;
 BEGIN
     IF consumer IS NULL THEN
         RAISE EXCEPTION 'consumer must not be NULL' USING ERRCODE = 'null_value_not_allowed';
@@ -414,14 +417,9 @@ BEGIN
               HINT = 'Create it with envelopes.consumer_register(name).';
     END IF;
     PERFORM @extschema@._check_consumer_owner(c);
-    SELECT COALESCE(sum(GREATEST(g.max_sequence_id - COALESCE(k.sequence_id, 0), 0)), 0)::bigint
-      INTO behind
-      FROM @extschema@.originator_ceilings() g
-      LEFT JOIN @extschema@.consumer_envelope_cursors k
-             ON k.consumer = c.name AND k.originator_node_id = g.originator_node_id;
-    RETURN behind
-         + GREATEST(COALESCE(pg_catalog.pg_sequence_last_value('@extschema@.late_envelopes_id_seq'), 0) - (c.late_id >> 24), 0)
-         + GREATEST(COALESCE(pg_catalog.pg_sequence_last_value('@extschema@.outbox_id_seq'), 0) - c.outbox_id, 0);
+    SELECT e.pending INTO envelopes FROM @extschema@.consumer_envelopes_pending(c.name) e;
+    RETURN COALESCE(envelopes, 0)
+         + (SELECT pg_catalog.count(*) FROM @extschema@.outbox ob WHERE ob.id > c.outbox_id);
 END $$;
 
 -- Each standby's flush position, as pg_stat_replication shows it to a

@@ -2140,3 +2140,38 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'store_size_wrapper';
 REVOKE ALL ON FUNCTION @extschema@.store_size() FROM PUBLIC;
+
+-- consumer_lag counts rows, not ids (issue 43): the ids between a cursor and a
+-- ceiling counted rows that never existed (a gap, a rolled-back insert) and a
+-- late batch once. The same grants stay.
+-- How many rows a consumer has not acknowledged yet among those it can read now,
+-- cheaply enough to ask every round of a bridge that is catching up: the
+-- envelopes consumer_envelopes_pending counts (each originator's rows after the
+-- consumer's cursor up to its ceiling, and the late arrivals after its late-feed
+-- position, each row once: ids never used, such as a rolled-back insert's or the
+-- gap below a first id of 1,500,000, count nothing) plus the outbox rows after its
+-- outbox position. Originators the consumer has caught up with cost nothing
+-- (their high-water marks say so); the others cost one index range each and the
+-- rows pending, read without their blobs. (Before 0.4.0 was released this
+-- counted ids, which a gap made count rows that never existed.)
+CREATE OR REPLACE FUNCTION consumer_lag(consumer text) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c @extschema@.consumers;
+    envelopes bigint;
+BEGIN
+    IF consumer IS NULL THEN
+        RAISE EXCEPTION 'consumer must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    SELECT * INTO c FROM @extschema@.consumers k WHERE k.name = consumer_lag.consumer;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'consumer "%" does not exist', consumer USING ERRCODE = 'undefined_object',
+              HINT = 'Create it with envelopes.consumer_register(name).';
+    END IF;
+    PERFORM @extschema@._check_consumer_owner(c);
+    SELECT e.pending INTO envelopes FROM @extschema@.consumer_envelopes_pending(c.name) e;
+    RETURN COALESCE(envelopes, 0)
+         + (SELECT pg_catalog.count(*) FROM @extschema@.outbox ob WHERE ob.id > c.outbox_id);
+END $$;

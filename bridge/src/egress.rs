@@ -1033,8 +1033,8 @@ async fn retry_dead_letters(
     Ok(batch.len() - dead.len())
 }
 
-/// Reads how far the consumer is behind (`consumer_lag`: ids between its
-/// positions and the ceilings, cheap enough for every round of a catch-up).
+/// Reads how far the consumer is behind (`consumer_lag`: the rows it can read
+/// and has not acknowledged, cheap enough for every round of a catch-up).
 async fn update_lag(db: &Db, name: &str, metrics: &Metrics) {
     match db
         .client

@@ -331,3 +331,51 @@ fn status_with_a_wrong_password_is_a_configuration_error() {
         assert!(!stderr.contains("wrong"), "{command}: {stderr}");
     }
 }
+
+/// Item 6: `consumer_lag` (and so the bridge's lag metric) counts rows, not
+/// ids: the README's intro row at id 1,500,000, an originator with a gap
+/// between every two ids, late arrivals and outbox rows, against the exact
+/// count. 211056c's consumer_lag counted 1,500,000 for the intro row alone.
+#[test]
+fn consumer_lag_counts_rows_with_gaps_and_late_rows() {
+    let db = TestDb::new("lagrows");
+    let mut c = db.client();
+    // One transaction each (a simple-query batch would be one).
+    for statement in [
+        "SELECT envelopes.consumer_register('c')",
+        "SELECT envelopes.insert_gateway_envelope(1, 1500000, '\\x01', '\\x01')",
+        "SELECT envelopes.insert_gateway_envelopes(array_agg(2), array_agg(2 * g::bigint),
+                array_agg('\\x02'::bytea), array_agg('\\x02'::bytea)) FROM generate_series(1, 10000) g",
+        "SELECT envelopes.insert_gateway_envelopes(array_agg(3), array_agg(g::bigint),
+                array_agg('\\x03'::bytea), array_agg('\\x03'::bytea)) FROM generate_series(1, 10000) g",
+        "SELECT envelopes.insert_gateway_envelopes(array_agg(4), array_agg(g::bigint),
+                array_agg('\\x04'::bytea), array_agg('\\x04'::bytea)) FROM generate_series(1001, 2000) g",
+        "SELECT envelopes.consumer_envelope_ack('c', ARRAY[4], ARRAY[2000]::bigint[], NULL)",
+        // Late arrivals: below what the consumer acknowledged.
+        "SELECT envelopes.insert_gateway_envelopes(array_agg(4), array_agg(g::bigint),
+                array_agg('\\x04'::bytea), array_agg('\\x04'::bytea)) FROM generate_series(1, 500) g",
+        "SELECT envelopes.publish('s', '\\x00') FROM generate_series(1, 300)",
+    ] {
+        c.batch_execute(statement).unwrap();
+    }
+    let expected = 1 + 10_000 + 10_000 + 500 + 300;
+    let lag = db.int8("SELECT envelopes.consumer_lag('c')");
+    let exact = db.int8(
+        "SELECT outbox_pending + envelopes_pending FROM envelopes.consumer_status WHERE consumer = 'c'",
+    );
+    assert_eq!(exact, expected, "consumer_status's exact count");
+    assert!(
+        (lag - expected).abs() * 100 <= expected,
+        "consumer_lag {lag}, rows pending {expected}"
+    );
+    // Caught up, it is 0 (and a gap after the cursor counts nothing).
+    for statement in [
+        "SELECT envelopes.consumer_envelope_ack('c', ARRAY[1, 2, 3, 4], ARRAY[1500000, 20000, 10000, 2000]::bigint[],
+                (SELECT max(late_id) FROM envelopes.consumer_envelope_batch('c', 100000)))",
+        "SELECT envelopes.consumer_outbox_ack('c', (SELECT max(id) FROM envelopes.outbox))",
+        "SELECT envelopes.insert_gateway_envelope(2, 30000, '\\x02', '\\x02')",
+    ] {
+        c.batch_execute(statement).unwrap();
+    }
+    assert_eq!(db.int8("SELECT envelopes.consumer_lag('c')"), 1);
+}
