@@ -69,6 +69,15 @@ pub struct DatabaseArgs {
     /// verify the certificate, as libpq does.
     #[arg(long, env = "ENVELOPES_DATABASE_CA")]
     pub database_ca: Option<PathBuf>,
+    /// Seconds after which the database ends a session of this bridge that has
+    /// gone silent — the bridge stopped (SIGSTOP, a frozen VM), or cut off by
+    /// the network with data unacknowledged — which frees its lease for a
+    /// standby. Set on each session (idle_session_timeout,
+    /// idle_in_transaction_session_timeout, tcp_user_timeout, TCP keepalives);
+    /// a working bridge is never silent that long (it sends a heartbeat while it
+    /// waits for a bus). 0 leaves the server's settings.
+    #[arg(long, env = "ENVELOPES_SESSION_TIMEOUT", default_value_t = 15)]
+    pub session_timeout: u64,
 }
 
 impl DatabaseArgs {
@@ -76,6 +85,7 @@ impl DatabaseArgs {
         if let Some(ca) = &self.database_ca {
             crate::tls::set_database_ca(ca.clone());
         }
+        crate::db::set_session_timeout(std::time::Duration::from_secs(self.session_timeout));
     }
 }
 

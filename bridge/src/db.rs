@@ -3,6 +3,7 @@
 //! terminated backend) the channel closes, which the loops take as "reconnect".
 
 use futures_util::stream::{self, StreamExt};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, Client, Config, NoTls};
 
@@ -33,12 +34,77 @@ impl DbError {
     }
 }
 
+/// After how long of silence the server ends a session of this bridge
+/// (`--session-timeout`; zero: the server's own settings).
+static SESSION_TIMEOUT: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+
+/// Sets `--session-timeout` for the sessions opened from now on.
+pub fn set_session_timeout(timeout: Duration) {
+    let _ = SESSION_TIMEOUT.set(timeout);
+}
+
+fn session_timeout() -> Duration {
+    SESSION_TIMEOUT
+        .get()
+        .copied()
+        .unwrap_or(DEFAULT_SESSION_TIMEOUT)
+}
+
+/// `--session-timeout`'s default.
+const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How often a bridge waiting for something else than its database (a bus)
+/// shows the server it is alive: a third of the session timeout.
+pub fn heartbeat_interval() -> Duration {
+    let timeout = session_timeout();
+    if timeout.is_zero() {
+        Duration::from_secs(5)
+    } else {
+        (timeout / 3).max(Duration::from_millis(200))
+    }
+}
+
+impl Db {
+    /// One trivial statement, so that the server does not take the session for
+    /// silent while the bridge waits for a bus (errors surface on the next real
+    /// statement).
+    pub async fn heartbeat(&self) {
+        let _ = self.client.simple_query("SELECT 1").await;
+    }
+}
+
+/// The session settings that let the server end a silent session of this
+/// bridge within the timeout, and with it free its lease: idle (a stopped
+/// process), idle in a transaction, or unacknowledged on the network (a cut,
+/// where keepalives alone never fire: tcp_user_timeout).
+fn session_settings(timeout: Duration) -> String {
+    let ms = timeout.as_millis();
+    let secs = timeout.as_secs().max(1);
+    let probe = (secs / 3).max(1);
+    format!(
+        "SET idle_session_timeout = {ms}; SET idle_in_transaction_session_timeout = {ms}; \
+         SET tcp_user_timeout = {ms}; SET tcp_keepalives_idle = {probe}; \
+         SET tcp_keepalives_interval = {probe}; SET tcp_keepalives_count = 3"
+    )
+}
+
 /// Connects to `url` (a libpq URL or key=value string).
 pub async fn connect(url: &str, application_name: &str) -> Result<Db, DbError> {
     let mut config: Config = url
         .parse()
         .map_err(|e: tokio_postgres::Error| DbError::Url(e.to_string()))?;
     config.application_name(application_name);
+    let timeout = session_timeout();
+    if !timeout.is_zero() {
+        // This side notices a dead server as soon as the server notices us.
+        let probe = (timeout / 3).max(Duration::from_secs(1));
+        config
+            .keepalives(true)
+            .keepalives_idle(probe)
+            .keepalives_interval(probe)
+            .keepalives_retries(3)
+            .tcp_user_timeout(timeout);
+    }
     let (client, notifications) = match crate::tls::connector(&config).map_err(DbError::Tls)? {
         Some(tls) => {
             let (client, connection) = config.connect(tls).await.map_err(DbError::Connect)?;
@@ -49,6 +115,12 @@ pub async fn connect(url: &str, application_name: &str) -> Result<Db, DbError> {
             (client, spawn_driver(connection))
         }
     };
+    if !timeout.is_zero() {
+        client
+            .batch_execute(&session_settings(timeout))
+            .await
+            .map_err(DbError::Connect)?;
+    }
     Ok(Db {
         client,
         notifications,

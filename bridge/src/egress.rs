@@ -181,7 +181,8 @@ async fn session(
                 // Several doorbells may be queued; one read serves them all.
                 while db.notifications.try_recv().is_ok() {}
             }
-            _ = tokio::time::sleep(config.poll_interval) => {}
+            // Never idle past the heartbeat: the server ends silent sessions.
+            _ = tokio::time::sleep(config.poll_interval.min(db::heartbeat_interval())) => {}
             _ = crate::shutdown::requested(driver.shutdown()) => {}
         }
     }
@@ -626,8 +627,24 @@ async fn deliver(
         let end = (start + window).min(batch.len());
         let part = &batch[start..end];
         let started = Instant::now();
+        // While the bus takes its time, the database session stays alive
+        // (see `--session-timeout`).
+        let published = {
+            let publish = sink.publish(part);
+            tokio::pin!(publish);
+            let mut beat = tokio::time::interval_at(
+                tokio::time::Instant::now() + db::heartbeat_interval(),
+                db::heartbeat_interval(),
+            );
+            loop {
+                tokio::select! {
+                    result = &mut publish => break result,
+                    _ = beat.tick() => db.heartbeat().await,
+                }
+            }
+        };
         // The refused message's index in the batch, with the bus's code and reason.
-        let refusal = match sink.publish(part).await {
+        let refusal = match published {
             Ok(()) => {
                 metrics.published(part);
                 metrics.sink_stalled.set(0);

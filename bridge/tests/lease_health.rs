@@ -1,0 +1,153 @@
+//! A lease that follows the bridge's health, not only its TCP session: the
+//! active bridge is stopped with SIGSTOP while rows are written. Its session
+//! falls silent, the server ends it after `--session-timeout` (set by the
+//! bridge on its own session), which frees the lease: the standby takes over
+//! within seconds. When the stopped bridge resumes, its session is gone, so it
+//! acknowledges nothing: it stands by. Nothing is lost.
+//!
+//! On 211056c a stopped active bridge was never replaced (its TCP session
+//! stays up: the kernel still answers).
+
+mod common;
+
+use common::checker::{self, Item};
+use common::target::jsonl_ids;
+use common::*;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+fn signal(bridge: &Bridge, sig: &str) {
+    let status = Command::new("kill")
+        .args([sig, &bridge.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {sig}");
+}
+
+#[test]
+fn a_stopped_active_bridge_loses_its_lease_to_the_standby_within_seconds() {
+    let db = TestDb::new("sigstop");
+    let (pa, pb) = (
+        std::env::temp_dir().join(format!("{}.jsonl", unique("stopa"))),
+        std::env::temp_dir().join(format!("{}.jsonl", unique("stopb"))),
+    );
+    let (ma, mb) = (free_port(), free_port());
+    let args = |metrics: u16| {
+        let mut args = vec!["--metrics-addr".to_owned(), format!("127.0.0.1:{metrics}")];
+        // A bridge from before the option (ENVELOPES_TEST_BRIDGE_BIN) runs
+        // without it.
+        if std::env::var_os("ENVELOPES_TEST_BRIDGE_BIN").is_none() {
+            args.extend(["--session-timeout".to_owned(), "3".to_owned()]);
+        }
+        args
+    };
+    let (args_a, args_b) = (args(ma), args(mb));
+    let mut active = Bridge::egress(
+        &db,
+        "stop",
+        &format!("jsonl:{}", pa.display()),
+        &args_a.iter().map(String::as_str).collect::<Vec<_>>(),
+        &[],
+    );
+    wait_for_bridge(
+        &active,
+        "the first bridge active",
+        Duration::from_secs(30),
+        || metric(&try_scrape(ma), "envelopes_bridge_active") == 1.0,
+    );
+    let mut standby = Bridge::egress(
+        &db,
+        "stop",
+        &format!("jsonl:{}", pb.display()),
+        &args_b.iter().map(String::as_str).collect::<Vec<_>>(),
+        &[],
+    );
+    wait_until("the standby's metrics", Duration::from_secs(30), || {
+        !try_scrape(mb).is_empty()
+    });
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(Mutex::new(0i64));
+    let writer = {
+        let (stop, written, conninfo) = (stop.clone(), written.clone(), db.conninfo());
+        thread::spawn(move || {
+            let mut c = postgres::Client::connect(&conninfo, postgres::NoTls).unwrap();
+            let mut seq = 0;
+            while !stop.load(Ordering::Relaxed) {
+                seq += 1;
+                insert(&mut c, 1, seq);
+                *written.lock().unwrap() = seq;
+                thread::sleep(Duration::from_millis(10));
+            }
+        })
+    };
+    thread::sleep(Duration::from_secs(2));
+    signal(&active, "-STOP");
+    let stopped = Instant::now();
+    let mut taken_over = None;
+    while stopped.elapsed() < Duration::from_secs(30) {
+        if metric(&try_scrape(mb), "envelopes_bridge_active") == 1.0 {
+            taken_over = Some(stopped.elapsed());
+            break;
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    thread::sleep(Duration::from_secs(2));
+    signal(&active, "-CONT");
+    thread::sleep(Duration::from_secs(3));
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    let written = *written.lock().unwrap();
+    let drained = {
+        let start = Instant::now();
+        while lag(&db, "stop") != 0 && start.elapsed() < Duration::from_secs(30) {
+            thread::sleep(Duration::from_millis(200));
+        }
+        lag(&db, "stop") == 0
+    };
+    let resumed_active = metric(&try_scrape(ma), "envelopes_bridge_active");
+    let (log_a, log_b) = (active.log_text(), standby.log_text());
+    active.terminate();
+    standby.terminate();
+    let mut delivered = jsonl_ids(&pa);
+    delivered.extend(jsonl_ids(&pb));
+    let items: Vec<Item> = delivered
+        .iter()
+        .filter_map(|id| {
+            let (node, seq) = id.split_once(':')?;
+            Some(Item {
+                key: node.to_owned(),
+                seq: seq.parse().ok()?,
+                id: id.clone(),
+                bytes: Vec::new(),
+            })
+        })
+        .collect();
+    let acked: Vec<Item> = (1..=written)
+        .map(|seq| Item {
+            key: "1".into(),
+            seq,
+            id: format!("1:{seq}"),
+            bytes: Vec::new(),
+        })
+        .collect();
+    let counts = checker::check(&acked, &acked, &items);
+    let total = checker::total(&counts);
+    let table = checker::table("SIGSTOP of the active bridge", &counts);
+    println!("{table}\ntaken over after {taken_over:?}");
+    assert!(
+        taken_over.is_some_and(|t| t < Duration::from_secs(10)),
+        "the standby did not take over within 10 s of SIGSTOP ({taken_over:?}):\n{log_b}"
+    );
+    assert_eq!(total.lost, 0, "{table}");
+    assert!(drained, "rows still pending:\n{log_b}");
+    assert_eq!(
+        resumed_active, 0.0,
+        "the resumed bridge is active again beside the one that took over:\n{log_a}"
+    );
+    let _ = std::fs::remove_file(&pa);
+    let _ = std::fs::remove_file(&pb);
+}
