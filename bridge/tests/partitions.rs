@@ -56,8 +56,11 @@ const HOSTS: [&str; 6] = ["pg1", "pg2", "br", "n1", "n2", "n3"];
 impl Net {
     /// `None` where namespaces cannot be made (not root).
     fn start() -> Option<Net> {
+        // Unique per Net, so that the tests of this file can run side by side.
+        static NETS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NETS.fetch_add(1, Ordering::Relaxed);
         let id = std::process::id() % 100_000;
-        let prefix = format!("pe{id}");
+        let prefix = format!("pe{id}{}", (b'a' + (n % 26) as u8) as char);
         let probe = format!("{prefix}probe");
         if Command::new("ip")
             .args(["netns", "add", &probe])
@@ -76,7 +79,7 @@ impl Net {
         std::fs::create_dir_all(&dir).unwrap();
         run("chown", &["postgres:postgres", dir.to_str().unwrap()]);
         let net = Net {
-            subnet: format!("10.213.{}", id % 250),
+            subnet: format!("10.{}.{}", 213 + n % 40, id % 250),
             prefix,
             hosts: HOSTS.to_vec(),
             children: Vec::new(),
@@ -652,4 +655,173 @@ fn partitions_and_a_lossy_network_lose_nothing_and_forward_no_phantom() {
         "bridge held a batch back for the standby: {}",
         text().contains("holding the batch back")
     );
+}
+
+/// The active bridge's metric `name` over HTTP at `addr:port` (0 while it does
+/// not answer).
+fn metric_at(addr: &str, port: u16, name: &str) -> f64 {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect_timeout(
+        &format!("{addr}:{port}").parse().unwrap(),
+        Duration::from_millis(500),
+    ) else {
+        return 0.0;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    metric(&text, name)
+}
+
+/// A network cut between the active bridge and Postgres (blackhole routes both
+/// ways: packets vanish, nothing is refused). The bridge sets
+/// `idle_session_timeout`, `tcp_user_timeout` and keepalives on its own
+/// session (`--session-timeout 5` here), so the server ends the cut-off
+/// session and frees the lease: the standby, on another host, takes over
+/// within seconds. Nothing is lost. (Before, the README's server-side
+/// keepalives did not end the session within a 60 s cut: data unacknowledged
+/// on the socket stops keepalives.)
+#[test]
+fn a_network_cut_between_the_active_bridge_and_postgres_frees_its_lease() {
+    let Some(mut net) = Net::start() else {
+        eprintln!("partitions: cannot make network namespaces here (not root?): skipped");
+        return;
+    };
+    let pg1 = net.dir.join("pg1");
+    std::fs::create_dir_all(&pg1).unwrap();
+    run("chown", &["postgres:postgres", pg1.to_str().unwrap()]);
+    run(
+        "runuser",
+        &[
+            "-u",
+            "postgres",
+            "--",
+            &format!("{}/initdb", pg_bin()),
+            "-D",
+            pg1.join("data").to_str().unwrap(),
+            "--auth=trust",
+            "-U",
+            "postgres",
+            "-E",
+            "UTF8",
+            "--locale=C.UTF-8",
+        ],
+    );
+    net.postgres("pg1", &pg1.join("data"), &[]);
+    postgres::Client::connect(&net.conninfo("pg1", "postgres"), postgres::NoTls)
+        .unwrap()
+        .batch_execute(&format!("CREATE DATABASE {DB}"))
+        .unwrap();
+    postgres::Client::connect(&net.conninfo("pg1", DB), postgres::NoTls)
+        .unwrap()
+        .batch_execute("CREATE EXTENSION pg_envelopes")
+        .unwrap();
+    let url = format!("postgres://postgres@{}:5432/{DB}", net.addr("pg1"));
+    // The active bridge in "br", the standby in "n1" (another host), each
+    // writing JSON lines to a file of its own.
+    let start = |net: &mut Net, host: &str, file: &std::path::Path| {
+        let log = net.dir.join(format!("bridge-{host}.log"));
+        let mut cmd = net.command(host, &bridge_binary());
+        cmd.args([
+            "egress",
+            "--database-url",
+            &url,
+            "--name",
+            "cut",
+            "--register",
+        ])
+        .args(["--sink", &format!("jsonl:{}", file.display())])
+        .args(["--poll-interval-ms", "100"])
+        .args(["--metrics-addr", &format!("{}:9187", net.addr(host))]);
+        if std::env::var_os("ENVELOPES_TEST_BRIDGE_BIN").is_none() {
+            cmd.args(["--session-timeout", "5"]);
+        }
+        cmd.env_remove("RUST_BACKTRACE")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        net.spawn(&mut cmd);
+        log
+    };
+    let (fa, fb) = (net.dir.join("a.jsonl"), net.dir.join("b.jsonl"));
+    let log_a = start(&mut net, "br", &fa);
+    let (addr_a, addr_b) = (net.addr("br"), net.addr("n1"));
+    wait_until("the first bridge active", Duration::from_secs(30), || {
+        metric_at(&addr_a, 9187, "envelopes_bridge_active") == 1.0
+    });
+    let log_b = start(&mut net, "n1", &fb);
+    wait_until("the standby's metrics", Duration::from_secs(30), || {
+        std::net::TcpStream::connect((addr_b.as_str(), 9187)).is_ok()
+    });
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let acks: Arc<Mutex<Vec<Item>>> = Default::default();
+    let threads = writers(net.conninfo("pg1", DB), stop.clone(), acks.clone());
+    std::thread::sleep(Duration::from_secs(2));
+    net.cut("br", "pg1");
+    let cut = Instant::now();
+    let mut taken_over = None;
+    while cut.elapsed() < Duration::from_secs(40) {
+        if metric_at(&addr_b, 9187, "envelopes_bridge_active") == 1.0 {
+            taken_over = Some(cut.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    net.heal("br", "pg1");
+    std::thread::sleep(Duration::from_secs(3));
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    let mut c = postgres::Client::connect(&net.conninfo("pg1", DB), postgres::NoTls).unwrap();
+    wait_until("the standby to drain", Duration::from_secs(60), || {
+        c.query_one(
+            "SELECT COALESCE(envelopes_pending, 0) FROM envelopes.consumer_status
+              WHERE consumer = 'cut'",
+            &[],
+        )
+        .map(|r| r.get::<_, i64>(0) == 0)
+        .unwrap_or(false)
+    });
+    let mut delivered = Vec::new();
+    for file in [&fa, &fb] {
+        for line in std::fs::read_to_string(file).unwrap_or_default().lines() {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            delivered.push(Item {
+                key: v["originator_node_id"].to_string(),
+                seq: v["originator_sequence_id"].as_i64().unwrap_or(-1),
+                id: v["id"].as_str().unwrap_or_default().to_owned(),
+                bytes: Vec::new(),
+            });
+        }
+    }
+    let acknowledged: Vec<Item> = acks
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|i| Item {
+            bytes: Vec::new(),
+            ..i.clone()
+        })
+        .collect();
+    let counts = check(&acknowledged, &acknowledged, &delivered);
+    let all = total(&counts);
+    println!(
+        "{}\ntaken over {taken_over:?} after the cut",
+        table("network cut bridge-postgres", &counts)
+    );
+    let (log_a, log_b) = (
+        std::fs::read_to_string(log_a).unwrap_or_default(),
+        std::fs::read_to_string(log_b).unwrap_or_default(),
+    );
+    assert!(
+        taken_over.is_some_and(|t| t < Duration::from_secs(15)),
+        "the standby did not take over within 15 s of the cut ({taken_over:?}):\n{log_a}\n{log_b}"
+    );
+    assert_eq!(all.lost, 0, "{}", table("network cut", &counts));
+    assert!(all.acknowledged > 300, "too little was written");
 }
