@@ -106,8 +106,6 @@ pub struct ServiceArgs {
 
 #[derive(Args)]
 pub struct EgressArgs {
-    #[command(flatten)]
-    pub database: DatabaseArgs,
     /// Consumer name: the durable cursor is stored under it. It must exist (see
     /// --register and `envelopes-bridge register`).
     #[arg(long, env = "ENVELOPES_BRIDGE_NAME")]
@@ -164,12 +162,14 @@ pub struct EgressArgs {
     // The sink and its options (each sink's own group).
     #[command(flatten)]
     pub sink: SinkArgs,
+    // Last: the database's heading would otherwise carry over to the
+    // subcommand's own options in --help.
+    #[command(flatten)]
+    pub database: DatabaseArgs,
 }
 
 #[derive(Args)]
 pub struct IngressArgs {
-    #[command(flatten)]
-    pub database: DatabaseArgs,
     /// Consumer name: its stream position is stored in envelopes.ingress_positions
     /// (per stream).
     #[arg(long, env = "ENVELOPES_BRIDGE_NAME")]
@@ -205,6 +205,10 @@ pub struct IngressArgs {
     pub service: ServiceArgs,
     #[command(flatten)]
     pub nats_auth: NatsAuthArgs,
+    // Last: the database's heading would otherwise carry over to the
+    // subcommand's own options in --help.
+    #[command(flatten)]
+    pub database: DatabaseArgs,
 }
 
 /// Ingress reads JetStream: `nats://` or `tls://` servers, comma-separated.
@@ -224,8 +228,6 @@ fn parse_source(source: &str) -> Result<String, String> {
 
 #[derive(Args)]
 pub struct RegisterArgs {
-    #[command(flatten)]
-    pub database: DatabaseArgs,
     /// The consumer to create (nothing happens if it exists); from a --config
     /// file, its `name`.
     #[arg(env = "ENVELOPES_BRIDGE_NAME")]
@@ -234,12 +236,14 @@ pub struct RegisterArgs {
     #[arg(long, env = "ENVELOPES_REGISTER_FROM_END", value_parser = BoolishValueParser::new(),
           default_value_t = false, num_args = 0..=1, default_missing_value = "true")]
     pub from_end: bool,
+    // Last: the database's heading would otherwise carry over to the
+    // subcommand's own options in --help.
+    #[command(flatten)]
+    pub database: DatabaseArgs,
 }
 
 #[derive(Args)]
 pub struct StatusArgs {
-    #[command(flatten)]
-    pub database: DatabaseArgs,
     /// Also show the error and dead-letter counters of running bridges, read from
     /// their --metrics-addr (repeatable, e.g. 127.0.0.1:9187).
     #[arg(
@@ -248,6 +252,10 @@ pub struct StatusArgs {
         value_delimiter = ','
     )]
     pub bridge_metrics: Vec<SocketAddr>,
+    // Last: the database's heading would otherwise carry over to the
+    // subcommand's own options in --help.
+    #[command(flatten)]
+    pub database: DatabaseArgs,
 }
 
 /// `envelopes-bridge watch` (see [`crate::watch`]).

@@ -187,7 +187,7 @@ async fn session(config: &IngressConfig, driver: &mut Driver) -> Result<(), Fail
     let plan = resume(position, stored_identity.as_deref(), &identity, first, last);
     if plan.reset {
         metrics.ingress_stream_resets.inc();
-        tracing::warn!(stream = %config.stream, position, stored_identity = ?stored_identity,
+        tracing::warn!(stream = %config.stream, position, stored_identity = stored_identity.as_deref().unwrap_or("none"),
                        identity = %identity, first_sequence = first, last_sequence = last,
                        "the stream was deleted and re-created (its numbering started again) since \
                         the position was stored: starting from the new stream's first message")

@@ -126,13 +126,21 @@ async fn run(command: Command) -> i32 {
             exit::CONFIG
         }
         Command::Register(args) => one_shot("register", register::run(args).await),
-        Command::Watch(args) => match watch::run(args).await {
-            Ok(()) => 0,
-            Err(e) => {
-                logging::err(format!("envelopes-bridge watch: {e}"));
-                exit::FAILURE
+        Command::Watch(args) => {
+            // SIGTERM/SIGINT end a watch as its normal end (0), not by the
+            // signal's default action (143).
+            let mut stop = shutdown::on_signal();
+            tokio::select! {
+                result = watch::run(args) => match result {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        logging::err(format!("envelopes-bridge watch: {e}"));
+                        exit::FAILURE
+                    }
+                },
+                _ = shutdown::requested(&mut stop) => 0,
             }
-        },
+        }
         Command::Status(args) => one_shot("status", status::run(args).await),
     }
 }

@@ -63,6 +63,19 @@ pub enum DecodeError {
     Json(String),
 }
 
+/// A CBOR decoding error in words (ciborium's own Display is its Debug text,
+/// which would reach the Envelopes-Error header and the log as Rust syntax).
+fn cbor_error<T>(error: ciborium::de::Error<T>) -> String {
+    use ciborium::de::Error;
+    match error {
+        Error::Io(_) => "it ends too early".into(),
+        Error::Syntax(offset) => format!("malformed at byte {offset}"),
+        Error::Semantic(Some(offset), why) => format!("{why} (at byte {offset})"),
+        Error::Semantic(None, why) => why,
+        Error::RecursionLimitExceeded => "nested too deeply".into(),
+    }
+}
+
 impl Message {
     /// `"envelope"` or `"outbox"`.
     pub fn kind(&self) -> &'static str {
@@ -95,7 +108,7 @@ impl Message {
     }
 
     pub fn from_cbor(bytes: &[u8]) -> Result<Message, DecodeError> {
-        ciborium::from_reader(bytes).map_err(|e| DecodeError::Cbor(e.to_string()))
+        ciborium::from_reader(bytes).map_err(|e| DecodeError::Cbor(cbor_error(e)))
     }
 
     /// One JSON object for a line of stdout/JSONL output, with the dedup id as
@@ -328,6 +341,21 @@ mod tests {
             Envelope::from_bus(b"not cbor"),
             Err(DecodeError::Cbor(_))
         ));
+        // Words, not Rust's Debug text (the Envelopes-Error header shows it).
+        let full = envelope().to_cbor();
+        for bad in [&b"not cbor"[..], &full[..full.len() / 2], &[0xff][..]] {
+            let text = Message::from_cbor(bad).unwrap_err().to_string();
+            assert!(
+                !text.contains("Semantic(") && !text.contains("Io(") && !text.contains("Syntax("),
+                "{text}"
+            );
+        }
+        assert_eq!(
+            Message::from_cbor(&full[..full.len() / 2])
+                .unwrap_err()
+                .to_string(),
+            "not valid CBOR for a message: it ends too early"
+        );
         let mut neg = envelope();
         if let Message::Envelope(e) = &mut neg {
             e.originator_sequence_id = -1;

@@ -161,6 +161,17 @@ async fn replication_lines(db: &crate::db::Db) -> Vec<String> {
             return lines;
         }
     };
+    if standbys.is_empty() && names.trim().is_empty() {
+        // A plain server: nothing to wait for and nothing to warn about (a
+        // bridge asked for --forward-after standby-flush says so itself).
+        lines.push(
+            "replication: no standbys and synchronous_standby_names = '': egress forwards each \
+             batch once committed (--forward-after auto); only an explicit --forward-after \
+             standby-flush would wait (no standby is connected)"
+                .into(),
+        );
+        return lines;
+    }
     lines.push(format!(
         "replication: synchronous_standby_names = '{names}', WAL inserted up to {lsn}, {} standby(s)",
         standbys.len()

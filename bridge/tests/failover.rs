@@ -357,9 +357,10 @@ fn standby_flush_by_default_forwards_nothing_the_failover_takes_back() {
         .unwrap();
     let status = String::from_utf8_lossy(&status.stdout);
     assert!(
-        status.contains("synchronous_standby_names = ''")
-            && status
-                .contains("in standby-flush mode a batch read now waits: no standby is connected"),
+        status.contains("no standbys and synchronous_standby_names = ''")
+            && status.contains(
+                "only an explicit --forward-after standby-flush would wait (no standby is connected)"
+            ),
         "{status}"
     );
     let _ = std::fs::remove_file(&path);

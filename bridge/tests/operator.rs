@@ -379,3 +379,58 @@ fn consumer_lag_counts_rows_with_gaps_and_late_rows() {
     }
     assert_eq!(db.int8("SELECT envelopes.consumer_lag('c')"), 1);
 }
+
+/// Item 9: `watch` ends with 0 on SIGTERM (211056c: killed by it, 143);
+/// `--help` lists a subcommand's own options under its own heading, not under
+/// "Database:" (211056c: register's --from-end and NAME were there); `status`
+/// on a plain server states the mode without a warning about standbys
+/// (211056c: "a batch read now waits: no standby is connected").
+#[test]
+fn smaller_papercuts() {
+    let prefix = unique("watch");
+    let mut child = bridge_command(&["watch", &nats_url(), "--subject-prefix", &prefix])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut first = String::new();
+    use std::io::BufRead;
+    stderr.read_line(&mut first).unwrap();
+    assert!(first.contains("watching"), "{first}");
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "watch still runs"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(0), "{status:?}");
+
+    let (exit, help, _) = run(&["register", "--help"], &[]);
+    assert_eq!(exit, Some(0));
+    let database = help.find("Database:").unwrap();
+    assert!(help.find("--from-end").unwrap() < database, "{help}");
+    let (_, help, _) = run(&["egress", "--help"], &[]);
+    let database = help.find("Database:").unwrap();
+    assert!(help.find("--batch-size").unwrap() < database, "{help}");
+
+    let db = TestDb::new("plain");
+    let (exit, stdout, stderr) = run(&["status", "--database-url", &db.url()], &[]);
+    assert_eq!(exit, Some(0), "{stderr}");
+    assert!(
+        stdout.contains("no standbys and synchronous_standby_names = ''")
+            && !stdout.contains("a batch read now waits"),
+        "{stdout}"
+    );
+}

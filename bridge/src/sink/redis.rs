@@ -85,7 +85,7 @@ impl Redis {
             Ok(reply) => match reply.get(1).and_then(|v| v.parse::<usize>().ok()) {
                 Some(limit) => limit,
                 None => {
-                    tracing::warn!(reply = ?reply, default = DEFAULT_MAX_BULK,
+                    tracing::warn!(reply = %reply.join(" "), default = DEFAULT_MAX_BULK,
                                    "CONFIG GET proto-max-bulk-len gave no limit; assuming Redis' default");
                     DEFAULT_MAX_BULK
                 }
