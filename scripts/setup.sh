@@ -27,7 +27,8 @@ fi
 
 packages=(postgresql-15 postgresql-server-dev-15 postgresql-contrib libclang-dev clang sudo
           spin nats-server redis-server mosquitto mosquitto-clients rabbitmq-server python3
-          postgresql-15-partman postgresql-15-plproxy postgresql-15-cron dpkg-dev lintian)
+          postgresql-15-partman postgresql-15-plproxy postgresql-15-cron dpkg-dev lintian
+          pgbouncer)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -228,6 +228,7 @@ impl Fatal {
 /// another instance holds it) and listens. `None` when shutdown came first.
 async fn connect(config: &EgressConfig, driver: &mut Driver) -> Result<Option<Db>, DbFailure> {
     let db = db::connect(&config.database_url, "envelopes-bridge egress").await?;
+    crate::pooler::check(&config.database_url, &db).await?;
     if config.register {
         db.client
             .execute("SELECT envelopes.consumer_register($1)", &[&config.name])

@@ -146,6 +146,9 @@ async fn session(config: &IngressConfig, driver: &mut Driver) -> Result<(), Fail
     let mut db = db::connect(&config.database_url, "envelopes-bridge ingress")
         .await
         .map_err(|e| database(e.into()))?;
+    crate::pooler::check(&config.database_url, &db)
+        .await
+        .map_err(database)?;
     // Nothing of the bus is touched before this instance is the active one.
     let lease = Lease::Ingress {
         consumer: &config.name,

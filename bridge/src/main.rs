@@ -15,6 +15,7 @@ mod logging;
 mod message;
 mod metrics;
 mod nats;
+mod pooler;
 mod redact;
 mod register;
 mod retry;

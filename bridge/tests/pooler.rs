@@ -1,0 +1,137 @@
+//! A bridge pointed at PgBouncer (Debian `pgbouncer`, started by the test on a
+//! port of its own, as the postgres user) in transaction or statement mode is
+//! refused at start with the reason (exit 78); in session mode it works.
+//!
+//! On 211056c bridges behind a transaction-mode PgBouncer flipped between
+//! active and standby, failed their own acknowledgements (55006) and hit
+//! prepared-statement errors.
+
+mod common;
+
+use common::target::jsonl_ids;
+use common::*;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// A PgBouncer in front of the test cluster, in `mode`; stopped on drop.
+struct Bouncer {
+    port: u16,
+    dir: std::path::PathBuf,
+    child: std::process::Child,
+}
+
+impl Bouncer {
+    fn start(mode: &str) -> Bouncer {
+        let (mut host, mut pg_port) = ("127.0.0.1".to_owned(), "5432".to_owned());
+        for kv in server().split_whitespace() {
+            match kv.split_once('=') {
+                Some(("host", v)) => host = v.into(),
+                Some(("port", v)) => pg_port = v.into(),
+                _ => {}
+            }
+        }
+        let port = free_port();
+        let dir = std::env::temp_dir().join(unique("bouncer"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("users.txt"), "\"postgres\" \"\"\n").unwrap();
+        std::fs::write(
+            dir.join("pgbouncer.ini"),
+            format!(
+                "[databases]\n* = host={host} port={pg_port}\n\n[pgbouncer]\n\
+                 listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
+                 auth_type = trust\nauth_file = {users}\npool_mode = {mode}\n\
+                 default_pool_size = 5\nlogfile = {log}\n",
+                users = dir.join("users.txt").display(),
+                log = dir.join("pgbouncer.log").display(),
+            ),
+        )
+        .unwrap();
+        let _ = Command::new("chown")
+            .args(["-R", "postgres:postgres", dir.to_str().unwrap()])
+            .status();
+        let child = Command::new("runuser")
+            .args(["-u", "postgres", "--", "/usr/sbin/pgbouncer"])
+            .arg(dir.join("pgbouncer.ini"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start pgbouncer (Debian package pgbouncer)");
+        wait_for_port(port);
+        Bouncer { port, dir, child }
+    }
+
+    fn url(&self, db: &TestDb) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{}", self.port, db.name)
+    }
+}
+
+impl Drop for Bouncer {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn refused_behind(mode: &str) {
+    let bouncer = Bouncer::start(mode);
+    let db = TestDb::new(&format!("pool{mode}"));
+    let path = std::env::temp_dir().join(format!("{}.jsonl", unique("pooled")));
+    let mut bridge = Bridge::egress_with_url(
+        &bouncer.url(&db),
+        "pooled",
+        &format!("jsonl:{}", path.display()),
+        &[],
+        &[],
+    );
+    let code = bridge.exit_code_within(Duration::from_secs(30));
+    let log = bridge.log_text();
+    assert_eq!(
+        code,
+        Some(78),
+        "a bridge behind a {mode}-mode pooler must stop with exit 78:\n{log}"
+    );
+    assert!(
+        log.contains("pooler in transaction or statement mode"),
+        "the reason is not given:\n{log}"
+    );
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn a_transaction_mode_pooler_is_refused_at_start() {
+    refused_behind("transaction");
+}
+
+#[test]
+fn a_statement_mode_pooler_is_refused_at_start() {
+    refused_behind("statement");
+}
+
+#[test]
+fn a_session_mode_pooler_works() {
+    let bouncer = Bouncer::start("session");
+    let db = TestDb::new("poolsession");
+    let path = std::env::temp_dir().join(format!("{}.jsonl", unique("pooled")));
+    let mut bridge = Bridge::egress_with_url(
+        &bouncer.url(&db),
+        "pooled",
+        &format!("jsonl:{}", path.display()),
+        &[],
+        &[],
+    );
+    let mut c = db.client();
+    for seq in 1..=20 {
+        insert(&mut c, 1, seq);
+    }
+    wait_for_bridge(
+        &bridge,
+        "20 rows through a session pool",
+        Duration::from_secs(30),
+        || jsonl_ids(&path).len() >= 20,
+    );
+    bridge.terminate();
+    let _ = std::fs::remove_file(&path);
+}
