@@ -25,6 +25,11 @@ const WAIT: Duration = Duration::from_secs(5);
 fn pooled(what: String) -> DbFailure {
     DbFailure {
         sqlstate: None,
+        hint: Some(
+            "point --database-url at Postgres itself or at a pool in session mode \
+             (PgBouncer pool_mode = session)"
+                .into(),
+        ),
         class: Class::Config,
         message: format!(
             "--database-url leads through a connection pooler in transaction or statement mode: \
