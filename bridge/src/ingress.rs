@@ -70,8 +70,8 @@ enum Failure {
     Permanent(DbFailure),
     /// A configuration the database refuses (see [`Class::Config`]).
     Config(DbFailure),
-    /// The bus refuses the bridge's credentials.
-    BusConfig(String),
+    /// The bus refuses the bridge's configuration: why, and the fix.
+    BusConfig(String, &'static str),
 }
 
 /// How the driver retries and reports a failed session (see
@@ -82,13 +82,13 @@ impl retry::Failure for Failure {
         match self {
             Failure::Retry(_) => Class::Transient,
             Failure::Permanent(_) => Class::Permanent,
-            Failure::Config(_) | Failure::BusConfig(_) => Class::Config,
+            Failure::Config(_) | Failure::BusConfig(..) => Class::Config,
         }
     }
 
     fn what(&self) -> String {
         match self {
-            Failure::Retry(why) | Failure::BusConfig(why) => why.clone(),
+            Failure::Retry(why) | Failure::BusConfig(why, _) => why.clone(),
             Failure::Permanent(e) | Failure::Config(e) => e.message.clone(),
         }
     }
@@ -107,8 +107,8 @@ impl retry::Failure for Failure {
                 tracing::error!(sqlstate = e.code(), error = %e.message,
                                 "database refuses the ingress; retrying at the longest backoff")
             }
-            Failure::BusConfig(why) => {
-                tracing::error!(error = %why, "NATS refuses the ingress; retrying at the longest backoff")
+            Failure::BusConfig(why, fix) => {
+                tracing::error!(error = %why, %fix, "NATS refuses the ingress; retrying at the longest backoff")
             }
         }
     }
@@ -116,11 +116,7 @@ impl retry::Failure for Failure {
     fn fatal(&self) -> Fatal {
         match self {
             Failure::Permanent(e) | Failure::Config(e) => Fatal::database(e),
-            Failure::BusConfig(why) => Fatal::new(
-                why,
-                "check the NATS credentials (--nats-user/--nats-password, --nats-token, \
-                 --nats-creds)",
-            ),
+            Failure::BusConfig(why, fix) => Fatal::new(why, fix),
             Failure::Retry(why) => Fatal::new(why, "fix the configuration"),
         }
     }
@@ -165,13 +161,31 @@ async fn session(config: &IngressConfig, driver: &mut Driver) -> Result<(), Fail
         .await
         .map_err(|e| {
             if e.refused {
-                Failure::BusConfig(e.message)
+                Failure::BusConfig(
+                    e.message,
+                    "check the NATS credentials (--nats-user/--nats-password, --nats-token, \
+                     --nats-creds)",
+                )
             } else {
                 retry(&e)
             }
         })?;
     let js = jetstream::new(client.clone());
-    let mut stream = js.get_stream(&config.stream).await.map_err(|e| retry(&e))?;
+    let mut stream = js
+        .get_stream(&config.stream)
+        .await
+        .map_err(|e| match e.kind() {
+            jetstream::context::GetStreamErrorKind::JetStream(j)
+                if j.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND =>
+            {
+                Failure::BusConfig(
+                    format!("stream {}: {e}", config.stream),
+                    "check --nats-stream (and --source): ingress reads a stream that exists \
+                     (egress creates it)",
+                )
+            }
+            _ => retry(&e),
+        })?;
     let info = stream.info().await.map_err(|e| retry(&e))?;
     let identity = stream_identity(info);
     let (first, last) = (info.state.first_sequence, info.state.last_sequence);

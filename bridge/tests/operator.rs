@@ -434,3 +434,88 @@ fn smaller_papercuts() {
         "{stdout}"
     );
 }
+
+/// Item 4: a bus that refuses the bridge's configuration ends it with exit 78
+/// and the fix on every bus, like a refused AMQP login: a JetStream stream
+/// whose subjects overlap another stream's (only --nats-stream changed), a
+/// Redis user and password the server refuses, an ingress stream that does not
+/// exist. 211056c retried each as an outage (still running after 15 s).
+#[test]
+fn bus_configuration_errors_end_the_bridge_on_every_bus() {
+    let db = TestDb::new("busconf");
+    let mut c = db.client();
+    insert(&mut c, 1, 1);
+    let prefix = unique("overlap");
+    let first = unique("FIRST");
+    let mut bridge = Bridge::egress(
+        &db,
+        "first",
+        &nats_url(),
+        &["--nats-stream", &first, "--subject-prefix", &prefix],
+        &[],
+    );
+    wait_until("the first stream", Duration::from_secs(30), || {
+        lag(&db, "first") == 0
+    });
+    bridge.terminate();
+    let url = db.url();
+    let nats = nats_url();
+    let second = unique("SECOND");
+    let cases: [(&str, Vec<&str>, &str); 3] = [
+        (
+            "stream subjects overlap",
+            vec![
+                "egress",
+                "--database-url",
+                &url,
+                "--name",
+                "second",
+                "--register",
+                "--sink",
+                &nats,
+                "--nats-stream",
+                &second,
+                "--subject-prefix",
+                &prefix,
+            ],
+            "check --nats-stream",
+        ),
+        (
+            "redis credentials",
+            vec![
+                "egress",
+                "--database-url",
+                &url,
+                "--name",
+                "third",
+                "--register",
+                "--sink",
+                "redis://no_such_user_43:wrong@127.0.0.1:6379",
+            ],
+            "check the user and password",
+        ),
+        (
+            "ingress stream missing",
+            vec![
+                "ingress",
+                "--database-url",
+                &url,
+                "--name",
+                "in",
+                "--source",
+                &nats,
+                "--nats-stream",
+                &second,
+            ],
+            "check --nats-stream",
+        ),
+    ];
+    for (what, args, fix) in cases {
+        let started = Instant::now();
+        let (exit, _, stderr) = run(&args, &[]);
+        assert_eq!(exit, Some(78), "{what}: {stderr}");
+        assert!(started.elapsed() < Duration::from_secs(10), "{what}");
+        assert!(stderr.contains(fix), "{what}: {stderr}");
+        assert!(!stderr.contains("wrong"), "{what}: {stderr}");
+    }
+}

@@ -43,6 +43,40 @@ pub struct Nats {
 /// JetStream's error code for a message over the stream's maximum size.
 const STREAM_MESSAGE_EXCEEDS_MAXIMUM: u64 = 10054;
 
+/// Why the stream could not be made or found: the server refusing its
+/// configuration (its subjects overlap another stream's, the name is taken with
+/// another configuration, replicas the server cannot have, JetStream not
+/// enabled for the account) is the bridge's configuration, ended with exit 78
+/// before the bridge ever worked; anything else an outage.
+fn stream_error(stream: &str, error: jetstream::context::CreateStreamError) -> SinkError {
+    use jetstream::context::CreateStreamErrorKind as Kind;
+    use jetstream::ErrorCode;
+    let config = match error.kind() {
+        Kind::JetStream(e) => [
+            ErrorCode::STREAM_SUBJECT_OVERLAP,
+            ErrorCode::STREAM_NAME_EXIST,
+            ErrorCode::STREAM_INVALID_CONFIG,
+            ErrorCode::STREAM_REPLICAS_NOT_SUPPORTED,
+            ErrorCode::JETSTREAM_NOT_ENABLED,
+            ErrorCode::JETSTREAM_NOT_ENABLED_FOR_ACCOUNT,
+        ]
+        .contains(&e.error_code()),
+        Kind::EmptyStreamName | Kind::InvalidStreamName => true,
+        _ => false,
+    };
+    if config {
+        SinkError::Config {
+            sink: "nats",
+            message: format!(
+                "stream {stream}: {error} (check --nats-stream, --subject-prefix and \
+                 --nats-replicas: the stream captures PREFIX.>, which no other stream may)"
+            ),
+        }
+    } else {
+        SinkError::new("nats", format!("stream {stream}: {error}"))
+    }
+}
+
 impl Nats {
     pub async fn connect(
         url: &str,
@@ -72,7 +106,7 @@ impl Nats {
                 ..Default::default()
             })
             .await
-            .map_err(|e| SinkError::new("nats", format!("stream {}: {e}", args.nats_stream)))?;
+            .map_err(|e| stream_error(&args.nats_stream, e))?;
         Ok(Nats {
             client,
             jetstream,

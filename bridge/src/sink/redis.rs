@@ -31,6 +31,24 @@ pub struct RedisArgs {
     pub redis_stream: String,
 }
 
+/// A failed connection: the server refusing the bridge's credentials (a wrong
+/// password or ACL user, a password it wants and the URL lacks) is the bridge's
+/// configuration (exit 78 before it ever worked); anything else an outage.
+fn connect_error(e: redis::RedisError) -> SinkError {
+    if e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
+    {
+        return SinkError::Config {
+            sink: SINK,
+            message: format!(
+                "{e} (check the user and password in the URL: redis://USER:PASSWORD@HOST or \
+                 redis://:PASSWORD@HOST)"
+            ),
+        };
+    }
+    SinkError::new(SINK, e)
+}
+
 /// Redis' own default for `proto-max-bulk-len`.
 const DEFAULT_MAX_BULK: usize = 512 * 1024 * 1024;
 
@@ -72,7 +90,13 @@ impl Redis {
         let mut connection = client
             .get_multiplexed_async_connection()
             .await
-            .map_err(|e| SinkError::new(SINK, e))?;
+            .map_err(connect_error)?;
+        // A server that wants a password the URL does not give answers the
+        // first command, not the connection.
+        redis::cmd("PING")
+            .query_async::<String>(&mut connection)
+            .await
+            .map_err(connect_error)?;
         // Best effort: managed services and least-privilege ACL users are often
         // refused CONFIG; say so, since a row over the real limit then breaks the
         // connection instead of being set aside.
