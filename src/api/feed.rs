@@ -4,7 +4,7 @@
 
 use crate::error::SqlError;
 use crate::store::feed::markers::MarkerError;
-use crate::store::feed::{highwater, Gate, Sampled};
+use crate::store::feed::{highwater, Gate};
 use crate::store::partition::PartitionError;
 use pgrx::prelude::*;
 
@@ -36,7 +36,7 @@ fn originator_ceilings(
     use crate::error::OrRaise;
     let ceilings = || -> Result<Vec<(i32, i64)>, CeilingError> {
         let nodes = crate::store::partition::originators()?;
-        Gate::read_settled(Sampled::Only(&nodes), |gate| {
+        Gate::read_settled(&nodes, |gate| {
             let mut out = Vec::new();
             for &node in &nodes {
                 if let Some(ceiling) = gate.envelope_ceiling(node)? {

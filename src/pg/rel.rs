@@ -81,3 +81,55 @@ impl Drop for Rel {
         }
     }
 }
+
+/// The partitions of `parent`, a table partitioned by range on one `bigint`
+/// column, as Postgres' own partition descriptor holds them: `(lower, upper,
+/// oid)`, `None` standing for MINVALUE (lower) and MAXVALUE (upper). A DEFAULT
+/// partition is left out; so is everything when `parent` is not partitioned by
+/// range. Reading the descriptor (built once per change by the relcache, which
+/// ATTACH needs anyway) spares deparsing each partition's bound from the catalog,
+/// which cost as much again per partition each time the list was read.
+pub fn range_partitions(parent: pg_sys::Oid) -> Vec<(Option<i64>, Option<i64>, pg_sys::Oid)> {
+    let rel = Rel::open(parent, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+    let mut out = Vec::new();
+    // SAFETY: the relation is open and locked while `rel` lives, so its relcache
+    // entry, partition descriptor and bound info stay valid while read here; the
+    // descriptor's arrays hold `nparts` oids, and the bound info `ndatums` datum
+    // and kind arrays (one column each) and `nindexes` indexes, as Postgres builds
+    // them for range partitioning (partbounds.h).
+    unsafe {
+        let r = rel.as_ptr();
+        if (*(*r).rd_rel).relkind as u8 != pg_sys::RELKIND_PARTITIONED_TABLE {
+            return out;
+        }
+        let desc = pg_sys::RelationGetPartitionDesc(r, false);
+        if desc.is_null() || (*desc).nparts == 0 || (*desc).boundinfo.is_null() {
+            return out;
+        }
+        let info = &*(*desc).boundinfo;
+        if info.strategy as u8 != pg_sys::PARTITION_STRATEGY_RANGE {
+            return out;
+        }
+        let oids = crate::pg::snapshot::raw_slice((*desc).oids, (*desc).nparts as usize);
+        let n = info.ndatums as usize;
+        let datums = crate::pg::snapshot::raw_slice(info.datums, n);
+        let kinds = crate::pg::snapshot::raw_slice(info.kind, n);
+        let indexes = crate::pg::snapshot::raw_slice(info.indexes, info.nindexes as usize);
+        let bound = |i: usize| -> Option<i64> {
+            let kind = *kinds[i];
+            (kind == pg_sys::PartitionRangeDatumKind::PARTITION_RANGE_DATUM_VALUE)
+                .then(|| (*datums[i]).value() as i64)
+        };
+        // indexes[i] is the partition whose range ends at datums[i] (and starts
+        // at datums[i - 1]); -1 where no partition does.
+        for (i, &index) in indexes.iter().enumerate().take(n).skip(1) {
+            let Ok(p) = usize::try_from(index) else {
+                continue;
+            };
+            if let Some(&oid) = oids.get(p) {
+                out.push((bound(i - 1), bound(i), oid));
+            }
+        }
+    }
+    out
+}

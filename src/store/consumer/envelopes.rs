@@ -7,7 +7,7 @@ use super::{Budget, ConsumerError};
 use crate::store::feed::clock;
 use crate::store::feed::late::Positions;
 use crate::store::feed::markers::Drawn;
-use crate::store::feed::{Gate, Sample, Sampled};
+use crate::store::feed::{Gate, Sample};
 use crate::store::partition;
 use crate::store::read::{self, Blobs, EnvelopeRow, Flow};
 use pgrx::datum::{DatumWithOid, TimestampWithTimeZone};
@@ -37,7 +37,7 @@ pub fn envelope_batch(consumer: &str, budget: Budget) -> Result<Vec<BatchRow>, C
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let gate = sample.open(Sampled::Only(&nodes));
+            let gate = sample.open(&nodes);
             let (out, step_over) = read_batch(known, &gate, &nodes, budget.clone())?;
             // Rows held back only because the high-water marks did not cover
             // them yet (written around the functions, or read first since a
@@ -278,7 +278,7 @@ pub fn envelopes_pending(
                 return Ok((0, None));
             }
         }
-        let mut gate = sample.open(Sampled::Only(&nodes));
+        let mut gate = sample.open(&nodes);
         let mut attempt = 1;
         loop {
             let counted = count_pending(known, &gate, &nodes)?;
@@ -288,7 +288,7 @@ pub fn envelopes_pending(
                 return Ok(counted);
             }
             attempt += 1;
-            gate = Sample::take()?.open(Sampled::Only(&nodes));
+            gate = Sample::take()?.open(&nodes);
         }
     })
 }

@@ -18,7 +18,7 @@ pub fn outbox_batch(consumer: &str, mut budget: Budget) -> Result<Vec<OutboxRow>
         if Known::drawn_is_clean(known.outbox_clean, last, known.outbox_id) {
             return Ok(Vec::new());
         }
-        let gate = sample.open(crate::store::feed::Sampled::Only(&[]));
+        let gate = sample.open(&[]);
         let ceiling = gate.drawn_ceiling(Drawn::Outbox);
         let mut out = Vec::new();
         let mut reached = known.outbox_id;

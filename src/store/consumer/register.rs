@@ -6,7 +6,7 @@ use super::ConsumerError;
 use crate::pg::acl;
 use crate::store::feed::late::Positions;
 use crate::store::feed::markers::Drawn;
-use crate::store::feed::{Gate, Sampled};
+use crate::store::feed::Gate;
 use crate::store::partition;
 use pgrx::datum::DatumWithOid;
 use pgrx::spi::Spi;
@@ -21,7 +21,7 @@ fn starting_positions(from_start: bool) -> Result<(i64, i64, Vec<(i32, i64)>), C
         return Ok((0, 0, Vec::new()));
     }
     let nodes = partition::originators()?;
-    Gate::read_settled(Sampled::Only(&nodes), |gate| {
+    Gate::read_settled(&nodes, |gate| {
         let mut cursor = Vec::new();
         for &node in &nodes {
             // A ceiling below the first id (all originators held back) is "no entry".

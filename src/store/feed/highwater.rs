@@ -304,27 +304,19 @@ pub struct Coverage {
     /// Per originator of this database with a slot: the highest sequence id
     /// covered (-1: none).
     covered: std::collections::HashMap<i32, i64>,
-    /// The whole table was scanned and no slot was free: an originator without
-    /// one never gets one, and its inserts always take the exact check, which
-    /// needs no cover. (Never set for a sample of some originators: one not
-    /// sampled holds its rows.)
+    /// The whole table was scanned (many originators asked for) and no slot was
+    /// free: an originator without one never gets one, and its inserts always
+    /// take the exact check, which needs no cover. (A lookup of each originator
+    /// records a full table as a cover of everything for that originator; one not
+    /// asked for holds its rows.)
     full: bool,
     /// The marks were not available: every insert takes the exact check.
     unavailable: bool,
 }
 
-/// Which originators a [`Coverage`] samples.
-#[derive(Clone, Copy)]
-pub enum Sampled<'a> {
-    /// Every originator of the database (a scan of the whole table).
-    All,
-    /// These originators (a lookup each).
-    Only(&'a [i32]),
-}
-
 impl Coverage {
-    /// The marks of the originators `which` names, as they are now.
-    pub fn sample(which: Sampled<'_>) -> Coverage {
+    /// The marks of originators `nodes`, as they are now.
+    pub fn sample(nodes: &[i32]) -> Coverage {
         let Some(table) = shared() else {
             return Coverage {
                 covered: Default::default(),
@@ -338,44 +330,45 @@ impl Coverage {
             mark.min(committed) as i64 - 1
         };
         let mut covered = std::collections::HashMap::new();
-        let mut full = true;
-        match which {
-            Sampled::Only(nodes) if nodes.len() < SLOTS / 8 => {
-                // Only the originators asked for are answered: one without a
-                // slot holds its rows (-1) unless the table is full.
-                full = false;
-                for &node in nodes {
-                    let key = key(node);
-                    let start = spread(key, SLOTS);
-                    let mut found = i64::MAX; // the table is full: no slot ever
-                    for i in 0..SLOTS {
-                        let slot = &table.slots[(start + i) % SLOTS];
-                        match slot.key.load(Ordering::SeqCst) {
-                            k if k == key => {
-                                found = covered_by(slot);
-                                break;
-                            }
-                            0 => {
-                                found = -1;
-                                break;
-                            }
-                            _ => {}
+        if nodes.len() < SLOTS / 8 {
+            // A lookup each: one without a slot holds its rows (-1) unless the
+            // table is full.
+            for &node in nodes {
+                let key = key(node);
+                let start = spread(key, SLOTS);
+                let mut found = i64::MAX; // the table is full: no slot ever
+                for i in 0..SLOTS {
+                    let slot = &table.slots[(start + i) % SLOTS];
+                    match slot.key.load(Ordering::SeqCst) {
+                        k if k == key => {
+                            found = covered_by(slot);
+                            break;
                         }
+                        0 => {
+                            found = -1;
+                            break;
+                        }
+                        _ => {}
                     }
-                    covered.insert(node, found);
                 }
+                covered.insert(node, found);
             }
-            _ => {
-                let database = u64::from(database());
-                for slot in &table.slots {
-                    let key = slot.key.load(Ordering::SeqCst);
-                    if key == 0 {
-                        full = false;
-                    } else if key >> 32 == database {
-                        let node = (key as u32).wrapping_sub(1) as i32;
-                        covered.insert(node, covered_by(slot));
-                    }
-                }
+            return Coverage {
+                covered,
+                full: false,
+                unavailable: false,
+            };
+        }
+        // Many originators: one pass over the whole table.
+        let database = u64::from(database());
+        let mut full = true;
+        for slot in &table.slots {
+            let key = slot.key.load(Ordering::SeqCst);
+            if key == 0 {
+                full = false;
+            } else if key >> 32 == database {
+                let node = (key as u32).wrapping_sub(1) as i32;
+                covered.insert(node, covered_by(slot));
             }
         }
         Coverage {

@@ -71,7 +71,6 @@ use crate::pg::scan::Reading;
 use crate::pg::snapshot::Fresh;
 use crate::store::partition::PartitionError;
 use crate::store::read;
-pub use highwater::Sampled;
 use markers::{Drawn, MarkerError, Markers};
 use pgrx::prelude::*;
 
@@ -147,10 +146,10 @@ impl Sample {
     }
 
     /// Completes the gate: snapshot, markers, snapshot; for a reader of the
-    /// originators `which` names ([`Gate::cap`] answers for those only).
-    pub fn open(self, which: Sampled<'_>) -> Gate {
+    /// originators `nodes` ([`Gate::cap`] answers for those only).
+    pub fn open(self, nodes: &[i32]) -> Gate {
         let before = Fresh::take();
-        let coverage = highwater::Coverage::sample(which);
+        let coverage = highwater::Coverage::sample(nodes);
         let markers = Markers::read();
         let pause = crate::gucs::gate_pause();
         if !pause.is_zero() {
@@ -189,20 +188,20 @@ pub struct Gate {
 pub const MAX_GATES: usize = 3;
 
 impl Gate {
-    pub fn open(which: Sampled<'_>) -> Result<Gate, MarkerError> {
-        Ok(Sample::take()?.open(which))
+    pub fn open(nodes: &[i32]) -> Result<Gate, MarkerError> {
+        Ok(Sample::take()?.open(nodes))
     }
 
     /// Runs `read` through a gate, and again through a new one (up to
     /// [`MAX_GATES`]) while a gate held rows back for the high-water marks, so
     /// that the answer covers every row that can be handed out now.
     pub fn read_settled<T, E: From<MarkerError>>(
-        which: Sampled<'_>,
+        nodes: &[i32],
         mut read: impl FnMut(&Gate) -> Result<T, E>,
     ) -> Result<T, E> {
         let mut attempt = 1;
         loop {
-            let gate = Gate::open(which)?;
+            let gate = Gate::open(nodes)?;
             let out = read(&gate)?;
             if !gate.held() || attempt == MAX_GATES {
                 return Ok(out);

@@ -124,32 +124,6 @@ impl RangeBound {
     }
 }
 
-/// Parses `pg_get_expr(relpartbound, oid)` of a single-column range partition:
-/// `FOR VALUES FROM ('0') TO ('1000000')`, with `MINVALUE`/`MAXVALUE` allowed.
-/// Returns `None` for anything else (a list bound, a default partition).
-pub fn parse_range_bound(text: &str) -> Option<RangeBound> {
-    let rest = text.trim().strip_prefix("FOR VALUES FROM (")?;
-    let (lower, rest) = rest.split_once(") TO (")?;
-    let upper = rest.strip_suffix(')')?;
-    Some(RangeBound {
-        lower: parse_bound_value(lower, "MINVALUE")?,
-        upper: parse_bound_value(upper, "MAXVALUE")?,
-    })
-}
-
-/// One bound value: a quoted or bare integer, or the given infinity keyword.
-fn parse_bound_value(text: &str, infinity: &str) -> Option<Option<i64>> {
-    let text = text.trim();
-    if text.eq_ignore_ascii_case(infinity) {
-        return Some(None);
-    }
-    let unquoted = text
-        .strip_prefix('\'')
-        .and_then(|t| t.strip_suffix('\''))
-        .unwrap_or(text);
-    unquoted.parse::<i64>().ok().map(Some)
-}
-
 /// Parses the bound of an originator-level list partition, `FOR VALUES IN (7)`.
 /// Returns `None` unless it is exactly one integer.
 pub fn parse_list_bound(text: &str) -> Option<i32> {
@@ -291,30 +265,7 @@ mod tests {
     }
 
     #[test]
-    fn parses_range_bounds() {
-        assert_eq!(
-            parse_range_bound("FOR VALUES FROM ('0') TO ('1000000')"),
-            Some(RangeBound {
-                lower: Some(0),
-                upper: Some(1_000_000)
-            })
-        );
-        assert_eq!(
-            parse_range_bound("FOR VALUES FROM ('5') TO (MAXVALUE)"),
-            Some(RangeBound {
-                lower: Some(5),
-                upper: None
-            })
-        );
-        assert_eq!(
-            parse_range_bound("FOR VALUES FROM (MINVALUE) TO (10)"),
-            Some(RangeBound {
-                lower: None,
-                upper: Some(10)
-            })
-        );
-        assert_eq!(parse_range_bound("DEFAULT"), None);
-        assert_eq!(parse_range_bound("FOR VALUES IN (5)"), None);
+    fn parses_list_bounds() {
         assert_eq!(parse_list_bound("FOR VALUES IN (5)"), Some(5));
         assert_eq!(parse_list_bound("FOR VALUES IN (5, 6)"), None);
         assert_eq!(parse_list_bound("DEFAULT"), None);

@@ -72,8 +72,8 @@ struct Known {
     /// Every parent and leaf oid in `originators`, pointing back at its entry, so
     /// the invalidation callback can find what to forget in O(1).
     by_oid: HashMap<Oid, (Table, i32)>,
-    /// What the catalog said of each band read so far: its bound, and why the
-    /// direct paths cannot use it (None: they can). Kept when its originator is
+    /// What the catalog said of each band read so far: why the direct paths
+    /// cannot use it (None: they can). Kept when its originator is
     /// forgotten (a band attached beside it invalidates the parent), forgotten
     /// with the band's own invalidation (attached elsewhere, an index changed):
     /// so loading an originator again after a new band reads only the new one
@@ -85,9 +85,7 @@ struct Known {
 /// What [`Known::bands`] keeps of one band.
 #[derive(Clone, Debug)]
 pub struct BandFacts {
-    /// Its range, None when it is not a range band of the originator.
-    pub bound: Option<RangeBound>,
-    /// Why the direct paths cannot use it.
+    /// Why the direct paths cannot use it (None: they can).
     pub lacks: Option<String>,
 }
 

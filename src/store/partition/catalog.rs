@@ -89,27 +89,27 @@ pub fn load_originator(
     // SAFETY: reads the relation's kind from the syscache ('\0' if it is gone).
     let kind = unsafe { pg_sys::get_rel_relkind(parent) } as u8;
     if kind == pg_sys::RELKIND_PARTITIONED_TABLE {
-        for leaf in partition_oids(parent)? {
-            let facts = match cache::band_facts(leaf) {
-                Some(facts) => facts,
-                None => {
-                    let facts = cache::BandFacts {
-                        bound: partition_bound(leaf)
-                            .as_deref()
-                            .and_then(band::parse_range_bound),
-                        lacks: band_lacks(leaf, table).map(|lacks| lacks.to_string()),
-                    };
-                    if facts.lacks.as_deref() != Some(&Lacks::Gone.to_string()) {
-                        cache::store_band_facts(leaf, facts.clone());
+        // A child that is not a range band (a user's DEFAULT partition) never
+        // routes our rows: the descriptor's ranges leave it out.
+        for (lower, upper, leaf) in crate::pg::rel::range_partitions(parent) {
+            parts.bands.push((band::RangeBound { lower, upper }, leaf));
+            if checking_bands() {
+                let lacks = match cache::band_facts(leaf) {
+                    Some(facts) => facts.lacks,
+                    None => {
+                        let lacks = band_lacks(leaf, table);
+                        if lacks != Some(Lacks::Gone) {
+                            cache::store_band_facts(
+                                leaf,
+                                cache::BandFacts {
+                                    lacks: lacks.as_ref().map(ToString::to_string),
+                                },
+                            );
+                        }
+                        lacks.map(|lacks| lacks.to_string())
                     }
-                    facts
-                }
-            };
-            // A child that is not a plain range band (a user's DEFAULT partition)
-            // never routes our rows; leave it out of the cache.
-            if let Some(bound) = facts.bound {
-                parts.bands.push((bound, leaf));
-                if let Some(lacks) = facts.lacks {
+                };
+                if let Some(lacks) = lacks {
                     pgrx::debug1!(
                         "pg_envelopes: band {} of originator {node} {lacks}: it is read and \
                          written through the executor",
@@ -139,6 +139,23 @@ pub fn load_originator(
     }
     parts.sort();
     Ok(Some(parts))
+}
+
+thread_local! {
+    /// Cleared in a partition-creation worker, which only plans and creates
+    /// bands: what each band lacks for the direct paths (a relcache entry built
+    /// per band, in a process that starts with none) is of no use to it.
+    static CHECK_BANDS: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
+}
+
+fn checking_bands() -> bool {
+    CHECK_BANDS.with(std::cell::Cell::get)
+}
+
+/// For the partition-creation worker: load originators without checking their
+/// bands (see [`CHECK_BANDS`]).
+pub fn skip_band_checks() {
+    CHECK_BANDS.with(|c| c.set(false));
 }
 
 /// What a band's table lacks for the direct paths: the insert functions' direct

@@ -153,6 +153,7 @@ fn create_in_worker(
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn envelopes_partition_worker(arg: pg_sys::Datum) {
     worker::install_sigterm();
+    catalog::skip_band_checks();
     let Some(segment) = worker::Attached::from_argument(arg) else {
         return;
     };

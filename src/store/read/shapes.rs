@@ -25,7 +25,7 @@ use crate::error::{PgSqlErrorCode, SqlError};
 use crate::pg::scan::Reading;
 use crate::pg::srf::Materialized;
 use crate::store::feed::markers::MarkerError;
-use crate::store::feed::{Gate, Sampled};
+use crate::store::feed::Gate;
 use crate::store::partition::PartitionError;
 use crate::store::read::results::EnvelopeResults;
 use crate::store::read::select::{self, statement_snapshot, SelectError};
@@ -98,9 +98,9 @@ enum Horizon {
 impl Horizon {
     /// Opens the gate for a commit-safe read (call it once the read is known
     /// to return rows).
-    fn new(commit_safe: bool) -> Result<Horizon, ShapeError> {
+    fn new(commit_safe: bool, nodes: &[i32]) -> Result<Horizon, ShapeError> {
         Ok(if commit_safe {
-            Horizon::CommitSafe(Box::new(Gate::open(Sampled::All)?))
+            Horizon::CommitSafe(Box::new(Gate::open(nodes)?))
         } else {
             Horizon::Statement(statement_snapshot()?)
         })
@@ -164,7 +164,8 @@ pub fn by_topic_cursors(
     if per_entry == 0 || limit == 0 {
         return Ok(());
     }
-    let horizon = Horizon::new(commit_safe)?;
+    let nodes: Vec<i32> = entries.keys().copied().collect();
+    let horizon = Horizon::new(commit_safe, &nodes)?;
     for (node, entries) in entries {
         if out.len >= limit {
             break;
@@ -200,7 +201,8 @@ pub fn wave(
     if limit == 0 {
         return Ok(());
     }
-    let horizon = Horizon::new(commit_safe)?;
+    let nodes: Vec<i32> = entries.keys().copied().collect();
+    let horizon = Horizon::new(commit_safe, &nodes)?;
     for (node, entries) in entries {
         if out.len >= limit {
             break;
@@ -270,7 +272,7 @@ pub fn originator(
     if limit == 0 {
         return Ok(());
     }
-    let horizon = Horizon::new(commit_safe)?;
+    let horizon = Horizon::new(commit_safe, &[node])?;
     if let Some(upto) = horizon.upto(node)? {
         select::read_originator(node, after, upto, None, limit, horizon.snapshot(), out)?;
     }
