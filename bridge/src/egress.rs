@@ -174,6 +174,12 @@ async fn session(
                             } else {
                                 LAG_INTERVAL
                             };
+                    } else {
+                        // Between two counts (consumer_lag counts rows, which
+                        // takes longer the larger the backlog), the rows this
+                        // round acknowledged come off the last one.
+                        let left = (metrics.lag_rows.get() - rows as i64).max(0);
+                        metrics.lag_rows.set(left);
                     }
                     progress.add(rows, rows as i32 >= config.batch_size, metrics);
                     continue;

@@ -676,3 +676,65 @@ fn a_store_limit_above_the_sinks_is_named_once_at_start() {
     let log = bridge.log_text();
     assert!(!log.contains("max_payload"), "{log}");
 }
+
+/// Item 7 (part): an operator's retry_dead_letters() made while the bridge is
+/// at the row (handed out, being published) survives the refusal the bridge
+/// then records, and gets one more attempt. 211056c: consumer_dead_letter
+/// cleared retry_requested_at on conflict, and the request was lost.
+#[test]
+fn retry_dead_letters_is_never_lost_to_a_concurrent_refusal() {
+    let db = TestDb::new("retrylost");
+    let mut bridge = db.client();
+    let mut operator = db.client();
+    bridge
+        .batch_execute(
+            "SELECT envelopes.consumer_register('c');
+             SELECT envelopes.insert_gateway_envelope(1, 1, '\\x01', '\\x01');",
+        )
+        .unwrap();
+    bridge
+        .batch_execute("SELECT envelopes.consumer_lease('c')")
+        .unwrap();
+    let refuse = |c: &mut postgres::Client| {
+        c.batch_execute(
+            "SELECT envelopes.consumer_dead_letter('c', 'envelope', 1, 1, NULL, 'refused', 'X', 1)",
+        )
+        .unwrap()
+    };
+    let requested = |c: &mut postgres::Client| -> bool {
+        c.query_one(
+            "SELECT retry_requested_at IS NOT NULL FROM envelopes.dead_letters",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+    };
+    let hand_out = |c: &mut postgres::Client| -> i64 {
+        c.query_one(
+            "SELECT count(*) FROM envelopes.consumer_dead_letter_retries('c') WHERE retry_requested",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+    };
+    refuse(&mut bridge);
+    operator
+        .batch_execute("SELECT envelopes.retry_dead_letters('c')")
+        .unwrap();
+    assert_eq!(hand_out(&mut bridge), 1);
+    // While the bridge publishes the row, the operator asks again.
+    operator
+        .batch_execute("SELECT envelopes.retry_dead_letters('c')")
+        .unwrap();
+    refuse(&mut bridge);
+    assert!(
+        requested(&mut operator),
+        "the request made during the attempt is kept"
+    );
+    assert_eq!(hand_out(&mut bridge), 1, "one more attempt");
+    refuse(&mut bridge);
+    assert!(
+        !requested(&mut operator),
+        "a request answered by an attempt is consumed"
+    );
+}
