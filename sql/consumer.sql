@@ -282,7 +282,7 @@ BEGIN
             attempts, COALESCE(first_attempt_at, now()), now(), next_attempt_at)
     ON CONFLICT ON CONSTRAINT dead_letters_once DO UPDATE
        SET attempts = d.attempts + EXCLUDED.attempts, reason = EXCLUDED.reason, error = EXCLUDED.error,
-           last_attempt_at = now(), retry_requested_at = NULL, next_attempt_at = EXCLUDED.next_attempt_at
+           last_attempt_at = now(), next_attempt_at = EXCLUDED.next_attempt_at
     RETURNING d.id INTO new_id;
     RETURN new_id;
 END $$;
@@ -342,20 +342,39 @@ BEGIN
                           AND d.next_attempt_at IS NOT NULL AND d.next_attempt_at <= pg_catalog.now()) THEN
         RETURN;
     END IF;
+    -- Handing a row out answers the operator's request for it: the request is
+    -- consumed here, not by the refusal that may follow (consumer_dead_letter
+    -- leaves retry_requested_at alone), so that a retry_dead_letters() made
+    -- while the bridge is at the row is kept for one more attempt. Its
+    -- next_attempt_at makes it due again should the bridge stop before it
+    -- records the attempt.
     RETURN QUERY
+    WITH picked AS (
+        SELECT d.id, d.retry_requested_at IS NOT NULL AS requested
+          FROM @extschema@.dead_letters d
+         WHERE d.consumer = consumer_dead_letter_retries.consumer
+           AND (d.retry_requested_at IS NOT NULL OR d.next_attempt_at <= pg_catalog.now())
+         ORDER BY d.id
+         LIMIT batch_size
+           FOR UPDATE OF d),
+    handed AS (
+        UPDATE @extschema@.dead_letters d
+           SET retry_requested_at = NULL,
+               next_attempt_at = COALESCE(d.next_attempt_at, pg_catalog.now())
+          FROM picked p
+         WHERE d.id = p.id AND p.requested
+        RETURNING d.id)
     SELECT d.id, d.kind, d.originator_node_id, d.originator_sequence_id,
            v.gateway_time, v.topic, v.payer_id, v.expiry, v.originator_envelope,
            d.outbox_id, o.subject, o.payload, o.headers, o.created_at, d.attempts,
-           d.retry_requested_at IS NOT NULL
-      FROM @extschema@.dead_letters d
+           p.requested
+      FROM picked p
+      JOIN @extschema@.dead_letters d ON d.id = p.id
       LEFT JOIN @extschema@.gateway_envelopes_view v
              ON d.kind = 'envelope' AND v.originator_node_id = d.originator_node_id
             AND v.originator_sequence_id = d.originator_sequence_id
       LEFT JOIN @extschema@.outbox o ON d.kind = 'outbox' AND o.id = d.outbox_id
-     WHERE d.consumer = consumer_dead_letter_retries.consumer
-       AND (d.retry_requested_at IS NOT NULL OR d.next_attempt_at <= pg_catalog.now())
-     ORDER BY d.id
-     LIMIT batch_size;
+     ORDER BY d.id;
 END $$;
 
 -- Removes dead letters a consumer delivered on retry (or whose rows are gone).

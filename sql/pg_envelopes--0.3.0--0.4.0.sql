@@ -2175,3 +2175,132 @@ BEGIN
     RETURN COALESCE(envelopes, 0)
          + (SELECT pg_catalog.count(*) FROM @extschema@.outbox ob WHERE ob.id > c.outbox_id);
 END $$;
+
+-- retry_dead_letters() is never lost to a refusal the bridge records while it is
+-- at the row (issue 43): the hand-out consumes the request, the refusal keeps
+-- whatever request came after it. Same signatures, grants kept.
+-- Sets a row aside for a consumer whose bus refuses it: called by the bridge at
+-- the refusal, before it acknowledges past the row. next_attempt_at is when the
+-- bridge means to try it again by itself (NULL: not any more, it waits for
+-- retry_dead_letters()). Recording the same row again adds the attempts, keeps
+-- the first attempt's time and clears an operator's retry request. Returns the
+-- dead letter's id.
+CREATE OR REPLACE FUNCTION consumer_dead_letter(consumer text, kind text, originator_node_id integer,
+                                     originator_sequence_id bigint, outbox_id bigint,
+                                     reason text, error text, attempts integer,
+                                     first_attempt_at timestamptz DEFAULT NULL,
+                                     next_attempt_at timestamptz DEFAULT NULL)
+RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    new_id bigint;
+BEGIN
+    IF kind IS NULL OR reason IS NULL OR attempts IS NULL THEN
+        RAISE EXCEPTION 'kind, reason and attempts must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF kind NOT IN ('envelope', 'outbox') THEN
+        RAISE EXCEPTION 'kind must be envelope or outbox (got %)', kind USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF kind = 'envelope' AND (originator_node_id IS NULL OR originator_sequence_id IS NULL) THEN
+        RAISE EXCEPTION 'an envelope dead letter needs originator_node_id and originator_sequence_id'
+              USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF kind = 'outbox' AND outbox_id IS NULL THEN
+        RAISE EXCEPTION 'an outbox dead letter needs outbox_id' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF (kind = 'envelope' AND outbox_id IS NOT NULL)
+       OR (kind = 'outbox' AND (originator_node_id IS NOT NULL OR originator_sequence_id IS NOT NULL)) THEN
+        RAISE EXCEPTION 'a dead letter names either an envelope (originator ids) or an outbox row (outbox_id), not both'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF attempts <= 0 THEN
+        RAISE EXCEPTION 'attempts must be positive (got %)', attempts USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM @extschema@._lock_consumer(consumer);
+    PERFORM @extschema@._lease_check('egress', consumer);
+    INSERT INTO @extschema@.dead_letters AS d
+        (consumer, kind, originator_node_id, originator_sequence_id, outbox_id, reason, error,
+         attempts, first_attempt_at, last_attempt_at, next_attempt_at)
+    VALUES (consumer, kind, originator_node_id, originator_sequence_id, outbox_id, reason, error,
+            attempts, COALESCE(first_attempt_at, now()), now(), next_attempt_at)
+    ON CONFLICT ON CONSTRAINT dead_letters_once DO UPDATE
+       SET attempts = d.attempts + EXCLUDED.attempts, reason = EXCLUDED.reason, error = EXCLUDED.error,
+           last_attempt_at = now(), next_attempt_at = EXCLUDED.next_attempt_at
+    RETURNING d.id INTO new_id;
+    RETURN new_id;
+END $$;
+
+-- The dead letters of a consumer that are due again: asked for by
+-- retry_dead_letters(), or whose next_attempt_at has come. With their rows (NULL
+-- columns when the row no longer exists, e.g. pruned), the attempts so far and
+-- whether an operator asked (the bridge then reconnects to its bus first, to
+-- learn its limits anew).
+-- The bridge asks on every poll, so the common answer — nothing due — costs two
+-- index probes; the join with the envelope view is planned only when there is
+-- something to return.
+CREATE OR REPLACE FUNCTION consumer_dead_letter_retries(consumer text, batch_size integer DEFAULT 100)
+RETURNS TABLE (dead_letter_id bigint, kind text, originator_node_id integer, originator_sequence_id bigint,
+               gateway_time timestamptz, topic bytea, payer_id integer, expiry bigint,
+               originator_envelope bytea, outbox_id bigint, subject text, payload bytea, headers jsonb,
+               created_at timestamptz, attempts integer, retry_requested boolean)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c @extschema@.consumers;
+BEGIN
+    IF consumer IS NULL OR batch_size IS NULL THEN
+        RAISE EXCEPTION 'consumer and batch_size must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF batch_size <= 0 THEN
+        RAISE EXCEPTION 'batch_size must be positive (got %)', batch_size USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT * INTO c FROM @extschema@.consumers WHERE name = consumer_dead_letter_retries.consumer;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'consumer "%" does not exist', consumer USING ERRCODE = 'undefined_object',
+              HINT = 'Create it with envelopes.consumer_register(name).';
+    END IF;
+    PERFORM @extschema@._check_consumer_owner(c);
+    IF NOT EXISTS (SELECT FROM @extschema@.dead_letters d
+                    WHERE d.consumer = consumer_dead_letter_retries.consumer
+                      AND d.retry_requested_at IS NOT NULL)
+       AND NOT EXISTS (SELECT FROM @extschema@.dead_letters d
+                        WHERE d.consumer = consumer_dead_letter_retries.consumer
+                          AND d.next_attempt_at IS NOT NULL AND d.next_attempt_at <= pg_catalog.now()) THEN
+        RETURN;
+    END IF;
+    -- Handing a row out answers the operator's request for it: the request is
+    -- consumed here, not by the refusal that may follow (consumer_dead_letter
+    -- leaves retry_requested_at alone), so that a retry_dead_letters() made
+    -- while the bridge is at the row is kept for one more attempt. Its
+    -- next_attempt_at makes it due again should the bridge stop before it
+    -- records the attempt.
+    RETURN QUERY
+    WITH picked AS (
+        SELECT d.id, d.retry_requested_at IS NOT NULL AS requested
+          FROM @extschema@.dead_letters d
+         WHERE d.consumer = consumer_dead_letter_retries.consumer
+           AND (d.retry_requested_at IS NOT NULL OR d.next_attempt_at <= pg_catalog.now())
+         ORDER BY d.id
+         LIMIT batch_size
+           FOR UPDATE OF d),
+    handed AS (
+        UPDATE @extschema@.dead_letters d
+           SET retry_requested_at = NULL,
+               next_attempt_at = COALESCE(d.next_attempt_at, pg_catalog.now())
+          FROM picked p
+         WHERE d.id = p.id AND p.requested
+        RETURNING d.id)
+    SELECT d.id, d.kind, d.originator_node_id, d.originator_sequence_id,
+           v.gateway_time, v.topic, v.payer_id, v.expiry, v.originator_envelope,
+           d.outbox_id, o.subject, o.payload, o.headers, o.created_at, d.attempts,
+           p.requested
+      FROM picked p
+      JOIN @extschema@.dead_letters d ON d.id = p.id
+      LEFT JOIN @extschema@.gateway_envelopes_view v
+             ON d.kind = 'envelope' AND v.originator_node_id = d.originator_node_id
+            AND v.originator_sequence_id = d.originator_sequence_id
+      LEFT JOIN @extschema@.outbox o ON d.kind = 'outbox' AND o.id = d.outbox_id
+     ORDER BY d.id;
+END $$;

@@ -131,6 +131,14 @@ async fn session(
         }
     };
     tracing::info!(consumer = %config.name, sink = %config.sink.sink, "egress connected");
+    // The sink is reached before any round counts as working (readiness means
+    // the bus answers, and a bus that refuses the bridge ends it with 78 even
+    // on a quiet feed).
+    match ensure_sink(config, &db, state, driver).await {
+        Ok(()) => {}
+        Err(Failure::Shutdown) => return Ok(()),
+        Err(failure) => return Err(failure),
+    }
     let mut lag_due = Instant::now();
     loop {
         if driver.stopping() {
@@ -139,6 +147,19 @@ async fn session(
         // Drain: read and publish until both feeds come back empty.
         match drain_once(config, &mut db, state, driver).await {
             Ok(rows) => {
+                // Idle, the sink is asked every SINK_CHECK_INTERVAL whether it
+                // still answers; a round counts as working only then.
+                if rows == 0
+                    && state
+                        .sink_checked
+                        .is_none_or(|t| t.elapsed() >= SINK_CHECK_INTERVAL)
+                {
+                    match recheck_sink(config, &db, state, driver).await {
+                        Ok(()) => {}
+                        Err(Failure::Shutdown) => return Ok(()),
+                        Err(failure) => return Err(failure),
+                    }
+                }
                 // A whole round worked: the next failure starts backing off anew.
                 driver.worked();
                 let metrics = driver.metrics();
@@ -153,6 +174,12 @@ async fn session(
                             } else {
                                 LAG_INTERVAL
                             };
+                    } else {
+                        // Between two counts (consumer_lag counts rows, which
+                        // takes longer the larger the backlog), the rows this
+                        // round acknowledged come off the last one.
+                        let left = (metrics.lag_rows.get() - rows as i64).max(0);
+                        metrics.lag_rows.set(left);
                     }
                     progress.add(rows, rows as i32 >= config.batch_size, metrics);
                     continue;
@@ -349,6 +376,114 @@ struct State {
     /// Whether `synchronous_standby_names` was set at the last batch (see
     /// [`standby::wait_until_flushed`]).
     standby_names_seen: bool,
+    /// When the sink last answered (a connect, a publish, a check).
+    sink_checked: Option<Instant>,
+    /// Whether the store's and the sink's message limits were compared.
+    limits_compared: bool,
+}
+
+/// Warns once, naming both values, when the store accepts larger envelopes
+/// than the sink takes (NATS' default max_payload is 1 MiB, the store's
+/// envelopes.max_envelope_bytes 4 MB): such a row would be set aside as a dead
+/// letter by the default setup.
+async fn compare_limits(db: &Db, sink: &Sink) {
+    let Some((sink_max, limit)) = sink.max_message_bytes() else {
+        return;
+    };
+    let store_max = match db
+        .client
+        .query_opt(
+            "SELECT s.setting::bigint * CASE s.unit WHEN 'kB' THEN 1024 WHEN 'MB' THEN 1048576
+                    WHEN '8kB' THEN 8192 ELSE 1 END
+               FROM pg_catalog.pg_settings s WHERE s.name = 'envelopes.max_envelope_bytes'",
+            &[],
+        )
+        .await
+    {
+        Ok(Some(row)) => row.get::<_, i64>(0),
+        Ok(None) => return,
+        Err(e) => {
+            tracing::debug!(error = %DbFailure::new(&e), "could not read envelopes.max_envelope_bytes");
+            return;
+        }
+    };
+    // What a message adds around the envelope: topic, ids, framing, headers.
+    const FRAMING: u64 = 1024;
+    if store_max > 0 && store_max as u64 + FRAMING > sink_max {
+        tracing::warn!(store_max_envelope_bytes = store_max, sink_max_message_bytes = sink_max,
+                       sink_limit = limit,
+                       "the store accepts envelopes up to {store_max} bytes \
+                        (envelopes.max_envelope_bytes) but {limit} is {sink_max} bytes: a larger \
+                        row would be set aside as a dead letter; lower envelopes.max_envelope_bytes \
+                        below the sink's limit (less about 1 KB of framing) or raise the sink's");
+    }
+}
+
+/// How often an idle egress asks its sink whether it still answers.
+const SINK_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Connects the sink if it is not connected, retrying as a batch would (a bus
+/// that refuses the bridge before it ever worked ends it, exit 78), keeping the
+/// database session alive meanwhile.
+async fn ensure_sink(
+    config: &EgressConfig,
+    db: &Db,
+    state: &mut State,
+    driver: &mut Driver,
+) -> Result<(), Failure> {
+    let mut backoff = Backoff::new();
+    while state.sink.is_none() {
+        if driver.stopping() {
+            return Err(Failure::Shutdown);
+        }
+        let metrics = driver.metrics().clone();
+        match Sink::connect(&config.sink, &config.name, &metrics).await {
+            Ok(sink) => {
+                if !state.limits_compared {
+                    state.limits_compared = true;
+                    compare_limits(db, &sink).await;
+                }
+                state.sink = Some(sink);
+                metrics.sink_stalled.set(0);
+            }
+            Err(error) => {
+                metrics.sink_stalled.set(1);
+                let failure = SinkFailure::Connecting {
+                    error,
+                    sink: &config.sink.sink,
+                };
+                wait_out(driver, &failure, &mut backoff).await?;
+                db.heartbeat().await;
+            }
+        }
+    }
+    state.sink_checked = Some(Instant::now());
+    Ok(())
+}
+
+/// Asks an idle sink whether it still answers; one that does not is connected
+/// again (and /readyz says not ready meanwhile: `sink_stalled`).
+async fn recheck_sink(
+    config: &EgressConfig,
+    db: &Db,
+    state: &mut State,
+    driver: &mut Driver,
+) -> Result<(), Failure> {
+    if let Some(sink) = state.sink.as_mut() {
+        match sink.check().await {
+            Ok(()) => {
+                state.sink_checked = Some(Instant::now());
+                return Ok(());
+            }
+            Err(error) => {
+                tracing::warn!(error = %error, "the sink does not answer while idle; connecting again");
+                driver.metrics().sink_stalled.set(1);
+                driver.metrics().failed(&error);
+                state.sink = None;
+            }
+        }
+    }
+    ensure_sink(config, db, state, driver).await
 }
 
 /// A row as read, with the position to acknowledge once it is delivered.
@@ -649,6 +784,7 @@ async fn deliver(
             Ok(()) => {
                 metrics.published(part);
                 metrics.sink_stalled.set(0);
+                state.sink_checked = Some(Instant::now());
                 metrics
                     .batch_latency
                     .observe(started.elapsed().as_secs_f64());

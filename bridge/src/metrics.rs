@@ -251,6 +251,13 @@ impl Metrics {
             .lock()
             .map(|f| f.clone())
             .unwrap_or_default();
+        if self.sink_stalled.get() != 0 {
+            // Ready means the sink takes the bridge's messages, not that the
+            // database answered.
+            return Err(format!(
+                "the sink does not take the bridge's messages; last failure: {failure}"
+            ));
+        }
         if last == 0 {
             return Err(format!("no round has worked yet; last failure: {failure}"));
         }

@@ -145,7 +145,13 @@ fn sink_urls_without_ports_and_with_several_servers_deliver() {
     let cases = [
         (
             format!("nats://127.0.0.1:{dead},nats://127.0.0.1"),
-            vec!["--nats-stream", stream.as_str()],
+            // A prefix of its own: another stream may capture envelopes.>.
+            vec![
+                "--nats-stream",
+                stream.as_str(),
+                "--subject-prefix",
+                stream.as_str(),
+            ],
         ),
         (
             format!("redis://127.0.0.1:{dead},redis://127.0.0.1"),
@@ -518,4 +524,217 @@ fn bus_configuration_errors_end_the_bridge_on_every_bus() {
         assert!(stderr.contains(fix), "{what}: {stderr}");
         assert!(!stderr.contains("wrong"), "{what}: {stderr}");
     }
+}
+
+/// Item 1: an idle bridge checks its sink. With nothing to forward, a sink
+/// nobody listens on keeps /readyz at 503, a refused AMQP login ends the bridge
+/// with 78, and a NATS server that goes away while the bridge idles turns
+/// /readyz to 503 within seconds (--ready-after 60), back to 200 once it is
+/// back. 211056c: 200 from the first idle round, the AMQP login never tried,
+/// 200 for the whole --ready-after after the server went away.
+#[test]
+fn an_idle_bridge_checks_its_sink() {
+    let db = TestDb::new("idle");
+    // Nobody listens.
+    let dead = free_port();
+    let metrics_port = free_port();
+    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+    let mut bridge = Bridge::egress(
+        &db,
+        "deadsink",
+        &format!("nats://127.0.0.1:{dead}"),
+        &["--metrics-addr", &metrics_addr, "--ready-after", "60"],
+        &[],
+    );
+    wait_until("the metrics endpoint", Duration::from_secs(10), || {
+        http_get(metrics_port, "/healthz").0 == 200
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    let (status, body) = http_get(metrics_port, "/readyz");
+    assert_eq!(status, 503, "{body}\n{}", bridge.log_text());
+    bridge.terminate();
+
+    // A refused AMQP login on a quiet feed: exit 78 at once.
+    let (exit, _, stderr) = run(
+        &[
+            "egress",
+            "--database-url",
+            &db.url(),
+            "--name",
+            "amqp",
+            "--register",
+            "--sink",
+            "amqp://guest:wrong@127.0.0.1:5672/%2f",
+        ],
+        &[],
+    );
+    assert_eq!(exit, Some(78), "{stderr}");
+    assert!(stderr.contains("ACCESS_REFUSED"), "{stderr}");
+
+    // A NATS server that goes away while the bridge idles.
+    let nats_port = free_port();
+    let store = std::env::temp_dir().join(unique("idle_nats"));
+    let mut nats = start_nats(nats_port, &store, &[]);
+    let metrics_port = free_port();
+    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+    let mut bridge = Bridge::egress(
+        &db,
+        "idle",
+        &format!("nats://127.0.0.1:{nats_port}"),
+        &["--metrics-addr", &metrics_addr, "--ready-after", "60"],
+        &[],
+    );
+    wait_until("ready with a live sink", Duration::from_secs(20), || {
+        http_get(metrics_port, "/readyz").0 == 200
+    });
+    let _ = nats.0.kill();
+    let _ = nats.0.wait();
+    let gone = Instant::now();
+    wait_for_bridge(
+        &bridge,
+        "not ready once the idle sink is gone",
+        Duration::from_secs(20),
+        || http_get(metrics_port, "/readyz").0 == 503,
+    );
+    let flipped = gone.elapsed();
+    assert!(flipped < Duration::from_secs(20), "{flipped:?}");
+    let _nats = start_nats(nats_port, &store, &[]);
+    wait_for_bridge(
+        &bridge,
+        "ready again once the sink is back",
+        Duration::from_secs(30),
+        || http_get(metrics_port, "/readyz").0 == 200,
+    );
+    // And it forwards.
+    let mut c = db.client();
+    insert(&mut c, 1, 1);
+    wait_until(
+        "delivery after the sink came back",
+        Duration::from_secs(30),
+        || lag(&db, "idle") == 0,
+    );
+    assert_eq!(bridge.terminate().code(), Some(0));
+    eprintln!("not ready {flipped:?} after the idle sink went away");
+    let _ = std::fs::remove_dir_all(&store);
+}
+
+/// Item 8: limits that agree. Out of the box the store takes envelopes of 4 MB
+/// and NATS messages of 1 MiB: egress says so once at start, naming both
+/// values; with envelopes.max_envelope_bytes below the server's limit it says
+/// nothing. 211056c said nothing either way.
+#[test]
+fn a_store_limit_above_the_sinks_is_named_once_at_start() {
+    let db = TestDb::new("limits");
+    let stream = unique("LIMITS");
+    let mut bridge = Bridge::egress(
+        &db,
+        "limits",
+        &nats_url(),
+        &["--nats-stream", &stream, "--subject-prefix", &stream],
+        &[],
+    );
+    wait_for_bridge(
+        &bridge,
+        "the limit warning",
+        Duration::from_secs(20),
+        || bridge.log_text().contains("max_payload"),
+    );
+    let mut c = db.client();
+    insert(&mut c, 1, 1);
+    wait_until("delivery", Duration::from_secs(20), || {
+        lag(&db, "limits") == 0
+    });
+    bridge.terminate();
+    let log = bridge.log_text();
+    assert_eq!(
+        log.matches("envelopes.max_envelope_bytes)").count(),
+        1,
+        "{log}"
+    );
+    assert!(
+        log.contains("store_max_envelope_bytes=4194304")
+            && log.contains("sink_max_message_bytes=1048576"),
+        "{log}"
+    );
+    c.batch_execute(&format!(
+        "ALTER DATABASE \"{}\" SET envelopes.max_envelope_bytes = '512kB'",
+        db.name
+    ))
+    .unwrap();
+    let mut bridge = Bridge::egress(
+        &db,
+        "limits",
+        &nats_url(),
+        &["--nats-stream", &stream, "--subject-prefix", &stream],
+        &[],
+    );
+    insert(&mut c, 1, 2);
+    wait_until("delivery", Duration::from_secs(20), || {
+        lag(&db, "limits") == 0
+    });
+    bridge.terminate();
+    let log = bridge.log_text();
+    assert!(!log.contains("max_payload"), "{log}");
+}
+
+/// Item 7 (part): an operator's retry_dead_letters() made while the bridge is
+/// at the row (handed out, being published) survives the refusal the bridge
+/// then records, and gets one more attempt. 211056c: consumer_dead_letter
+/// cleared retry_requested_at on conflict, and the request was lost.
+#[test]
+fn retry_dead_letters_is_never_lost_to_a_concurrent_refusal() {
+    let db = TestDb::new("retrylost");
+    let mut bridge = db.client();
+    let mut operator = db.client();
+    bridge
+        .batch_execute(
+            "SELECT envelopes.consumer_register('c');
+             SELECT envelopes.insert_gateway_envelope(1, 1, '\\x01', '\\x01');",
+        )
+        .unwrap();
+    bridge
+        .batch_execute("SELECT envelopes.consumer_lease('c')")
+        .unwrap();
+    let refuse = |c: &mut postgres::Client| {
+        c.batch_execute(
+            "SELECT envelopes.consumer_dead_letter('c', 'envelope', 1, 1, NULL, 'refused', 'X', 1)",
+        )
+        .unwrap()
+    };
+    let requested = |c: &mut postgres::Client| -> bool {
+        c.query_one(
+            "SELECT retry_requested_at IS NOT NULL FROM envelopes.dead_letters",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+    };
+    let hand_out = |c: &mut postgres::Client| -> i64 {
+        c.query_one(
+            "SELECT count(*) FROM envelopes.consumer_dead_letter_retries('c') WHERE retry_requested",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+    };
+    refuse(&mut bridge);
+    operator
+        .batch_execute("SELECT envelopes.retry_dead_letters('c')")
+        .unwrap();
+    assert_eq!(hand_out(&mut bridge), 1);
+    // While the bridge publishes the row, the operator asks again.
+    operator
+        .batch_execute("SELECT envelopes.retry_dead_letters('c')")
+        .unwrap();
+    refuse(&mut bridge);
+    assert!(
+        requested(&mut operator),
+        "the request made during the attempt is kept"
+    );
+    assert_eq!(hand_out(&mut bridge), 1, "one more attempt");
+    refuse(&mut bridge);
+    assert!(
+        !requested(&mut operator),
+        "a request answered by an attempt is consumed"
+    );
 }

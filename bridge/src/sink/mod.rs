@@ -126,6 +126,28 @@ impl Sink {
         })
     }
 
+    /// Whether the bus still answers, asked without sending a row: NATS (a
+    /// PING round trip) and Redis (PING); the other sinks report no failure
+    /// here and are checked by their next publish.
+    pub async fn check(&mut self) -> Result<(), SinkError> {
+        match self {
+            Sink::Nats(s) => s.check().await,
+            Sink::Redis(s) => s.check().await,
+            _ => Ok(()),
+        }
+    }
+
+    /// The largest message the bus takes, as it said when connecting, and the
+    /// name of that limit: NATS' `max_payload`, Redis' `proto-max-bulk-len`
+    /// (`None` where the bus does not say).
+    pub fn max_message_bytes(&self) -> Option<(u64, &'static str)> {
+        match self {
+            Sink::Nats(s) => Some((s.max_payload(), "the NATS server's max_payload")),
+            Sink::Redis(s) => Some((s.max_bulk(), "Redis' proto-max-bulk-len")),
+            _ => None,
+        }
+    }
+
     /// Publishes the batch and returns once every message is acknowledged.
     pub async fn publish(&mut self, batch: &[Message]) -> Result<(), SinkError> {
         match self {

@@ -115,6 +115,36 @@ impl Nats {
         })
     }
 
+    /// The server's `max_payload`.
+    pub fn max_payload(&self) -> u64 {
+        self.client.server_info().max_payload as u64
+    }
+
+    /// Whether the server still answers (a PING round trip, at most 5 s): an
+    /// idle egress asks it so that readiness means the bus works.
+    pub async fn check(&mut self) -> Result<(), SinkError> {
+        if self.client.connection_state() != async_nats::connection::State::Connected {
+            return Err(SinkError::new(
+                "nats",
+                format!(
+                    "not connected to the server ({})",
+                    self.client.connection_state()
+                ),
+            ));
+        }
+        match tokio::time::timeout(std::time::Duration::from_secs(5), self.client.flush()).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(SinkError::new(
+                "nats",
+                format!("the server does not answer: {e}"),
+            )),
+            Err(_) => Err(SinkError::new(
+                "nats",
+                "the server did not answer a PING within 5 s",
+            )),
+        }
+    }
+
     /// Why the server would refuse `message` whatever the retries.
     fn refusal(&self, subject: &str, payload: &[u8], id: &str) -> Option<(String, String)> {
         if let Some(problem) = nats_subject_problem(subject) {

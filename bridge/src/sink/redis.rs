@@ -85,6 +85,24 @@ pub fn classify(code: &str) -> Reply {
 }
 
 impl Redis {
+    /// The server's `proto-max-bulk-len` (or Redis' default when it would not say).
+    pub fn max_bulk(&self) -> u64 {
+        self.max_bulk as u64
+    }
+
+    /// Whether the server still answers (PING, at most 5 s).
+    pub async fn check(&mut self) -> Result<(), SinkError> {
+        let command = redis::cmd("PING");
+        let ping = command.query_async::<String>(&mut self.connection);
+        match tokio::time::timeout(std::time::Duration::from_secs(5), ping).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(connect_error(e)),
+            Err(_) => Err(SinkError::new(
+                SINK,
+                "the server did not answer PING within 5 s",
+            )),
+        }
+    }
     pub async fn connect(url: &str, args: &RedisArgs, wire: &Wire) -> Result<Redis, SinkError> {
         let client = redis::Client::open(url).map_err(|e| SinkError::new(SINK, e))?;
         let mut connection = client
