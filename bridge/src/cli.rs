@@ -150,6 +150,10 @@ pub struct EgressArgs {
     #[arg(long, env = "ENVELOPES_LAG_EVERY_ROUND", value_parser = BoolishValueParser::new(),
           default_value_t = true, num_args = 0..=1, default_missing_value = "true")]
     pub lag_every_round: bool,
+    /// Log one INFO line every this many seconds with what egress did (rows
+    /// forwarded, rows dead-lettered, the lag), idle or not; 0: never.
+    #[arg(long, env = "ENVELOPES_SUMMARY_SECS", default_value_t = 60)]
+    pub summary_secs: u64,
     /// When a batch may go to the bus: `standby-flush` once the synchronous
     /// standbys (without synchronous_standby_names: every streaming standby, at
     /// least one) have flushed the WAL it was read at, so that a failover cannot

@@ -68,6 +68,8 @@ pub struct EgressConfig {
     pub register: bool,
     /// Read the lag from the database every round (else every 5 seconds).
     pub lag_every_round: bool,
+    /// How often the summary line is logged (zero: never).
+    pub summary_every: Duration,
     /// When a batch read may be published (see [`crate::standby`]).
     pub forward_after: ForwardAfter,
 }
@@ -163,6 +165,7 @@ async fn session(
                 // A whole round worked: the next failure starts backing off anew.
                 driver.worked();
                 let metrics = driver.metrics();
+                summarize(state, metrics, config.summary_every);
                 if rows > 0 {
                     if lag_due <= Instant::now() {
                         let asked = Instant::now();
@@ -380,6 +383,31 @@ struct State {
     sink_checked: Option<Instant>,
     /// Whether the store's and the sink's message limits were compared.
     limits_compared: bool,
+    /// The last summary line: when, and the totals (published, dead-lettered)
+    /// then.
+    summary: Option<(Instant, u64, u64)>,
+}
+
+/// Logs one INFO line of what egress did every `every` (`--summary-secs`),
+/// also while idle, so that a healthy bridge is seen to be one.
+fn summarize(state: &mut State, metrics: &Metrics, every: Duration) {
+    if every.is_zero() {
+        return;
+    }
+    let (published, dead) = metrics.totals();
+    // The first interval counts from the process' start.
+    let (at, published_then, dead_then) = *state.summary.get_or_insert((Instant::now(), 0, 0));
+    if at.elapsed() < every {
+        return;
+    }
+    tracing::info!(
+        forwarded = published.saturating_sub(published_then),
+        dead_lettered = dead.saturating_sub(dead_then),
+        lag_rows = metrics.lag_rows.get(),
+        interval_s = at.elapsed().as_secs(),
+        "egress summary"
+    );
+    state.summary = Some((Instant::now(), published, dead));
 }
 
 /// Warns once, naming both values, when the store accepts larger envelopes

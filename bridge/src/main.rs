@@ -92,6 +92,7 @@ async fn run(command: Command) -> i32 {
                 dead_letter_after: args.dead_letter_after,
                 outbox_scope: args.outbox_scope,
                 lag_every_round: args.lag_every_round,
+                summary_every: Duration::from_secs(args.summary_secs),
                 forward_after: args.forward_after,
             };
             finish(egress::run(config, metrics, shutdown::on_signal()).await)

@@ -272,6 +272,17 @@ impl Metrics {
         Ok(())
     }
 
+    /// Rows published, and rows set aside for good, so far (both kinds).
+    pub fn totals(&self) -> (u64, u64) {
+        let sum = |family: &Family<KindLabel, Counter>| {
+            ["envelope", "outbox"]
+                .iter()
+                .map(|kind| family.get_or_create(&KindLabel { kind }).get())
+                .sum::<u64>()
+        };
+        (sum(&self.published), sum(&self.dead_lettered))
+    }
+
     /// Counts a row (`"envelope"` or `"outbox"`) set aside.
     pub fn dead_lettered(&self, kind: &'static str) {
         self.dead_lettered.get_or_create(&KindLabel { kind }).inc();

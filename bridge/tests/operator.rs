@@ -738,3 +738,26 @@ fn retry_dead_letters_is_never_lost_to_a_concurrent_refusal() {
         "a request answered by an attempt is consumed"
     );
 }
+
+/// Item 9: a healthy egress says so: one INFO line per --summary-secs with the
+/// rows forwarded and dead-lettered and the lag, idle or not. 211056c logged
+/// nothing at all once connected (and had no such option).
+#[test]
+fn a_healthy_egress_logs_a_summary_every_interval() {
+    let db = TestDb::new("summary");
+    let mut bridge = Bridge::egress(&db, "summary", "stdout", &["--summary-secs", "1"], &[]);
+    let mut c = db.client();
+    for seq in 1..=5 {
+        insert(&mut c, 1, seq);
+    }
+    wait_for_bridge(&bridge, "summaries", Duration::from_secs(20), || {
+        let log = bridge.log_text();
+        log.matches("egress summary").count() >= 3 && log.contains("forwarded=5")
+    });
+    bridge.terminate();
+    let log = bridge.log_text();
+    assert!(
+        log.contains("dead_lettered=0") && log.contains("lag_rows=0"),
+        "{log}"
+    );
+}
