@@ -521,12 +521,17 @@ fn two_instances_under_one_name_lose_nothing_while_they_keep_dying() {
     let mut fast = setup.start(&db, "twin", &[]);
     let mut slow = setup.start(&db, "twin", &[]);
     let mut slow_until = std::time::Instant::now() + Duration::from_secs(3 + fastrand::u64(0..3));
+    // Every instance's log, not only the last two's: which one stood by when
+    // depends on the kills' timing.
+    let mut logs = String::new();
     while started.elapsed() < Duration::from_secs(25) {
         thread::sleep(Duration::from_millis(200 + fastrand::u64(0..600)));
         fast.kill9();
+        logs.push_str(&fast.log_text());
         fast = setup.start(&db, "twin", &[]);
         if std::time::Instant::now() >= slow_until {
             slow.kill9();
+            logs.push_str(&slow.log_text());
             slow = setup.start(&db, "twin", &[]);
             slow_until = std::time::Instant::now() + Duration::from_secs(3 + fastrand::u64(0..3));
         }
@@ -540,7 +545,7 @@ fn two_instances_under_one_name_lose_nothing_while_they_keep_dying() {
         || position_on(&db, "twin", &setup.stream) >= last,
     );
     sampler.join().unwrap();
-    let log = format!("{}{}", fast.log_text(), slow.log_text());
+    let log = format!("{logs}{}{}", fast.log_text(), slow.log_text());
     fast.terminate();
     slow.terminate();
     let expected: BTreeSet<(i32, i64)> = published
