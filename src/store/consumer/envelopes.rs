@@ -33,24 +33,21 @@ pub fn envelope_batch(consumer: &str, budget: Budget) -> Result<Vec<BatchRow>, C
                 return Ok(Vec::new()); // nothing can have committed since
             }
         }
-        let mut sample = sample;
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let gate = sample.open(&nodes);
-            let (out, step_over) = read_batch(known, &gate, &nodes, budget.clone())?;
-            // Rows held back only because the high-water marks did not cover
-            // them yet (written around the functions, or read first since a
-            // restart) are handed out by a gate opened now (Gate::cap): a call
-            // returns nothing only when nothing can be handed out.
-            if !out.is_empty() || !gate.held() || attempt == crate::store::feed::MAX_GATES {
-                if !step_over.is_empty() {
-                    move_cursor(consumer, step_over.into_iter().collect())?;
-                }
-                return Ok(out);
+        // Rows held back only because the high-water marks did not cover them
+        // yet (written around the functions, or read first since a restart) are
+        // handed out by a gate opened now (Gate::cap): a call returns nothing
+        // only when nothing can be handed out.
+        let (out, step_over) = Gate::read_settled_from(sample, &nodes, |gate| {
+            let (out, step_over) = read_batch(known, gate, &nodes, budget.clone())?;
+            if !out.is_empty() {
+                gate.keep_answer();
             }
-            sample = Sample::take()?;
+            Ok::<_, ConsumerError>((out, step_over))
+        })?;
+        if !step_over.is_empty() {
+            move_cursor(consumer, step_over.into_iter().collect())?;
         }
+        Ok(out)
     })
 }
 
@@ -278,18 +275,9 @@ pub fn envelopes_pending(
                 return Ok((0, None));
             }
         }
-        let mut gate = sample.open(&nodes);
-        let mut attempt = 1;
-        loop {
-            let counted = count_pending(known, &gate, &nodes)?;
-            // Rows held back for the high-water marks are counted by a gate
-            // opened now (Gate::cap).
-            if !gate.held() || attempt == crate::store::feed::MAX_GATES {
-                return Ok(counted);
-            }
-            attempt += 1;
-            gate = Sample::take()?.open(&nodes);
-        }
+        // Rows held back for the high-water marks are counted by a gate opened
+        // now (Gate::cap).
+        Gate::read_settled_from(sample, &nodes, |gate| count_pending(known, gate, &nodes))
     })
 }
 

@@ -197,16 +197,27 @@ impl Gate {
     /// that the answer covers every row that can be handed out now.
     pub fn read_settled<T, E: From<MarkerError>>(
         nodes: &[i32],
+        read: impl FnMut(&Gate) -> Result<T, E>,
+    ) -> Result<T, E> {
+        Gate::read_settled_from(Sample::take()?, nodes, read)
+    }
+
+    /// [`Gate::read_settled`], the first gate completing `sample`; `read` may
+    /// take its answer as it is although rows were held ([`Gate::keep_answer`]).
+    pub fn read_settled_from<T, E: From<MarkerError>>(
+        sample: Sample,
+        nodes: &[i32],
         mut read: impl FnMut(&Gate) -> Result<T, E>,
     ) -> Result<T, E> {
+        let mut gate = sample.open(nodes);
         let mut attempt = 1;
         loop {
-            let gate = Gate::open(nodes)?;
             let out = read(&gate)?;
             if !gate.held() || attempt == MAX_GATES {
                 return Ok(out);
             }
             attempt += 1;
+            gate = Sample::take()?.open(nodes);
         }
     }
 
@@ -271,5 +282,11 @@ impl Gate {
     /// Whether [`Gate::cap`] held a row back: a gate opened now hands it out.
     pub fn held(&self) -> bool {
         self.held.get()
+    }
+
+    /// The answer read through this gate stands although it held rows back (a
+    /// batch that has rows: the held ones come with the next batch).
+    pub fn keep_answer(&self) {
+        self.held.set(false);
     }
 }
