@@ -148,6 +148,13 @@ async fn session(
         }
         // Drain: read and publish until both feeds come back empty.
         match drain_once(config, &mut db, state, driver).await {
+            Ok(rows) if std::mem::take(&mut state.stalled) => {
+                // Stalled on a bus that refuses the bridge (the wait is over):
+                // not a round that worked; read again at once.
+                progress.add(rows, false, driver.metrics());
+                update_lag(&db, &config.name, driver.metrics()).await;
+                continue;
+            }
             Ok(rows) => {
                 // Idle, the sink is asked every SINK_CHECK_INTERVAL whether it
                 // still answers; a round counts as working only then.
@@ -386,7 +393,45 @@ struct State {
     /// The last summary line: when, and the totals (published, dead-lettered)
     /// then.
     summary: Option<(Instant, u64, u64)>,
+    /// The refusal code of the bus while it refuses the bridge rather than its
+    /// rows (see [`BREAKER_ROWS`]): egress stalls instead of setting rows aside.
+    breaker: Option<String>,
+    /// Refusals since the last delivery that were not judged yet, across
+    /// batches: (code, row id), the newest last.
+    streak: Vec<(String, String)>,
+    /// The last round stalled on a bus that refuses the bridge, or deferred
+    /// judging refused rows (it is read again at once).
+    stalled: bool,
+    /// Rounds in a row that ended on refused rows not judged yet.
+    deferrals: u32,
 }
+
+/// Refusals a sink decides from the row itself against a limit the bus stated
+/// (NATS' max_payload and subject syntax, MQTT's topic syntax and maximum
+/// packet size, Redis' proto-max-bulk-len): the row's own, never the bus
+/// refusing the bridge, so they are set aside at once and never trip the
+/// breaker (a limit below every row is what the start-up warning is for).
+fn judged_by_the_row(code: &str) -> bool {
+    matches!(
+        code,
+        "MAX_PAYLOAD" | "SUBJECT" | "TOPIC" | "MAX_PACKET_SIZE" | "PROTO_MAX_BULK_LEN"
+    )
+}
+
+/// How many rounds in a row refused rows with nothing delivered after them are
+/// read again before they are set aside (about 1.75 s of refusal delays).
+const DEFER_ROUNDS: u32 = 3;
+
+/// Refusals of this many different rows with the same code and nothing
+/// delivered between them mean the bus refuses the bridge (an ACL for every
+/// subject, revoked credentials, a proxy limit below every body), not the rows:
+/// egress then keeps its position and order, sets nothing aside, alerts
+/// (readiness false, `sink_stalled`, `errors_total{kind="permanent"}`, an ERROR
+/// line every retry), asks the bus again on a new connection at the longest
+/// backoff (no cache of refused subjects or bodies outlives the condition) and
+/// resumes by itself once a row goes through. A refusal is judged per row, and
+/// the row set aside, only when another row gets through after it.
+const BREAKER_ROWS: usize = 3;
 
 /// Logs one INFO line of what egress did every `every` (`--summary-secs`),
 /// also while idle, so that a healthy bridge is seen to be one.
@@ -535,18 +580,26 @@ async fn drain_once(
     let (outbox, positions) = read_outbox(db, config)
         .await
         .map_err(|e| Failure::Database(e, "reading the outbox".into()))?;
-    if let Some(Position::Outbox(last)) = positions.last() {
+    if !positions.is_empty() {
         hold_for_standbys(config, db, state, &outbox, driver).await?;
-        deliver(config, db, state, &outbox, &[], driver).await?;
-        db.client
-            .execute(
-                "SELECT envelopes.consumer_outbox_ack($1, $2)",
-                &[&config.name, last],
-            )
-            .await
-            .map_err(|e| Failure::Database(e.into(), during("acknowledging", &outbox)))?;
-        crash::reached("after_ack");
-        moved += outbox.len();
+        let (_, stalled) = deliver(config, db, state, &outbox, &[], true, driver).await?;
+        // Stalled (the bus refuses the bridge): only what went before counts.
+        let done = stalled.unwrap_or(outbox.len());
+        if let Some(Position::Outbox(last)) = positions[..done].last() {
+            db.client
+                .execute(
+                    "SELECT envelopes.consumer_outbox_ack($1, $2)",
+                    &[&config.name, last],
+                )
+                .await
+                .map_err(|e| Failure::Database(e.into(), during("acknowledging", &outbox)))?;
+            crash::reached("after_ack");
+        }
+        moved += done;
+        if stalled.is_some() {
+            state.stalled = true;
+            return Ok(moved);
+        }
     }
 
     let (envelopes, positions) = read_envelopes(db, config)
@@ -554,10 +607,13 @@ async fn drain_once(
         .map_err(|e| Failure::Database(e, "reading envelopes".into()))?;
     if !envelopes.is_empty() {
         hold_for_standbys(config, db, state, &envelopes, driver).await?;
-        deliver(config, db, state, &envelopes, &[], driver).await?;
+        let (_, stalled) = deliver(config, db, state, &envelopes, &[], true, driver).await?;
+        // Stalled (the bus refuses the bridge): only what went before counts.
+        let done = stalled.unwrap_or(envelopes.len());
+        state.stalled = stalled.is_some();
         let mut tops: BTreeMap<i32, i64> = BTreeMap::new();
         let mut late: Option<i64> = None;
-        for p in &positions {
+        for p in &positions[..done] {
             match *p {
                 Position::InOrder(node, seq) => {
                     let top = tops.entry(node).or_insert(seq);
@@ -577,7 +633,7 @@ async fn drain_once(
             .await
             .map_err(|e| Failure::Database(e.into(), during("acknowledging", &envelopes)))?;
         crash::reached("after_ack");
-        moved += envelopes.len();
+        moved += done;
     }
     Ok(moved)
 }
@@ -739,8 +795,9 @@ async fn deliver(
     state: &mut State,
     batch: &[Message],
     prior: &[u32],
+    judge: bool,
     driver: &mut Driver,
-) -> Result<Vec<usize>, Failure> {
+) -> Result<(Vec<usize>, Option<usize>), Failure> {
     // Each batch backs off on its own, from the first delay.
     let mut backoff = Backoff::new();
     let metrics = driver.metrics().clone();
@@ -759,6 +816,8 @@ async fn deliver(
         window = 1;
     }
     let mut refused_again = Vec::new();
+    // Refused rows of this batch not judged yet: (index, code, reason).
+    let mut suspects: Vec<(usize, String, String)> = Vec::new();
     let mut lag_due = Instant::now() + LAG_INTERVAL;
     metrics.lag_seconds.set(batch_age(batch));
     crash::reached("before_publish");
@@ -810,6 +869,29 @@ async fn deliver(
         // The refused message's index in the batch, with the bus's code and reason.
         let refusal = match published {
             Ok(()) => {
+                // Rows got through after the refused ones: those were refused
+                // for themselves, and are set aside now.
+                for (index, code, reason) in suspects.drain(..) {
+                    let attempts = prior.get(index).copied().unwrap_or(0) + 1;
+                    set_aside(
+                        config,
+                        db,
+                        &batch[index],
+                        &code,
+                        &reason,
+                        attempts,
+                        &metrics,
+                    )
+                    .await?;
+                    if index < prior.len() {
+                        refused_again.push(index);
+                    }
+                }
+                state.streak.clear();
+                state.deferrals = 0;
+                if let Some(code) = state.breaker.take() {
+                    tracing::info!(code = %code, "the bus takes the bridge's rows again: delivery resumes");
+                }
                 metrics.published(part);
                 metrics.sink_stalled.set(0);
                 state.sink_checked = Some(Instant::now());
@@ -894,24 +976,48 @@ async fn deliver(
             }
         };
         if let Some((index, code, reason)) = refusal {
-            metrics.published(&batch[start..index]);
-            metrics.sink_stalled.set(0);
-            // The bus took what came before the refused message: progress.
-            backoff.reset();
-            let attempts = prior.get(index).copied().unwrap_or(0) + 1;
-            set_aside(
-                config,
-                db,
-                &batch[index],
-                &code,
-                &reason,
-                attempts,
-                &metrics,
-            )
-            .await?;
-            if index < prior.len() {
-                refused_again.push(index);
+            if index > start {
+                // The bus took what came before the refused message: progress,
+                // and the refusals before it were the rows' own.
+                metrics.published(&batch[start..index]);
+                backoff.reset();
+                for (held, code, reason) in suspects.drain(..) {
+                    let attempts = prior.get(held).copied().unwrap_or(0) + 1;
+                    set_aside(config, db, &batch[held], &code, &reason, attempts, &metrics).await?;
+                    if held < prior.len() {
+                        refused_again.push(held);
+                    }
+                }
+                state.streak.clear();
+                state.deferrals = 0;
             }
+            if judged_by_the_row(&code) {
+                // The sink measured this row itself against a limit the bus
+                // stated (its size, its subject): the row's own refusal.
+                let attempts = prior.get(index).copied().unwrap_or(0) + 1;
+                set_aside(
+                    config,
+                    db,
+                    &batch[index],
+                    &code,
+                    &reason,
+                    attempts,
+                    &metrics,
+                )
+                .await?;
+                if index < prior.len() {
+                    refused_again.push(index);
+                }
+                start = index + 1;
+                continue;
+            }
+            let id = batch[index].dedup_id();
+            if !state.streak.iter().any(|(_, row)| *row == id) {
+                state.streak.push((code.clone(), id));
+            }
+            // Not judged yet: set aside once another row gets through (or at
+            // the end of the batch), unless the bus refuses the bridge.
+            suspects.push((index, code, reason));
             // The window stays as it is: after a refusal found by halving
             // (413), the rows after it go in windows of that size again,
             // doubling while the bus takes them, instead of starting over
@@ -920,8 +1026,87 @@ async fn deliver(
             start = index + 1;
         }
     }
+    // Refused rows at the end of the batch, nothing delivered after them.
+    if let Some((from, code, reason)) = suspects.first().cloned() {
+        let same = state
+            .streak
+            .iter()
+            .rev()
+            .take_while(|(c, _)| *c == code)
+            .count();
+        if judge && same >= BREAKER_ROWS {
+            // The bus refuses the bridge: nothing is set aside; delivery stands
+            // at the first row not judged, which is read again (with whatever
+            // came after it) once the wait is over.
+            if state.breaker.is_none() {
+                tracing::error!(code = %code, reason = %reason, rows = same,
+                                "the bus refuses every row with the same code and takes none \
+                                 between them: it refuses the bridge (permissions, credentials, a \
+                                 limit below every message), not the rows. Delivery stalls at its \
+                                 position, nothing is set aside, and resumes by itself once the bus \
+                                 takes a row");
+                state.breaker = Some(code.clone());
+            }
+            metrics.sink_stalled.set(1);
+            // A new connection for the next attempt: no cache of what the bus
+            // refused outlives the condition.
+            state.sink = None;
+            let error = SinkError::Unavailable {
+                sink: "bus",
+                message: format!(
+                    "the bus refuses the bridge ({code}: {reason}); stalled at {}",
+                    batch[from].dedup_id()
+                ),
+                retry_after: None,
+                permanent: true,
+            };
+            let part = &batch[from..from + 1];
+            wait_out(
+                driver,
+                &SinkFailure::Publishing { error, part },
+                &mut backoff,
+            )
+            .await?;
+            crash::reached("after_publish");
+            return Ok((refused_again, Some(from)));
+        }
+        if judge && state.deferrals < DEFER_ROUNDS {
+            // Nothing after them to judge by yet: read them again shortly,
+            // with whatever comes after them, instead of setting them aside at
+            // once (a bus that refuses every row reaches BREAKER_ROWS that
+            // way without a row set aside; a row refused for itself alone is
+            // set aside after DEFER_ROUNDS).
+            state.deferrals += 1;
+            if crate::shutdown::sleep(retry::refusal_delay(state.deferrals), driver.shutdown())
+                .await
+            {
+                return Err(Failure::Shutdown);
+            }
+            crash::reached("after_publish");
+            return Ok((refused_again, Some(from)));
+        }
+    }
+    state.deferrals = 0;
+    // Otherwise set aside as before (the streak goes on into the next batch, so
+    // a bus that refuses every row still trips the breaker there).
+    for (index, code, reason) in suspects.drain(..) {
+        let attempts = prior.get(index).copied().unwrap_or(0) + 1;
+        set_aside(
+            config,
+            db,
+            &batch[index],
+            &code,
+            &reason,
+            attempts,
+            &metrics,
+        )
+        .await?;
+        if index < prior.len() {
+            refused_again.push(index);
+        }
+    }
     crash::reached("after_publish");
-    Ok(refused_again)
+    Ok((refused_again, None))
 }
 
 /// Waits out a failed attempt at a batch ([`Driver::failed`]); `Err` when the
@@ -1193,7 +1378,9 @@ async fn retry_dead_letters(
         if requested {
             state.sink = None;
         }
-        deliver(config, db, state, &batch, &prior, driver).await?
+        deliver(config, db, state, &batch, &prior, false, driver)
+            .await?
+            .0
     };
     let resolved: Vec<i64> = ids
         .iter()

@@ -761,3 +761,83 @@ fn a_healthy_egress_logs_a_summary_every_interval() {
         "{log}"
     );
 }
+
+/// Item 7: a bus that refuses every row (here a receiver answering 413 to every
+/// body, as a proxy limit set too low does) after a good start is the bridge
+/// refused, not the rows: egress stalls at its position (readiness 503,
+/// sink_stalled 1), sets nothing aside, and once the limit is fixed delivers
+/// every row, in order, by itself (no refused-body cache outlives the
+/// condition). 211056c set every row aside (and 2,130 more after the fix).
+#[test]
+fn a_bus_that_refuses_every_row_stalls_the_bridge_instead_of_dead_lettering() {
+    use std::sync::atomic::Ordering;
+    let db = TestDb::new("breaker");
+    let receiver = common::buses::Receiver::start();
+    let metrics_port = free_port();
+    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+    let mut bridge = Bridge::egress(
+        &db,
+        "breaker",
+        &receiver.url(),
+        &["--metrics-addr", &metrics_addr],
+        &[],
+    );
+    let mut c = db.client();
+    insert(&mut c, 1, 1);
+    wait_until("a good start", Duration::from_secs(20), || {
+        lag(&db, "breaker") == 0
+    });
+    receiver.status.store(413, Ordering::Relaxed);
+    for seq in 2..=41 {
+        insert(&mut c, 1, seq);
+    }
+    wait_for_bridge(
+        &bridge,
+        "not ready while refused",
+        Duration::from_secs(20),
+        || http_get(metrics_port, "/readyz").0 == 503,
+    );
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(
+        db.int8("SELECT count(*) FROM envelopes.dead_letters"),
+        0,
+        "no good row set aside; the bridge's log:\n{}",
+        bridge.log_text()
+    );
+    assert_eq!(lag(&db, "breaker"), 40, "the position stays");
+    assert!(bridge.log_text().contains("it refuses the bridge"));
+    assert_eq!(
+        metric(&scrape(metrics_port), "envelopes_bridge_sink_stalled"),
+        1.0
+    );
+    receiver.status.store(200, Ordering::Relaxed);
+    wait_for_bridge(
+        &bridge,
+        "delivery once fixed",
+        Duration::from_secs(30),
+        || lag(&db, "breaker") == 0,
+    );
+    assert_eq!(db.int8("SELECT count(*) FROM envelopes.dead_letters"), 0);
+    wait_for_bridge(&bridge, "ready again", Duration::from_secs(20), || {
+        http_get(metrics_port, "/readyz").0 == 200
+    });
+    // In order, each once after the fix.
+    let seqs: Vec<i64> = receiver
+        .requests
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.answered == 200)
+        .flat_map(|r| {
+            let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
+            body.as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|m| m["originator_sequence_id"].as_i64())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(seqs, (1..=41).collect::<Vec<i64>>(), "delivered in order");
+    bridge.terminate();
+}
