@@ -205,6 +205,11 @@ pub struct IngressArgs {
     #[arg(long, env = "ENVELOPES_BATCH_SIZE", default_value_t = 500,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub batch_size: u32,
+    /// Log one INFO line every this many seconds with what ingress did
+    /// (messages stored, messages dead-lettered, the stream position), idle or
+    /// not; 0: never.
+    #[arg(long, env = "ENVELOPES_SUMMARY_SECS", default_value_t = 60)]
+    pub summary_secs: u64,
     #[command(flatten)]
     pub service: ServiceArgs,
     #[command(flatten)]

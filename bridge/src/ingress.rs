@@ -59,6 +59,8 @@ pub struct IngressConfig {
     pub subject: String,
     pub dead_letter_subject: String,
     pub batch_size: usize,
+    /// How often the summary line is logged (zero: never).
+    pub summary_every: Duration,
 }
 
 /// Why a session of ingress ended.
@@ -237,10 +239,24 @@ async fn session(config: &IngressConfig, driver: &mut Driver) -> Result<(), Fail
                    start_sequence = plan.start, identity = %identity, "ingress connected");
     let mut next_sequence = plan.start;
     let mut identity_checked = Instant::now();
+    // One INFO line per --summary-secs, idle or not: a healthy ingress is seen
+    // to be one.
+    let mut summary = (Instant::now(), metrics.ingested.get(), metrics.totals().1);
 
     loop {
         if driver.stopping() {
             return Ok(());
+        }
+        if !config.summary_every.is_zero() && summary.0.elapsed() >= config.summary_every {
+            let (stored, dead) = (metrics.ingested.get(), metrics.totals().1);
+            tracing::info!(
+                stored = stored.saturating_sub(summary.1),
+                dead_lettered = dead.saturating_sub(summary.2),
+                stream_position = next_sequence.saturating_sub(1),
+                interval_s = summary.0.elapsed().as_secs(),
+                "ingress summary"
+            );
+            summary = (Instant::now(), stored, dead);
         }
         let mut batch = consumer
             .fetch()

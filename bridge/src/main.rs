@@ -118,6 +118,7 @@ async fn run(command: Command) -> i32 {
                 subject,
                 dead_letter_subject: args.dead_letter_subject.clone(),
                 batch_size: args.batch_size as usize,
+                summary_every: Duration::from_secs(args.summary_secs),
             };
             finish(ingress::run(config, metrics, shutdown::on_signal()).await)
         }

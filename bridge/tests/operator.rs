@@ -745,7 +745,21 @@ fn retry_dead_letters_is_never_lost_to_a_concurrent_refusal() {
 #[test]
 fn a_healthy_egress_logs_a_summary_every_interval() {
     let db = TestDb::new("summary");
-    let mut bridge = Bridge::egress(&db, "summary", "stdout", &["--summary-secs", "1"], &[]);
+    let stream = unique("SUMMARY");
+    let mut bridge = Bridge::egress(
+        &db,
+        "summary",
+        &nats_url(),
+        &[
+            "--summary-secs",
+            "1",
+            "--nats-stream",
+            &stream,
+            "--subject-prefix",
+            &stream,
+        ],
+        &[],
+    );
     let mut c = db.client();
     for seq in 1..=5 {
         insert(&mut c, 1, seq);
@@ -760,6 +774,43 @@ fn a_healthy_egress_logs_a_summary_every_interval() {
         log.contains("dead_lettered=0") && log.contains("lag_rows=0"),
         "{log}"
     );
+    // Ingress the same, reading those rows into another database.
+    let target = TestDb::new("summaryin");
+    let log_path = std::env::temp_dir().join(format!("{}.log", unique("ingress")));
+    let child = bridge_command(&[
+        "ingress",
+        "--database-url",
+        &target.url(),
+        "--name",
+        "in",
+        "--source",
+        &nats_url(),
+        "--nats-stream",
+        &stream,
+        "--subject-prefix",
+        &stream,
+        "--summary-secs",
+        "1",
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(std::fs::File::create(&log_path).unwrap())
+    .spawn()
+    .unwrap();
+    let mut ingress = Bridge {
+        child,
+        log: log_path,
+    };
+    wait_for_bridge(
+        &ingress,
+        "ingress summaries",
+        Duration::from_secs(20),
+        || {
+            let log = ingress.log_text();
+            log.matches("ingress summary").count() >= 2 && log.contains("stored=5")
+        },
+    );
+    ingress.terminate();
 }
 
 /// Item 7: a bus that refuses every row (here a receiver answering 413 to every
