@@ -892,3 +892,55 @@ fn a_bus_that_refuses_every_row_stalls_the_bridge_instead_of_dead_lettering() {
     assert_eq!(seqs, (1..=41).collect::<Vec<i64>>(), "delivered in order");
     bridge.terminate();
 }
+
+/// Item 4, MQTT: a broker that refuses the bridge's user and password ends it
+/// with 78 and the fix, as the other buses do (211056c: retried as an outage).
+#[test]
+fn mqtt_credentials_the_broker_refuses_end_the_bridge() {
+    let dir = std::env::temp_dir().join(unique("mqttauth"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let passwords = dir.join("passwords");
+    let made = std::process::Command::new("mosquitto_passwd")
+        .args(["-b", "-c", passwords.to_str().unwrap(), "bridge", "right"])
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let broker = common::buses::PrivateMosquitto::start(&format!(
+        "allow_anonymous false\npassword_file {}",
+        passwords.display()
+    ));
+    let db = TestDb::new("mqttauth");
+    let mut c = db.client();
+    insert(&mut c, 1, 1);
+    let sink = format!("mqtt://bridge:wrong@127.0.0.1:{}", broker.port);
+    let started = Instant::now();
+    let (exit, _, stderr) = run(
+        &[
+            "egress",
+            "--database-url",
+            &db.url(),
+            "--name",
+            "m",
+            "--register",
+            "--sink",
+            &sink,
+        ],
+        &[],
+    );
+    assert_eq!(exit, Some(78), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(12));
+    assert!(
+        stderr.contains("refuses the bridge's credentials") && !stderr.contains("wrong"),
+        "{stderr}"
+    );
+    // The right password delivers.
+    let sink = format!("mqtt://bridge:right@127.0.0.1:{}", broker.port);
+    let mut bridge = Bridge::egress(&db, "m", &sink, &[], &[]);
+    wait_until(
+        "delivery with the right password",
+        Duration::from_secs(20),
+        || lag(&db, "m") == 0,
+    );
+    bridge.terminate();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -202,7 +202,12 @@ async fn drive(
                     }),
                     _ => None,
                 };
-                let error = e.to_string();
+                let error = match &e {
+                    ConnectionError::ConnectionRefused(code) => {
+                        refused_credentials(*code).unwrap_or_else(|| e.to_string())
+                    }
+                    _ => e.to_string(),
+                };
                 let _ = errors.send(Some(error.clone()));
                 let _ = outcomes.send(Outcome::Broken { error, refused });
                 inflight.clear();
@@ -210,6 +215,25 @@ async fn drive(
             }
         }
     }
+}
+
+/// How a refused CONNECT that names the bridge's credentials or client id is
+/// reported (the bridge's configuration: exit 78 before it ever worked).
+const REFUSED_CREDENTIALS: &str = "the broker refuses the bridge's credentials";
+
+/// The message for a CONNACK refusal about the bridge's credentials or client
+/// id; `None` for the others (a busy or unavailable server is an outage).
+fn refused_credentials(code: rumqttc::v5::mqttbytes::v5::ConnectReturnCode) -> Option<String> {
+    use rumqttc::v5::mqttbytes::v5::ConnectReturnCode as Code;
+    let name = match code {
+        Code::BadUserNamePassword => "bad user name or password",
+        Code::NotAuthorized => "not authorized",
+        Code::BadAuthenticationMethod => "bad authentication method",
+        Code::Banned => "banned",
+        Code::ClientIdentifierNotValid | Code::BadClientId => "client id not valid",
+        _ => return None,
+    };
+    Some(format!("{REFUSED_CREDENTIALS} ({name})"))
 }
 
 impl Mqtt {
@@ -271,6 +295,16 @@ impl Mqtt {
                 .borrow_and_update()
                 .clone()
                 .unwrap_or_else(|| "no CONNACK".into());
+            if why.starts_with(REFUSED_CREDENTIALS) {
+                return Err(SinkError::Config {
+                    sink: SINK,
+                    message: format!(
+                        "connect {}:{}: {why} (check the user and password in the URL, \
+                         mqtt://USER:PASSWORD@HOST, and --mqtt-client-id)",
+                        self.host, self.port
+                    ),
+                });
+            }
             return Err(SinkError::new(
                 SINK,
                 format!("connect {}:{}: {why}", self.host, self.port),
