@@ -906,7 +906,7 @@ fn mqtt_credentials_the_broker_refuses_end_the_bridge() {
         .unwrap();
     assert!(made.success());
     let broker = common::buses::PrivateMosquitto::start(&format!(
-        "allow_anonymous false\npassword_file {}",
+        "allow_anonymous false\npassword_file {}\nmax_packet_size 65536",
         passwords.display()
     ));
     let db = TestDb::new("mqttauth");
@@ -942,5 +942,12 @@ fn mqtt_credentials_the_broker_refuses_end_the_bridge() {
         || lag(&db, "m") == 0,
     );
     bridge.terminate();
+    // Item 8: the broker's announced maximum packet size is compared too.
+    let log = bridge.log_text();
+    assert!(
+        log.contains("the MQTT broker's maximum packet size")
+            && log.contains("sink_max_message_bytes=65536"),
+        "{log}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

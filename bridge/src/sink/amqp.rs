@@ -174,6 +174,19 @@ fn follow_events(connection: &Connection, metrics: Arc<Metrics>) -> tokio::task:
 const SINK: &str = "amqp";
 
 impl Amqp {
+    /// Whether the connection to the broker is still up (no round trip: lapin
+    /// tracks it with heartbeats); an idle egress asks it so that readiness
+    /// means the bus works.
+    pub fn check(&self) -> Result<(), SinkError> {
+        match &self.session {
+            Some(session) if !session.connection.status().connected() => Err(SinkError::new(
+                SINK,
+                "the connection to the broker is closed",
+            )),
+            _ => Ok(()),
+        }
+    }
+
     pub async fn connect(
         url: &str,
         args: &AmqpArgs,

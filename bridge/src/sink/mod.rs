@@ -127,23 +127,29 @@ impl Sink {
     }
 
     /// Whether the bus still answers, asked without sending a row: NATS (a
-    /// PING round trip) and Redis (PING); the other sinks report no failure
-    /// here and are checked by their next publish.
+    /// PING round trip), Redis (PING), RabbitMQ (the connection's state, kept
+    /// by heartbeats); the other sinks report no failure here and are checked
+    /// by their next publish.
     pub async fn check(&mut self) -> Result<(), SinkError> {
         match self {
             Sink::Nats(s) => s.check().await,
             Sink::Redis(s) => s.check().await,
+            Sink::Amqp(s) => s.check(),
             _ => Ok(()),
         }
     }
 
     /// The largest message the bus takes, as it said when connecting, and the
-    /// name of that limit: NATS' `max_payload`, Redis' `proto-max-bulk-len`
-    /// (`None` where the bus does not say).
+    /// name of that limit: NATS' `max_payload`, Redis' `proto-max-bulk-len`,
+    /// the MQTT broker's maximum packet size (`None` where the bus does not
+    /// say: RabbitMQ does not announce `max_message_size`).
     pub fn max_message_bytes(&self) -> Option<(u64, &'static str)> {
         match self {
             Sink::Nats(s) => Some((s.max_payload(), "the NATS server's max_payload")),
             Sink::Redis(s) => Some((s.max_bulk(), "Redis' proto-max-bulk-len")),
+            Sink::Mqtt(s) => s
+                .max_packet_size()
+                .map(|max| (max, "the MQTT broker's maximum packet size")),
             _ => None,
         }
     }

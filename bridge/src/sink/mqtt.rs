@@ -237,6 +237,15 @@ fn refused_credentials(code: rumqttc::v5::mqttbytes::v5::ConnectReturnCode) -> O
 }
 
 impl Mqtt {
+    /// The broker's maximum packet size from its CONNACK, if it announced one.
+    pub fn max_packet_size(&self) -> Option<u64> {
+        self.session
+            .as_ref()
+            .map(|s| *s.max_packet.borrow())
+            .filter(|max| *max > 0)
+            .map(u64::from)
+    }
+
     pub async fn connect(
         host: &str,
         port: u16,
