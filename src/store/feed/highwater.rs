@@ -112,28 +112,48 @@ fn key(node: i32) -> u64 {
     (u64::from(database()) << 32) | u64::from((node as u32).wrapping_add(1))
 }
 
-/// The slot of `node` in the current database, claimed if free; `None` when the
-/// table is full.
-fn slot_of(table: &Table, node: i32) -> Option<usize> {
+/// Where a lookup of an originator's slot ended.
+enum Probe {
+    /// Its slot.
+    Found(usize),
+    /// It has none, and one is free.
+    Free,
+    /// It has none, and none is free (slots are never given back).
+    Full,
+}
+
+/// Looks for the slot of `node` in the current database along its probe
+/// sequence; with `claim`, takes the first free one if it has none.
+fn probe(table: &Table, node: i32, claim: bool) -> Probe {
     let key = key(node);
     let start = spread(key, SLOTS);
     for i in 0..SLOTS {
         let at = (start + i) % SLOTS;
         let slot = &table.slots[at];
         match slot.key.load(Ordering::SeqCst) {
-            k if k == key => return Some(at),
+            k if k == key => return Probe::Found(at),
+            0 if !claim => return Probe::Free,
             0 => match slot
                 .key
                 .compare_exchange(0, key, Ordering::SeqCst, Ordering::SeqCst)
             {
-                Ok(_) => return Some(at),
-                Err(k) if k == key => return Some(at),
+                Ok(_) => return Probe::Found(at),
+                Err(k) if k == key => return Probe::Found(at),
                 Err(_) => continue,
             },
             _ => continue,
         }
     }
-    None
+    Probe::Full
+}
+
+/// The slot of `node` in the current database, claimed if free; `None` when the
+/// table is full.
+fn slot_of(table: &Table, node: i32) -> Option<usize> {
+    match probe(table, node, true) {
+        Probe::Found(at) => Some(at),
+        Probe::Free | Probe::Full => None,
+    }
 }
 
 /// What [`note`] concluded about the rows being inserted.
@@ -334,23 +354,11 @@ impl Coverage {
             // A lookup each: one without a slot holds its rows (-1) unless the
             // table is full.
             for &node in nodes {
-                let key = key(node);
-                let start = spread(key, SLOTS);
-                let mut found = i64::MAX; // the table is full: no slot ever
-                for i in 0..SLOTS {
-                    let slot = &table.slots[(start + i) % SLOTS];
-                    match slot.key.load(Ordering::SeqCst) {
-                        k if k == key => {
-                            found = covered_by(slot);
-                            break;
-                        }
-                        0 => {
-                            found = -1;
-                            break;
-                        }
-                        _ => {}
-                    }
-                }
+                let found = match probe(table, node, false) {
+                    Probe::Found(at) => covered_by(&table.slots[at]),
+                    Probe::Free => -1,
+                    Probe::Full => i64::MAX, // no slot ever: the exact check
+                };
                 covered.insert(node, found);
             }
             return Coverage {
