@@ -107,6 +107,23 @@ pub fn sqlstate(error: &postgres::Error) -> String {
         .unwrap_or_else(|| "-----".to_owned())
 }
 
+/// The SQLSTATE and the server's whole report (message, detail, hint, where) of
+/// a failed statement, for assertion messages: `postgres::Error`'s own Display
+/// says only "db error".
+pub fn report(error: &postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => format!(
+            "{} {} (detail: {:?}, hint: {:?}, where: {:?})",
+            db.code().code(),
+            db.message(),
+            db.detail(),
+            db.hint(),
+            db.where_()
+        ),
+        None => format!("----- {error}"),
+    }
+}
+
 /// Inserts one small envelope through the extension's function.
 pub fn insert(client: &mut impl postgres::GenericClient, node: i32, seq: i64) {
     client

@@ -1,6 +1,6 @@
 //! Several real connections creating partitions at the same time.
 
-use pg_envelopes_tests::{sqlstate, TestDb};
+use pg_envelopes_tests::{report, sqlstate, TestDb};
 use std::sync::{Arc, Barrier};
 use std::thread;
 
@@ -88,7 +88,7 @@ fn crossing(mode: &'static str, rounds: usize) {
                             }),
                         };
                         if let Err(e) = result {
-                            errors.push(format!("writer {w} seq {seq}: {} {e}", sqlstate(&e)));
+                            errors.push(format!("writer {w} seq {seq}: {}", report(&e)));
                         }
                     }
                     errors

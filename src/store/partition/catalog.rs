@@ -72,9 +72,7 @@ pub fn load_originator(
     root: Oid,
 ) -> Result<Option<OriginatorParts>, PartitionError> {
     let name = band::originator_table_name(table, node);
-    let cname = std::ffi::CString::new(name.as_str()).map_err(|_| PartitionError::NotInstalled)?;
-    // SAFETY: valid NUL-terminated name and namespace oid; returns InvalidOid if absent.
-    let parent = unsafe { pg_sys::get_relname_relid(cname.as_ptr(), namespace_oid()?) };
+    let parent = relid(&name)?;
     if parent == pg_sys::InvalidOid {
         return Ok(None);
     }
@@ -396,7 +394,10 @@ fn partition_bound(relid: Oid) -> Option<String> {
 pub fn create_originator(table: Table, node: i32) -> Result<(), PartitionError> {
     let root = qualified(table.root_name());
     let name = band::originator_table_name(table, node);
-    refuse_taken(&name)?;
+    let bound = format!("FOR VALUES IN ({node})");
+    if check_name(&name, root_oids()?[table as usize], &bound)? == Name::Ours {
+        return Ok(());
+    }
     let parent = qualified(&name);
     let mut ddl = vec![format!(
         "CREATE TABLE {parent} (LIKE {root} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) \
@@ -437,9 +438,12 @@ pub fn originator_indexes(table: Table, parent: &str) -> Vec<String> {
 /// Creates the band partition of `table` for `node` covering `band`.
 pub fn create_band(table: Table, node: i32, band: &Band) -> Result<(), PartitionError> {
     let root = qualified(table.root_name());
-    let parent = qualified(&band::originator_table_name(table, node));
+    let parent_name = band::originator_table_name(table, node);
+    let parent = qualified(&parent_name);
     let name = band::band_table_name(table, node, band);
-    refuse_taken(&name)?;
+    if check_name(&name, relid(&parent_name)?, &band.for_values())? == Name::Ours {
+        return Ok(());
+    }
     let leaf = qualified(&name);
     run_ddl(&[
         format!("CREATE TABLE {leaf} (LIKE {root} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"),
@@ -450,21 +454,53 @@ pub fn create_band(table: Table, node: i32, band: &Band) -> Result<(), Partition
     ])
 }
 
-/// The name is about to be created under the creation lock, so a relation that
-/// has it already is not one of ours: say so (42P07 with a hint) rather than let
-/// CREATE TABLE fail with its bare message.
-fn refuse_taken(name: &str) -> Result<(), PartitionError> {
-    let taken = Spi::get_one_with_args::<bool>(
-        "SELECT pg_catalog.to_regclass($1) IS NOT NULL",
+/// What a name about to be created under the creation lock already is.
+#[derive(Debug, PartialEq, Eq)]
+enum Name {
+    /// Nothing has it: create the relation.
+    Free,
+    /// A partition of the parent it is meant for, with the bound it is meant to
+    /// have, has it: ours already.
+    Ours,
+}
+
+/// Looks at a name before it is created under the creation lock. A relation that
+/// has it and hangs off another parent (or none) is not one of ours: say so
+/// (42P07 with a hint) rather than let CREATE TABLE fail with its bare message.
+/// One that is already a partition of `parent` with `bound` (as `Band::for_values`
+/// writes it) is ours, although the catalog read
+/// that planned the creation did not list it: it is used as it is, and the
+/// disagreement goes to the server log, since the read under the lock is meant
+/// to see every partition committed before the lock was granted.
+fn check_name(name: &str, parent: Oid, bound: &str) -> Result<Name, PartitionError> {
+    let Some(taken) = Spi::get_one_with_args::<Oid>(
+        "SELECT pg_catalog.to_regclass($1)::pg_catalog.oid",
         &[qualified(name).into()],
     )?
-    .unwrap_or(false);
-    if taken {
-        return Err(PartitionError::NotAPartition {
-            name: name.to_owned(),
-        });
+    else {
+        return Ok(Name::Free);
+    };
+    // pg_get_expr quotes the bigint bounds: FOR VALUES FROM ('700') TO ('750').
+    let same_bound = || partition_bound(taken).is_some_and(|text| text.replace('\'', "") == bound);
+    if partition_parents(taken)?.first() == Some(&parent) && same_bound() {
+        pgrx::log!(
+            "pg_envelopes: \"{name}\" is already a partition of relation {}, which the \
+             catalog read under the creation lock did not list; using it",
+            parent.to_u32()
+        );
+        return Ok(Name::Ours);
     }
-    Ok(())
+    Err(PartitionError::NotAPartition {
+        name: name.to_owned(),
+    })
+}
+
+/// The oid of a relation of the extension's schema, by name (`InvalidOid` when
+/// there is none), from the syscache.
+fn relid(name: &str) -> Result<Oid, PartitionError> {
+    let cname = std::ffi::CString::new(name).map_err(|_| PartitionError::NotInstalled)?;
+    // SAFETY: valid NUL-terminated name and namespace oid; returns InvalidOid if absent.
+    Ok(unsafe { pg_sys::get_relname_relid(cname.as_ptr(), namespace_oid()?) })
 }
 
 fn run_ddl(statements: &[String]) -> Result<(), PartitionError> {

@@ -490,6 +490,35 @@ mod tests {
     }
 
     #[pg_test]
+    fn creating_a_band_that_exists_already_uses_it() {
+        use super::band::{Band, Table};
+        use super::catalog;
+        Spi::run("SELECT envelopes.ensure_gateway_parts(5, 10, 100)").unwrap();
+        // As if the read under the creation lock had missed the band: the name is
+        // taken by our own partition with the planned bound, so nothing is made.
+        let band = Band {
+            start: 0,
+            end: Some(100),
+        };
+        catalog::create_originator(Table::Meta, 5).unwrap();
+        catalog::create_band(Table::Meta, 5, &band).unwrap();
+        assert_eq!(band_names("meta"), ["gateway_envelopes_meta_o5_s0_100"]);
+        // The same name with another bound is not ours.
+        Spi::run(
+            "ALTER TABLE envelopes.gateway_envelopes_meta_o5 DETACH PARTITION
+                 envelopes.gateway_envelopes_meta_o5_s0_100;
+             ALTER TABLE envelopes.gateway_envelopes_meta_o5 ATTACH PARTITION
+                 envelopes.gateway_envelopes_meta_o5_s0_100 FOR VALUES FROM (0) TO (50)",
+        )
+        .unwrap();
+        let err = catalog::create_band(Table::Meta, 5, &band).unwrap_err();
+        assert!(
+            matches!(err, super::PartitionError::NotAPartition { .. }),
+            "{err:?}"
+        );
+    }
+
+    #[pg_test]
     fn view_prunes_to_one_originator() {
         for node in 1..=3 {
             Spi::run(&format!(
