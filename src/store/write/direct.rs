@@ -118,9 +118,12 @@ struct Taken {
 }
 
 /// The direct writer of one insert call: an executor state, the leaves it has
-/// opened, and the blob rows it has buffered. Dropped without [`Writer::finish`]
-/// only when an ERROR unwinds, in which case the aborting transaction releases
-/// the relations and memory.
+/// opened, and the blob rows it has buffered. [`Writer::finish`] writes what is
+/// buffered and closes it; dropped without it (an error returned through `?`), it
+/// closes itself and drops what was buffered. While an ERROR unwinds it leaves
+/// everything to the aborting (sub)transaction, which releases the relations and
+/// memory: Postgres' own cleanup may already have run, and calling into it again
+/// from a destructor during the unwind is what must not happen.
 pub struct Writer {
     estate: *mut pg_sys::EState,
     cid: pg_sys::CommandId,
@@ -206,8 +209,7 @@ impl Writer {
         for pair in routes {
             for (table, route) in Table::ALL.into_iter().zip(pair) {
                 if writer.leaf_index(route.leaf).is_none() && !writer.open_leaf(table, route.leaf) {
-                    writer.close();
-                    return Ok(None);
+                    return Ok(None); // closed on drop
                 }
             }
         }
@@ -817,7 +819,11 @@ impl Writer {
     }
 
     /// Closes everything the writer opened, dropping whatever is still buffered.
+    /// Once: a closed writer has no executor state.
     fn close(&mut self) {
+        if self.estate.is_null() {
+            return;
+        }
         self.release_token();
         // SAFETY: each leaf was opened in open_leaf; its slots were made there or
         // in buffer_slot. The relation stays locked until the transaction ends.
@@ -840,5 +846,15 @@ impl Writer {
             pg_sys::FreeExecutorState(self.estate);
         }
         self.estate = ptr::null_mut();
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        // An ERROR unwinding through here (pgrx turns it into a Rust panic) is
+        // cleaned up by the transaction's abort; see the type's documentation.
+        if !std::thread::panicking() {
+            self.close();
+        }
     }
 }

@@ -754,6 +754,21 @@ mod tests {
     use pgrx::pg_sys;
     use pgrx::prelude::*;
 
+    #[pg_test]
+    fn a_direct_writer_dropped_without_finish_closes_its_leaves() {
+        insert(9, 1);
+        let routes = crate::store::partition::route(9, 2, 1_000_000).unwrap();
+        let leaf = "envelopes.gateway_envelopes_meta_o9_s0_1000000";
+        let alter = format!("ALTER TABLE {leaf} SET (fillfactor = 90)");
+        let writer = super::direct::Writer::open(&[routes], false).unwrap();
+        assert!(writer.is_some());
+        // A table this session has open cannot be altered (55006).
+        assert_eq!(sqlstate_of(&alter).as_deref(), Some("55006"));
+        // Dropped as when an error returns through `?`: the leaves are closed.
+        drop(writer);
+        assert_eq!(sqlstate_of(&alter), None);
+    }
+
     fn insert(node: i64, seq: i64) -> i64 {
         int8(&format!(
             "SELECT envelopes.insert_gateway_envelope({node}, {seq}, '\\x0a0b', '\\xdeadbeef')"
