@@ -12,6 +12,7 @@
 //! extension but [`crate::error`] and each other.
 
 pub mod acl;
+pub mod catalog;
 pub mod definer;
 pub mod executor;
 pub mod invalidation;

@@ -70,3 +70,30 @@ pub fn check_writable(what: &'static str) -> Result<(), NotWritable> {
         None => Ok(()),
     }
 }
+
+/// This backend's local transaction id: it changes with every transaction, so
+/// per-transaction state kept in a backend (a thread-local) can tell whether it
+/// belongs to the current one.
+pub fn local_xid() -> u32 {
+    // SAFETY: MyProc is this backend's PGPROC, valid for the backend's life.
+    unsafe { (*pg_sys::MyProc).lxid }
+}
+
+/// The local transaction id and the current subtransaction's id.
+pub fn local_xid_and_subxact() -> (u32, pg_sys::SubTransactionId) {
+    // SAFETY: as in local_xid; GetCurrentSubTransactionId reads backend state.
+    (local_xid(), unsafe { pg_sys::GetCurrentSubTransactionId() })
+}
+
+/// The top-level transaction's full id, 0 when none is assigned yet (it has not
+/// written).
+pub fn top_xid_if_any() -> u64 {
+    // SAFETY: reads backend state; returns InvalidFullTransactionId (0) when none.
+    unsafe { pg_sys::GetTopFullTransactionIdIfAny() }.value
+}
+
+/// Whether this server is in recovery (a standby, or a primary still replaying).
+pub fn in_recovery() -> bool {
+    // SAFETY: reads shared state through a backend-local cache.
+    unsafe { pg_sys::RecoveryInProgress() }
+}

@@ -209,8 +209,7 @@ pub(crate) fn ring_for_envelopes() {
 /// arranges for the notification to be sent just before it commits.
 pub fn ring(kind: &'static str) {
     let channel = gucs::notify_channel();
-    // SAFETY: MyProc is this backend's PGPROC, valid for the whole backend life.
-    let lxid = unsafe { (*pg_sys::MyProc).lxid };
+    let lxid = crate::pg::xact::local_xid();
     let first = DOORBELL.with(|bell| {
         let mut bell = bell.borrow_mut();
         let first = bell.lxid != lxid || bell.pending.is_empty();
@@ -233,9 +232,8 @@ pub fn ring(kind: &'static str) {
 /// The notification payload: the transaction and what it changed. A few dozen
 /// bytes whatever the transaction wrote.
 fn payload(kinds: &[&str]) -> String {
-    // SAFETY: reads the current transaction's id, which a transaction that inserted
-    // rows always has.
-    let xid = unsafe { pg_sys::GetTopFullTransactionIdIfAny() }.value;
+    // A transaction that inserted rows always has an id.
+    let xid = crate::pg::xact::top_xid_if_any();
     let changed: Vec<String> = kinds.iter().map(|k| format!("\"{k}\"")).collect();
     format!("{{\"xid\":\"{xid}\",\"changed\":[{}]}}", changed.join(","))
 }

@@ -153,11 +153,7 @@ fn drawn_rows(
     if upto <= after {
         return Ok(true);
     }
-    // SAFETY: syscache lookups by name, InvalidOid when missing.
-    let relid = unsafe {
-        let schema = pg_sys::get_namespace_oid(c"envelopes".as_ptr(), true);
-        pg_sys::get_relname_relid(table.as_ptr(), schema)
-    };
+    let relid = crate::pg::catalog::relation(c"envelopes", table).unwrap_or(pg_sys::InvalidOid);
     let mut scan = Scan::open(relid, snapshot, Range::Id { after, upto }, false)
         .ok_or(ConsumerError::Feed("feed table missing"))?;
     while scan.next() {

@@ -268,8 +268,7 @@ mod committed {
     /// Notes that the current transaction writes a row of `slot` at `hi`.
     pub(super) fn pending(slot: usize, hi: i64) {
         let above = (hi as u64).saturating_add(1);
-        // SAFETY: MyProc is this backend's PGPROC, valid for the backend's life.
-        let lxid = unsafe { (*pgrx::pg_sys::MyProc).lxid };
+        let lxid = crate::pg::xact::local_xid();
         let first = PENDING.with(|p| {
             let mut p = p.borrow_mut();
             let first = p.lxid != lxid || p.raises.is_empty();

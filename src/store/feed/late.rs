@@ -53,8 +53,7 @@ pub fn committed_above(node: i32, lo: i64, hi: i64) -> Result<Lateness, Partitio
     // partition cache.
     crate::pg::invalidation::accept();
     let snapshot = Latest::take();
-    // SAFETY: only reads this backend's transaction state.
-    let own = unsafe { pg_sys::GetTopFullTransactionIdIfAny() }.value;
+    let own = crate::pg::xact::top_xid_if_any();
     let reading = Reading::passing(snapshot.as_ptr());
     let above = read::highest_above(node, lo, reading, |xid| xid != own)?;
     if let Some(ready) = ready {
@@ -81,13 +80,8 @@ pub enum Layout {
 
 /// The layout of the current database's late-envelope feed (see [`Layout`]).
 pub fn layout() -> Layout {
-    // SAFETY: syscache lookups by name; InvalidOid or InvalidAttrNumber when
-    // missing.
-    let has_ranges = unsafe {
-        let schema = pg_sys::get_namespace_oid(c"envelopes".as_ptr(), true);
-        let rel = pg_sys::get_relname_relid(c"late_envelopes".as_ptr(), schema);
-        rel == pg_sys::InvalidOid || pg_sys::get_attnum(rel, c"inserted_xid".as_ptr()) > 0
-    };
+    let has_ranges = crate::pg::catalog::relation(c"envelopes", c"late_envelopes")
+        .is_none_or(|rel| crate::pg::catalog::has_column(rel, c"inserted_xid"));
     if has_ranges {
         Layout::Ranges
     } else {
@@ -227,9 +221,7 @@ pub fn entries(node: i32, seqs: &[i64]) -> Vec<Entry> {
         // SAFETY: registers a callback with a static lifetime, once per backend.
         unsafe { pg_sys::RegisterSubXactCallback(Some(subxact_ended), std::ptr::null_mut()) };
     }
-    // SAFETY: MyProc is this backend's PGPROC, valid for the backend's life;
-    // GetCurrentSubTransactionId only reads the transaction state.
-    let (lxid, subid) = unsafe { ((*pg_sys::MyProc).lxid, pg_sys::GetCurrentSubTransactionId()) };
+    let (lxid, subid) = crate::pg::xact::local_xid_and_subxact();
     COVERED.with(|covered| {
         let mut covered = covered.borrow_mut();
         if covered.lxid != lxid {

@@ -21,7 +21,6 @@
 use super::clock;
 use crate::error::{PgSqlErrorCode, SqlError};
 use pgrx::pg_sys;
-use pgrx::IntoDatum;
 use std::cell::RefCell;
 use std::collections::HashMap;
 
@@ -87,9 +86,7 @@ fn acquire(field1: u32, value: i64, subid: u16) {
 
 /// The current transaction and subtransaction.
 fn current_xact() -> (pg_sys::LocalTransactionId, pg_sys::SubTransactionId) {
-    // SAFETY: MyProc is this backend's PGPROC, valid for the backend's whole life;
-    // GetCurrentSubTransactionId only reads transaction state.
-    unsafe { ((*pg_sys::MyProc).lxid, pg_sys::GetCurrentSubTransactionId()) }
+    crate::pg::xact::local_xid_and_subxact()
 }
 
 /// The markers this backend's current transaction holds.
@@ -200,31 +197,14 @@ impl Drawn {
     /// because the sequences are created with `CACHE 1` and never cycle.
     pub fn last_drawn(self) -> Result<i64, MarkerError> {
         let name = self.sequence();
-        // SAFETY: syscache lookups by name; both return InvalidOid when missing
-        // (missing_ok = true for the schema).
-        let relid = unsafe {
-            let schema = pg_sys::get_namespace_oid(c"envelopes".as_ptr(), true);
-            if schema == pg_sys::InvalidOid {
-                pg_sys::InvalidOid
-            } else {
-                pg_sys::get_relname_relid(name.as_ptr(), schema)
-            }
-        };
-        if relid == pg_sys::InvalidOid {
+        let Some(relid) = crate::pg::catalog::relation(c"envelopes", name) else {
             return Err(MarkerError::MissingSequence(
                 name.to_str().unwrap_or("sequence"),
             ));
-        }
-        // SAFETY: pg_sequence_last_value(regclass) with a valid sequence oid; it
-        // returns NULL when no value was drawn yet. The extension's functions that
-        // call this run as the extension owner, who may read the sequence.
-        let last = unsafe {
-            pgrx::fcinfo::direct_function_call::<i64>(
-                pg_sys::pg_sequence_last_value,
-                &[relid.into_datum()],
-            )
         };
-        Ok(last.unwrap_or(0))
+        // The extension's functions that call this run as the extension owner,
+        // who may read the sequence.
+        Ok(crate::pg::catalog::sequence_last_value(relid).unwrap_or(0))
     }
 }
 

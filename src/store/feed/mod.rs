@@ -72,7 +72,6 @@ use crate::pg::snapshot::Fresh;
 use crate::store::partition::PartitionError;
 use crate::store::read;
 use markers::{Drawn, MarkerError, Markers};
-use pgrx::prelude::*;
 
 thread_local! {
     /// Set while an insert function executes its statement.
@@ -100,8 +99,7 @@ pub fn meta_written() {
     if THROUGH_FUNCTIONS.with(std::cell::Cell::get) {
         return;
     }
-    // SAFETY: MyProc is this backend's PGPROC, valid for the backend's life.
-    let lxid = unsafe { (*pg_sys::MyProc).lxid };
+    let lxid = crate::pg::xact::local_xid();
     if FOREIGN_WRITE_NOTED.with(|n| n.replace(lxid)) != lxid {
         highwater::direct_writer_started();
         // After the commit is visible to new snapshots, so a reader that samples the
@@ -130,8 +128,7 @@ pub struct Sample {
 
 impl Sample {
     pub fn take() -> Result<Sample, MarkerError> {
-        // SAFETY: RecoveryInProgress only reads shared state.
-        if unsafe { pg_sys::RecoveryInProgress() } {
+        if crate::pg::xact::in_recovery() {
             return Err(MarkerError::OnStandby);
         }
         Ok(Sample {

@@ -266,8 +266,7 @@ thread_local! {
 /// Partitions created in a transaction that aborts disappear; make sure the cache
 /// forgets them too (relcache invalidation normally does, this is the backstop).
 fn forget_cache_on_abort() {
-    // SAFETY: MyProc is valid for the whole life of a backend.
-    let lxid = unsafe { (*pg_sys::MyProc).lxid };
+    let lxid = crate::pg::xact::local_xid();
     if ABORT_HOOK_FOR.replace(lxid) != lxid {
         pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Abort, cache::forget_all);
     }

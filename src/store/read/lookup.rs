@@ -112,14 +112,8 @@ fn right_on(relid: pg_sys::Oid, user: pg_sys::Oid) -> Option<Right> {
 /// The view's owner, and whether it is `security_invoker` (its tables are then
 /// read with the caller's rights); `None` when there is no view.
 fn view_of(blob_root: pg_sys::Oid) -> Option<(pg_sys::Oid, pg_sys::Oid, bool)> {
-    // SAFETY: syscache lookups by oid and name (InvalidOid when missing).
-    let view = unsafe {
-        let schema = pg_sys::get_rel_namespace(blob_root);
-        pg_sys::get_relname_relid(c"gateway_envelopes_view".as_ptr(), schema)
-    };
-    if view == pg_sys::InvalidOid {
-        return None;
-    }
+    use crate::pg::catalog;
+    let view = catalog::relation_in(catalog::namespace_of(blob_root)?, c"gateway_envelopes_view")?;
     let rel = Rel::reference(view)?;
     // SAFETY: the relcache entry is read while the guard holds the reference;
     // rd_options of a view is its ViewOptions (or NULL when it has none).

@@ -245,20 +245,16 @@ impl Writer {
         if self.late.is_some() {
             return Ok(true);
         }
-        // SAFETY: syscache lookups by name; InvalidOid when missing.
-        let (table, sequence) = unsafe {
-            let schema = pg_sys::get_namespace_oid(c"envelopes".as_ptr(), true);
-            if schema == pg_sys::InvalidOid {
-                return Ok(false);
-            }
-            (
-                pg_sys::get_relname_relid(c"late_envelopes".as_ptr(), schema),
-                pg_sys::get_relname_relid(c"late_envelopes_id_seq".as_ptr(), schema),
-            )
-        };
-        if table == pg_sys::InvalidOid || sequence == pg_sys::InvalidOid {
+        use crate::pg::catalog;
+        let Some(schema) = catalog::namespace(c"envelopes") else {
             return Ok(false);
-        }
+        };
+        let (Some(table), Some(sequence)) = (
+            catalog::relation_in(schema, c"late_envelopes"),
+            catalog::relation_in(schema, c"late_envelopes_id_seq"),
+        ) else {
+            return Ok(false);
+        };
         // SAFETY: locks the feed table as an INSERT would (ROW EXCLUSIVE, held to
         // the end of the transaction); the relation is opened below.
         unsafe { pg_sys::LockRelationOid(table, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE) };
@@ -306,12 +302,8 @@ impl Writer {
                 let leaf = &self.leaves[index];
                 (leaf.rel, leaf.slot)
             };
-            // nextval(regclass): the built-in behind nextval(), called directly.
-            let id = pgrx::fcinfo::direct_function_call::<i64>(
-                pg_sys::nextval_oid,
-                &[sequence.into_datum()],
-            )
-            .ok_or(DirectError::AccessMethod("late_envelopes_id_seq"))?;
+            let id = crate::pg::catalog::sequence_next_value(sequence)
+                .ok_or(DirectError::AccessMethod("late_envelopes_id_seq"))?;
             let cxt = per_tuple_memory(estate);
             let old = pg_sys::MemoryContextSwitchTo(cxt);
             let mut values = [
