@@ -151,6 +151,7 @@ pub extern "C-unwind" fn _PG_init() {
     error::no_backtraces();
     gucs::init();
     store::partition::cache::register_invalidation_callback();
+    store::register_jobs();
     // Only when preloaded (shared_preload_libraries): the maintenance launcher.
     store::maintenance::launcher::register();
 }

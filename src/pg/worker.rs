@@ -17,7 +17,7 @@ use pgrx::bgworkers::{
 };
 use pgrx::pg_sys::{self, Oid};
 use pgrx::prelude::*;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 const PENDING: u32 = 0;
@@ -169,7 +169,7 @@ impl Header {
 }
 
 /// A job's dynamic shared memory segment, on the caller's side.
-pub struct Segment(*mut pg_sys::dsm_segment);
+struct Segment(*mut pg_sys::dsm_segment);
 
 impl Segment {
     /// A new mapped segment of `size` bytes (an ERROR when there is no room). It
@@ -215,7 +215,7 @@ impl Segment {
 
 /// A job's segment, on the worker's side: attached from the worker's argument,
 /// detached when dropped.
-pub struct Attached(*mut pg_sys::dsm_segment);
+struct Attached(*mut pg_sys::dsm_segment);
 
 impl Attached {
     /// The caller's segment; `None` when it is gone already (the caller gave
@@ -244,6 +244,294 @@ impl Drop for Attached {
     fn drop(&mut self) {
         // SAFETY: attached in from_argument, detached once here.
         unsafe { pg_sys::dsm_detach(self.0) };
+    }
+}
+
+/// The fixed start of a job's segment: the [`Header`], which handler runs the
+/// job, the worker's progress (readable by the caller at any time, e.g. after
+/// the worker was lost) and the length of the payload that follows.
+#[repr(C)]
+struct Head {
+    header: Header,
+    kind: u32,
+    progress: AtomicU64,
+    len: u64,
+}
+
+/// Where the payload starts: after the head, 8-byte aligned.
+const PAYLOAD_AT: usize = std::mem::size_of::<Head>().next_multiple_of(8);
+
+/// A job for a dynamic worker, on the caller's side: its segment holds the
+/// [`Header`], the job's kind (which registered handler runs it, see
+/// [`on_job`]) and a payload of bytes the job's code encodes and decodes
+/// itself, which the worker may write back (results). The bytes are read and
+/// written one atomic byte at a time, so neither side can observe a torn
+/// write, whatever the other does meanwhile.
+pub struct Job {
+    segment: Segment,
+}
+
+impl Job {
+    /// A job of `kind` for the worker, with `payload`.
+    pub fn create(kind: u32, header: Header, payload: &[u8]) -> Job {
+        let segment = Segment::create(PAYLOAD_AT + payload.len());
+        // SAFETY: the segment is mapped, page-aligned and large enough for the
+        // head and the payload; both are written here, before any worker can
+        // see the segment (its handle is not given out yet).
+        unsafe {
+            let base = segment.address();
+            (base as *mut Head).write(Head {
+                header,
+                kind,
+                progress: AtomicU64::new(0),
+                len: payload.len() as u64,
+            });
+            std::ptr::copy_nonoverlapping(payload.as_ptr(), base.add(PAYLOAD_AT), payload.len());
+        }
+        Job { segment }
+    }
+
+    fn head(&self) -> &Head {
+        // SAFETY: written in create; mapped while self lives; the worker touches
+        // only the atomics and the outcome (whose fields it publishes with a
+        // release store that Outcome::get pairs with an acquire load).
+        unsafe { &*(self.segment.address() as *const Head) }
+    }
+
+    fn payload_cells(&self) -> &[AtomicU8] {
+        let len = self.head().len as usize;
+        // SAFETY: `len` bytes follow the head in the mapped segment; AtomicU8 has
+        // the size and alignment of u8, and every access goes through it.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.segment.address().add(PAYLOAD_AT) as *const AtomicU8,
+                len,
+            )
+        }
+    }
+
+    /// Starts a worker for the job (see [`launch`]).
+    pub fn launch(&self, name: &str, wait: Duration) -> Option<DynamicBackgroundWorker> {
+        launch(name, JOB_ENTRY, self.segment.handle(), wait)
+    }
+
+    /// The worker's report (see [`Outcome::get`]).
+    pub fn outcome(&self) -> Option<Result<(), (i32, String)>> {
+        self.head().header.outcome.get()
+    }
+
+    /// What the worker last set with [`AttachedJob::set_progress`].
+    pub fn progress(&self) -> u64 {
+        self.head().progress.load(Ordering::Acquire)
+    }
+
+    /// The payload as it is now (the worker's results once it has stopped).
+    pub fn payload(&self) -> Vec<u8> {
+        read_cells(self.payload_cells())
+    }
+
+    /// See [`Segment::close`].
+    pub fn close(self) {
+        self.segment.close();
+    }
+
+    /// See [`Segment::detach`].
+    pub fn detach(self) {
+        self.segment.detach();
+    }
+}
+
+/// A job, on the worker's side (see [`Job`]).
+pub struct AttachedJob {
+    attached: Attached,
+}
+
+impl AttachedJob {
+    fn head(&self) -> &Head {
+        // SAFETY: the caller wrote the head before starting us; the segment stays
+        // mapped while `attached` lives.
+        unsafe { &*(self.attached.address() as *const Head) }
+    }
+
+    fn payload_cells(&self) -> &[AtomicU8] {
+        let len = self.head().len as usize;
+        // SAFETY: as in Job::payload_cells.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.attached.address().add(PAYLOAD_AT) as *const AtomicU8,
+                len,
+            )
+        }
+    }
+
+    /// Where to connect, as whom, which caller asked.
+    pub fn header(&self) -> &Header {
+        &self.head().header
+    }
+
+    /// The job's payload.
+    pub fn payload(&self) -> Vec<u8> {
+        read_cells(self.payload_cells())
+    }
+
+    /// Writes results back into the payload from byte `offset` on (what does
+    /// not fit is left out).
+    pub fn write_payload_at(&self, offset: usize, bytes: &[u8]) {
+        let cells = self.payload_cells().get(offset..).unwrap_or_default();
+        for (cell, &byte) in cells.iter().zip(bytes) {
+            cell.store(byte, Ordering::Relaxed);
+        }
+        std::sync::atomic::fence(Ordering::Release);
+    }
+
+    /// Publishes how far the job got.
+    pub fn set_progress(&self, progress: u64) {
+        self.head().progress.store(progress, Ordering::Release);
+    }
+
+    /// Reports the job's end, once.
+    pub fn finish(&mut self, outcome: Result<(), (i32, String)>) {
+        // SAFETY: as in head(); only this worker writes the outcome, once, at
+        // its end, and the caller reads it after the release store inside.
+        let head = unsafe { &mut *(self.attached.address() as *mut Head) };
+        head.header.outcome.set(outcome);
+    }
+}
+
+fn read_cells(cells: &[AtomicU8]) -> Vec<u8> {
+    std::sync::atomic::fence(Ordering::Acquire);
+    cells
+        .iter()
+        .map(|cell| cell.load(Ordering::Relaxed))
+        .collect()
+}
+
+/// A job's fields encoded into its payload, in order (little-endian), and read
+/// back in the same order with [`Fields::reader`].
+#[derive(Default)]
+pub struct Fields(Vec<u8>);
+
+impl Fields {
+    pub fn with_capacity(bytes: usize) -> Fields {
+        Fields(Vec::with_capacity(bytes))
+    }
+
+    pub fn i64(&mut self, value: i64) -> &mut Fields {
+        self.0.extend_from_slice(&value.to_le_bytes());
+        self
+    }
+
+    pub fn i32(&mut self, value: i32) -> &mut Fields {
+        self.0.extend_from_slice(&value.to_le_bytes());
+        self
+    }
+
+    pub fn u32(&mut self, value: u32) -> &mut Fields {
+        self.0.extend_from_slice(&value.to_le_bytes());
+        self
+    }
+
+    pub fn bool(&mut self, value: bool) -> &mut Fields {
+        self.0.push(u8::from(value));
+        self
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// Reads fields from `bytes` in the order they were written.
+    pub fn reader(bytes: &[u8]) -> FieldReader<'_> {
+        FieldReader(bytes)
+    }
+}
+
+/// Reads back what [`Fields`] wrote; `None` once the bytes run out.
+pub struct FieldReader<'a>(&'a [u8]);
+
+impl FieldReader<'_> {
+    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let (head, rest) = self.0.split_first_chunk::<N>()?;
+        self.0 = rest;
+        Some(*head)
+    }
+
+    pub fn i64(&mut self) -> Option<i64> {
+        self.take().map(i64::from_le_bytes)
+    }
+
+    pub fn i32(&mut self) -> Option<i32> {
+        self.take().map(i32::from_le_bytes)
+    }
+
+    pub fn u32(&mut self) -> Option<u32> {
+        self.take().map(u32::from_le_bytes)
+    }
+
+    pub fn bool(&mut self) -> Option<bool> {
+        self.take::<1>().map(|[b]| b != 0)
+    }
+}
+
+/// A job's handler, run in the worker with the job attached.
+pub type JobHandler = fn(&mut AttachedJob);
+
+/// A long-lived worker's body (see [`register_static`]).
+pub type StaticHandler = fn();
+
+static JOB_HANDLERS: std::sync::RwLock<Vec<(u32, JobHandler)>> = std::sync::RwLock::new(Vec::new());
+static STATIC_HANDLERS: std::sync::RwLock<Vec<(u32, StaticHandler)>> =
+    std::sync::RwLock::new(Vec::new());
+
+/// Has jobs of `kind` run by `handler`. Called from `_PG_init`, which runs in
+/// every process that loads the library, workers included, before their entry
+/// point.
+pub fn on_job(kind: u32, handler: JobHandler) {
+    if let Ok(mut handlers) = JOB_HANDLERS.write() {
+        handlers.retain(|(k, _)| *k != kind);
+        handlers.push((kind, handler));
+    }
+}
+
+fn handler_of<H: Copy>(handlers: &std::sync::RwLock<Vec<(u32, H)>>, kind: u32) -> Option<H> {
+    handlers
+        .read()
+        .ok()?
+        .iter()
+        .find(|(k, _)| *k == kind)
+        .map(|(_, h)| *h)
+}
+
+/// The name of the library function every job worker starts in.
+const JOB_ENTRY: &str = "envelopes_job_worker";
+
+/// Entry point of every job worker: attaches the caller's segment and runs the
+/// handler registered for the job's kind. A job whose caller gave up (the
+/// segment is gone) is not run; a kind without a handler is reported as failed.
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn envelopes_job_worker(arg: pg_sys::Datum) {
+    install_sigterm();
+    let Some(attached) = Attached::from_argument(arg) else {
+        return;
+    };
+    let mut job = AttachedJob { attached };
+    match handler_of(&JOB_HANDLERS, job.head().kind) {
+        Some(handler) => handler(&mut job),
+        None => job.finish(Err((
+            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR as i32,
+            format!("no handler for background job kind {}", job.head().kind),
+        ))),
+    }
+}
+
+/// Entry point of the long-lived workers of [`register_static`]: the argument
+/// names the handler.
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn envelopes_static_worker(arg: pg_sys::Datum) {
+    if let Some(handler) = handler_of(&STATIC_HANDLERS, arg.value() as u32) {
+        handler();
     }
 }
 
@@ -392,20 +680,25 @@ pub fn in_own_transaction(work: impl FnOnce()) -> Result<(), (i32, String)> {
 }
 
 /// Registers a worker that the postmaster starts once recovery has finished, runs
-/// `function` of this library for the life of the server (which should connect
+/// `handler` (known as `kind`) for the life of the server (which should connect
 /// to no database, [`connect_to_no_database`]), and starts again `restart` after
 /// it exits with an error. Only possible while `shared_preload_libraries` is
 /// being loaded; `false` otherwise.
-pub fn register_static(name: &str, function: &str, restart: Duration) -> bool {
+pub fn register_static(name: &str, kind: u32, handler: StaticHandler, restart: Duration) -> bool {
     // SAFETY: reads a flag the postmaster sets while it loads the preloaded
     // libraries.
     if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         return false;
     }
+    if let Ok(mut handlers) = STATIC_HANDLERS.write() {
+        handlers.retain(|(k, _)| *k != kind);
+        handlers.push((kind, handler));
+    }
     BackgroundWorkerBuilder::new(name)
         .set_type(name)
         .set_library("pg_envelopes")
-        .set_function(function)
+        .set_function("envelopes_static_worker")
+        .set_argument(Some(pg_sys::Datum::from(kind)))
         .enable_spi_access()
         .set_start_time(pgrx::bgworkers::BgWorkerStartTime::RecoveryFinished)
         .set_restart_time(Some(restart))

@@ -19,3 +19,16 @@ pub mod partition;
 pub mod read;
 pub mod retention;
 pub mod write;
+
+/// Has the background workers' jobs run by the store's handlers: partition
+/// creation, pruning, a maintenance run (see [`crate::pg::worker::on_job`]).
+/// From `_PG_init`, in every process that loads the library.
+pub fn register_jobs() {
+    use crate::pg::worker::on_job;
+    on_job(partition::JOB_KIND, partition::run_creation_job);
+    on_job(retention::JOB_KIND, retention::run_job);
+    on_job(
+        maintenance::launcher::JOB_KIND,
+        maintenance::launcher::run_job,
+    );
+}

@@ -42,12 +42,11 @@ use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
 use crate::pg::locks;
 use crate::pg::scan::{Range, Scan};
 use crate::pg::snapshot::Latest;
-use crate::pg::worker::{self, Header, Segment};
+use crate::pg::worker::{self, Header};
 use crate::store::partition::PartitionError;
 use pgrx::pg_sys::{self, Oid};
 use pgrx::prelude::*;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// Errors of `prune_expired`.
@@ -132,9 +131,8 @@ impl SqlError for PruneError {
     }
 }
 
-/// One band to look at, and what was done to it. Plain data: it travels to the
-/// worker in shared memory.
-#[repr(C)]
+/// One band to look at, and what was done to it. It travels to the worker in
+/// its job's payload and back ([`Entry::encode`]).
 #[derive(Clone, Copy, Debug)]
 struct Entry {
     node: i32,
@@ -157,16 +155,73 @@ struct Entry {
     keep_maxima: bool,
 }
 
-/// The worker's job: its fixed part followed by `count` entries.
-#[repr(C)]
-struct Job {
-    header: Header,
-    cutoff: i64,
-    lock_timeout_ms: i32,
-    /// `envelopes.late_envelopes`, looked up once by the caller.
-    late: Oid,
-    count: u32,
-    processed: AtomicU32,
+/// Bytes of an encoded [`Entry`].
+const ENTRY_BYTES: usize = 4 * 3 + 4 + 8 * 4 + 1;
+
+impl Entry {
+    fn encode(&self, fields: &mut worker::Fields) {
+        fields
+            .i32(self.node)
+            .u32(self.meta.to_u32())
+            .u32(self.blob.to_u32())
+            .bool(self.droppable)
+            .bool(self.has_end)
+            .bool(self.empty)
+            .bool(self.dropped)
+            .i64(self.start)
+            .i64(self.end)
+            .i64(self.deleted)
+            .i64(self.below)
+            .bool(self.keep_maxima);
+    }
+
+    fn decode(r: &mut worker::FieldReader<'_>) -> Option<Entry> {
+        Some(Entry {
+            node: r.i32()?,
+            meta: Oid::from(r.u32()?),
+            blob: Oid::from(r.u32()?),
+            droppable: r.bool()?,
+            has_end: r.bool()?,
+            empty: r.bool()?,
+            dropped: r.bool()?,
+            start: r.i64()?,
+            end: r.i64()?,
+            deleted: r.i64()?,
+            below: r.i64()?,
+            keep_maxima: r.bool()?,
+        })
+    }
+}
+
+/// The kind of the pruning worker's job (see [`worker::on_job`]).
+pub const JOB_KIND: u32 = 2;
+
+/// Bytes of the job's fixed part: cutoff, lock_timeout_ms, the oid of
+/// `envelopes.late_envelopes` (looked up once by the caller), the entry count;
+/// the entries follow.
+const JOB_FIXED_BYTES: usize = 8 + 4 + 4 + 4;
+
+fn encode_job(entries: &[Entry], cutoff: i64, lock_timeout_ms: i32, late: Oid) -> worker::Fields {
+    let mut fields = worker::Fields::with_capacity(JOB_FIXED_BYTES + entries.len() * ENTRY_BYTES);
+    fields
+        .i64(cutoff)
+        .i32(lock_timeout_ms)
+        .u32(late.to_u32())
+        .u32(entries.len() as u32);
+    for entry in entries {
+        entry.encode(&mut fields);
+    }
+    fields
+}
+
+/// The job's fields and entries, `None` when the bytes are not a whole job.
+fn decode_job(bytes: &[u8]) -> Option<(i64, i32, Oid, Vec<Entry>)> {
+    let mut r = worker::Fields::reader(bytes);
+    let (cutoff, timeout, late, count) = (r.i64()?, r.i32()?, Oid::from(r.u32()?), r.u32()?);
+    let entries = (0..count)
+        .map(|_| Entry::decode(&mut r))
+        .collect::<Option<Vec<_>>>()?;
+    Some((cutoff, timeout, late, entries))
 }
 
 pub type Row = (i32, i64, Option<i64>, i64, bool);
@@ -627,106 +682,82 @@ fn run_in_worker(
     lock_timeout_ms: i32,
     late: Oid,
 ) -> Result<Result<(), &'static str>, PruneError> {
-    let header = std::mem::size_of::<Job>();
-    let segment = Segment::create(header + std::mem::size_of_val(entries));
-    // SAFETY: the segment is mapped, of that size and page-aligned. The job and
-    // the entries are plain data written before the worker starts; Job's size is
-    // a multiple of 8, so the entries that follow it are aligned.
-    let (job, shared) = unsafe {
-        let base = segment.address();
-        let job = base as *mut Job;
-        job.write(Job {
-            header: Header::of_caller(),
-            cutoff,
-            lock_timeout_ms,
-            late,
-            count: entries.len() as u32,
-            processed: AtomicU32::new(0),
-        });
-        let shared = base.add(header) as *mut Entry;
-        std::ptr::copy_nonoverlapping(entries.as_ptr(), shared, entries.len());
-        (&*job, shared)
-    };
-    const _: () = assert!(std::mem::size_of::<Job>().is_multiple_of(std::mem::align_of::<Entry>()));
-    let Some(running) = worker::launch(
+    let payload = encode_job(entries, cutoff, lock_timeout_ms, late);
+    let job = worker::Job::create(JOB_KIND, Header::of_caller(), payload.bytes());
+    let total = entries.len() as u32;
+    let Some(running) = job.launch(
         "pg_envelopes pruner",
-        "envelopes_prune_worker",
-        segment.handle(),
         crate::gucs::partition_worker_timeout(),
     ) else {
-        segment.close();
+        job.close();
         return Ok(Err("no background worker slot was free"));
     };
     if let worker::Stop::PostmasterDied = worker::wait_for(running, None) {
         return Err(PruneError::WorkerLost {
-            processed: job.processed.load(Ordering::Acquire),
-            total: job.count,
+            processed: job.progress() as u32,
+            total,
         });
     }
-    let processed = job.processed.load(Ordering::Acquire);
-    // SAFETY: the worker has stopped; the entries it wrote are read back once.
-    unsafe { std::ptr::copy_nonoverlapping(shared, entries.as_mut_ptr(), entries.len()) };
-    let outcome = match job.header.outcome.get() {
+    let processed = job.progress() as u32;
+    // The worker has stopped: what it did to each entry is in the payload.
+    match decode_job(&job.payload()) {
+        Some((_, _, _, done)) if done.len() == entries.len() => entries.copy_from_slice(&done),
+        _ => {
+            job.close();
+            return Err(PruneError::WorkerLost { processed, total });
+        }
+    }
+    let outcome = match job.outcome() {
         Some(Ok(())) => Ok(Ok(())),
         Some(Err((sqlstate, message))) => Err(PruneError::WorkerFailed { sqlstate, message }),
         None if processed == 0 => Ok(Err("the worker stopped before it started")),
-        None => Err(PruneError::WorkerLost {
-            processed,
-            total: job.count,
-        }),
+        None => Err(PruneError::WorkerLost { processed, total }),
     };
-    segment.close();
+    job.close();
     outcome
 }
 
-/// Entry point of the pruning worker: each band's deletion, then its drop, in
-/// transactions of their own.
-#[pg_guard]
-#[unsafe(no_mangle)]
-pub extern "C-unwind" fn envelopes_prune_worker(arg: pg_sys::Datum) {
-    worker::install_sigterm();
-    let Some(segment) = worker::Attached::from_argument(arg) else {
+/// The pruning worker's job (see [`worker::on_job`]): each band's deletion,
+/// then its drop, in transactions of their own; what was done to each band is
+/// written back to its entry in the payload as soon as it is done.
+pub fn run_job(job: &mut worker::AttachedJob) {
+    let Some((cutoff, timeout, late, mut entries)) = decode_job(&job.payload()) else {
+        job.finish(Err((
+            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR as i32,
+            "malformed pruning job".into(),
+        )));
         return;
     };
-    // SAFETY: the segment holds the Job and `count` entries the caller wrote
-    // before starting us; it stays mapped while `segment` lives, and the caller
-    // reads the entries only after we stopped.
-    let (job, entries) = unsafe {
-        let base = segment.address();
-        let job = &mut *(base as *mut Job);
-        let entries = std::slice::from_raw_parts_mut(
-            base.add(std::mem::size_of::<Job>()) as *mut Entry,
-            job.count as usize,
-        );
-        (job, entries)
-    };
-    job.header.connect();
-    let (cutoff, timeout, late) = (job.cutoff, job.lock_timeout_ms, job.late);
+    job.header().connect();
+    let mut handled = 0usize;
     let failure = prune_bands(
-        entries,
+        &mut entries,
         cutoff,
         timeout,
         late,
-        || job.header.caller_ended(),
-        || {
-            job.processed.fetch_add(1, Ordering::Release);
+        || job.header().caller_ended(),
+        |entry| {
+            let mut fields = worker::Fields::with_capacity(ENTRY_BYTES);
+            entry.encode(&mut fields);
+            job.write_payload_at(JOB_FIXED_BYTES + handled * ENTRY_BYTES, fields.bytes());
+            handled += 1;
+            job.set_progress(handled as u64);
         },
     );
-    job.header.outcome.set(failure.map_or(Ok(()), Err));
-    drop(segment);
+    job.finish(failure.map_or(Ok(()), Err));
 }
 
 /// For a worker outside any transaction: deletes each band's expired rows and
 /// drops the band if it may be, each step in a transaction of its own, until
 /// `stop()` says the work is no longer wanted (then a 57014 failure) or a step
-/// fails (its SQLSTATE and message). `done()` follows each band handled.
+/// fails (its SQLSTATE and message). `done()` is told each band handled.
 fn prune_bands(
     entries: &mut [Entry],
     cutoff: i64,
     timeout: i32,
     late: Oid,
     mut stop: impl FnMut() -> bool,
-    mut done: impl FnMut(),
+    mut done: impl FnMut(&Entry),
 ) -> Option<(i32, String)> {
     for entry in entries.iter_mut() {
         if stop() {
@@ -759,7 +790,7 @@ fn prune_bands(
         if let Err(e) = result {
             return Some(e);
         }
-        done();
+        done(entry);
     }
     None
 }
@@ -810,7 +841,7 @@ pub fn prune_here(lock_timeout_ms: i32) -> (Pruned, Option<(i32, String)>) {
         lock_timeout_ms.max(1),
         late,
         || false,
-        || {},
+        |_| {},
     );
     let pruned = Pruned {
         rows_deleted: entries.iter().map(|e| e.deleted).sum(),

@@ -12,8 +12,7 @@
 //! on SIGHUP (`pg_reload_conf()`). A database that does not exist, or lacks the
 //! extension, is reported in the server log each interval and skipped.
 
-use crate::pg::worker::{self, Header, Segment, Stop};
-use pgrx::pg_sys;
+use crate::pg::worker::{self, Header, Stop};
 use pgrx::prelude::*;
 use std::time::{Duration, Instant};
 
@@ -23,25 +22,25 @@ pub const RUN_TIMEOUT: Duration = Duration::from_secs(3600);
 /// How long the launcher sleeps while maintenance is off (a reload wakes it).
 const IDLE_WAIT: Duration = Duration::from_secs(60);
 
-/// The database worker's job: only the header (where to connect; the outcome).
-#[repr(C)]
-struct Job {
-    header: Header,
-}
+/// The kind of the database worker's job (see [`worker::on_job`]); it has no
+/// payload: the header says where to connect and carries the outcome.
+pub const JOB_KIND: u32 = 3;
+
+/// The launcher's kind among the long-lived workers.
+const LAUNCHER_KIND: u32 = 1;
 
 /// Registers the launcher; does nothing unless the library is being preloaded.
 pub fn register() {
     worker::register_static(
         "pg_envelopes maintenance launcher",
-        "envelopes_maintenance_launcher",
+        LAUNCHER_KIND,
+        launcher,
         Duration::from_secs(10),
     );
 }
 
-/// Entry point of the launcher.
-#[pg_guard]
-#[unsafe(no_mangle)]
-pub extern "C-unwind" fn envelopes_maintenance_launcher(_arg: pg_sys::Datum) {
+/// The launcher's body, for the life of the server.
+fn launcher() {
     worker::install_long_lived_signals();
     worker::connect_to_no_database();
     log!("pg_envelopes maintenance launcher started");
@@ -73,31 +72,17 @@ pub extern "C-unwind" fn envelopes_maintenance_launcher(_arg: pg_sys::Datum) {
 
 /// One run in `database`, in a worker of its own; waits for it.
 fn run_in(database: &str) {
-    let segment = Segment::create(std::mem::size_of::<Job>());
-    // SAFETY: the segment is mapped, of Job's size and page-aligned; the Job is
-    // plain data written before the worker starts, read back after it stopped.
-    let job = unsafe {
-        let job = segment.address() as *mut Job;
-        job.write(Job {
-            header: Header::for_database(database),
-        });
-        &*job
-    };
-    let Some(running) = worker::launch(
-        "pg_envelopes maintenance",
-        "envelopes_maintenance_worker",
-        segment.handle(),
-        worker::SLOT_WAIT,
-    ) else {
+    let job = worker::Job::create(JOB_KIND, Header::for_database(database), &[]);
+    let Some(running) = job.launch("pg_envelopes maintenance", worker::SLOT_WAIT) else {
         log!(
             "pg_envelopes maintenance of database \"{database}\" skipped: no background worker \
              slot was free (max_worker_processes); trying again next interval"
         );
-        segment.detach();
+        job.detach();
         return;
     };
     match worker::wait_for(running, Some(Instant::now() + RUN_TIMEOUT)) {
-        Stop::Stopped => match job.header.outcome.get() {
+        Stop::Stopped => match job.outcome() {
             Some(Ok(())) => {}
             Some(Err((_, message))) => {
                 log!("pg_envelopes maintenance of database \"{database}\" did not run: {message}")
@@ -112,32 +97,23 @@ fn run_in(database: &str) {
         ),
         Stop::PostmasterDied => {}
     }
-    segment.detach();
+    job.detach();
 }
 
-/// Entry point of the database worker: one run, its outcome in the segment.
-#[pg_guard]
-#[unsafe(no_mangle)]
-pub extern "C-unwind" fn envelopes_maintenance_worker(arg: pg_sys::Datum) {
-    worker::install_sigterm();
-    let Some(segment) = worker::Attached::from_argument(arg) else {
-        return;
-    };
-    // SAFETY: the segment holds the Job the launcher wrote before starting us
-    // and stays mapped while `segment` lives.
-    let job = unsafe { &mut *(segment.address() as *mut Job) };
-    job.header.connect();
+/// The database worker's job (see [`worker::on_job`]): one run, its outcome
+/// reported.
+pub fn run_job(job: &mut worker::AttachedJob) {
+    job.header().connect();
     let outcome = super::run_here().map(|run| {
         debug1!(
             "pg_envelopes maintenance of database \"{}\": {} rows deleted, {} bands dropped, \
              {} bands created, {} failures",
-            job.header.database_name(),
+            job.header().database_name(),
             run.rows_deleted,
             run.bands_dropped,
             run.bands_created,
             run.failures.len()
         );
     });
-    job.header.outcome.set(outcome);
-    drop(segment);
+    job.finish(outcome);
 }

@@ -22,8 +22,7 @@ use super::band::{Band, Table};
 use super::{cache, catalog, catch_up, roots, PartitionError};
 use crate::gucs;
 use crate::pg::locks;
-use crate::pg::worker::{self, Header, Segment, Stop};
-use pgrx::pg_sys;
+use crate::pg::worker::{self, Header, Stop};
 use pgrx::prelude::*;
 use std::cell::Cell;
 use std::time::{Duration, Instant};
@@ -76,15 +75,40 @@ fn create_in_one_worker(
     create_in_worker(node, seq, width)
 }
 
-/// The job a creation worker runs, in shared memory.
-#[repr(C)]
+/// The job a creation worker runs (travels in its payload, see [`worker::Job`]).
 struct Job {
-    header: Header,
     node: i32,
     seq: i64,
     width: i64,
     lock_timeout_ms: i32,
     attempts: i32,
+}
+
+/// The kind of job a creation worker runs (see [`worker::on_job`]).
+pub const JOB_KIND: u32 = 1;
+
+impl Job {
+    fn encode(&self) -> worker::Fields {
+        let mut fields = worker::Fields::with_capacity(28);
+        fields
+            .i32(self.node)
+            .i64(self.seq)
+            .i64(self.width)
+            .i32(self.lock_timeout_ms)
+            .i32(self.attempts);
+        fields
+    }
+
+    fn decode(bytes: &[u8]) -> Option<Job> {
+        let mut r = worker::Fields::reader(bytes);
+        Some(Job {
+            node: r.i32()?,
+            seq: r.i64()?,
+            width: r.i64()?,
+            lock_timeout_ms: r.i32()?,
+            attempts: r.i32()?,
+        })
+    }
 }
 
 /// Why the caller should create in its own transaction instead.
@@ -104,32 +128,22 @@ fn create_in_worker(
     seq: i64,
     width: i64,
 ) -> Result<Result<(), Fallback>, PartitionError> {
-    let segment = Segment::create(std::mem::size_of::<Job>());
-    // SAFETY: the segment is mapped, of Job's size and suitably aligned (dsm
-    // segments are page-aligned); the Job is plain data written before the
-    // worker starts, and read back after it stopped.
-    let job = unsafe {
-        let job = segment.address() as *mut Job;
-        job.write(Job {
-            header: Header::of_caller(),
-            node,
-            seq,
-            width,
-            lock_timeout_ms: gucs::partition_lock_timeout_ms(),
-            attempts: gucs::partition_lock_attempts(),
-        });
-        &*job
+    let params = Job {
+        node,
+        seq,
+        width,
+        lock_timeout_ms: gucs::partition_lock_timeout_ms(),
+        attempts: gucs::partition_lock_attempts(),
     };
+    let job = worker::Job::create(JOB_KIND, Header::of_caller(), params.encode().bytes());
     // No slot free: slots free up as other workers finish (each of ours runs for
     // milliseconds), so wait a moment for one before giving up (see SLOT_WAIT).
     let wait = gucs::partition_worker_timeout();
-    let Some(running) = worker::launch(
+    let Some(running) = job.launch(
         "pg_envelopes partition creator",
-        "envelopes_partition_worker",
-        segment.handle(),
         wait.min(worker::SLOT_WAIT),
     ) else {
-        segment.close();
+        job.close();
         return Ok(Err(Fallback::NoSlot));
     };
     match worker::wait_for(running, Some(Instant::now() + wait)) {
@@ -139,45 +153,43 @@ fn create_in_worker(
         }
         Stop::TimedOut => return Err(PartitionError::WorkerTimeout(wait)),
     }
-    let outcome = match job.header.outcome.get() {
+    let outcome = match job.outcome() {
         Some(Ok(())) => Ok(Ok(())),
         Some(Err((sqlstate, message))) => Err(PartitionError::WorkerFailed { sqlstate, message }),
         None => Ok(Err(Fallback::NoReport)),
     };
-    segment.close();
+    job.close();
     outcome
 }
 
-/// Entry point of the creation worker.
-#[pg_guard]
-#[unsafe(no_mangle)]
-pub extern "C-unwind" fn envelopes_partition_worker(arg: pg_sys::Datum) {
-    worker::install_sigterm();
+/// The creation worker's job (see [`worker::on_job`]): create what is missing,
+/// retrying DDL that hits `lock_timeout`, and report.
+pub fn run_job(attached: &mut worker::AttachedJob) {
     catalog::skip_band_checks();
-    let Some(segment) = worker::Attached::from_argument(arg) else {
+    let Some(job) = Job::decode(&attached.payload()) else {
+        attached.finish(Err((
+            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR as i32,
+            "malformed partition creation job".into(),
+        )));
         return;
     };
-    // SAFETY: the segment holds the Job the caller wrote before starting us and
-    // stays mapped while `segment` lives.
-    let job = unsafe { &mut *(segment.address() as *mut Job) };
-    job.header.connect();
+    attached.header().connect();
     let mut result = Err((0, String::new()));
     for attempt in 1..=job.attempts.max(1) {
-        result = worker::in_own_transaction(|| create_once(job));
+        result = worker::in_own_transaction(|| create_once(&job, attached.header()));
         let lock_timeout = PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE as i32;
         if !matches!(&result, Err((code, _)) if *code == lock_timeout) || attempt == job.attempts {
             break;
         }
         std::thread::sleep(Duration::from_millis(20 * u64::from(attempt as u32)));
     }
-    job.header.outcome.set(result);
-    drop(segment);
+    attached.finish(result);
 }
 
 /// One attempt, in a transaction of its own (see [`worker::in_own_transaction`]):
 /// create what is missing under the creation lock, and commit only if the caller
 /// is still waiting for it.
-fn create_once(job: &Job) {
+fn create_once(job: &Job, header: &Header) {
     Spi::run(&format!(
         "SET LOCAL lock_timeout = {}",
         job.lock_timeout_ms.max(1)
@@ -187,7 +199,7 @@ fn create_once(job: &Job) {
     if let Err(e) = create_locked(job.node, job.seq, job.width) {
         crate::error::OrRaise::or_raise(Err::<(), _>(e));
     }
-    if job.header.caller_ended() {
+    if header.caller_ended() {
         error!("the session that asked for this partition is gone; not creating it");
     }
 }

@@ -17,6 +17,7 @@ pub mod band;
 pub mod cache;
 mod catalog;
 mod create;
+pub use create::{run_job as run_creation_job, JOB_KIND};
 
 use crate::error::{PgSqlErrorCode, SqlError};
 use crate::pg::locks;
