@@ -459,10 +459,7 @@ fn summarize(state: &mut State, metrics: &Metrics, every: Duration) {
 /// than the sink takes (NATS' default max_payload is 1 MiB, the store's
 /// envelopes.max_envelope_bytes 4 MB): such a row would be set aside as a dead
 /// letter by the default setup.
-async fn compare_limits(db: &Db, sink: &Sink) {
-    let Some((sink_max, limit)) = sink.max_message_bytes() else {
-        return;
-    };
+async fn compare_limits(db: &Db, sink: &mut Sink) {
     let store_max = match db
         .client
         .query_opt(
@@ -482,14 +479,24 @@ async fn compare_limits(db: &Db, sink: &Sink) {
     };
     // What a message adds around the envelope: topic, ids, framing, headers.
     const FRAMING: u64 = 1024;
-    if store_max > 0 && store_max as u64 + FRAMING > sink_max {
-        tracing::warn!(store_max_envelope_bytes = store_max, sink_max_message_bytes = sink_max,
-                       sink_limit = limit,
-                       "the store accepts envelopes up to {store_max} bytes \
-                        (envelopes.max_envelope_bytes) but {limit} is {sink_max} bytes: a larger \
-                        row would be set aside as a dead letter; lower envelopes.max_envelope_bytes \
-                        below the sink's limit (less about 1 KB of framing) or raise the sink's");
+    let Ok(store_max) = u64::try_from(store_max) else {
+        return;
+    };
+    if store_max == 0 {
+        return;
     }
+    let Some((sink_max, limit)) = sink.max_message_bytes(store_max + FRAMING).await else {
+        return;
+    };
+    tracing::warn!(
+        store_max_envelope_bytes = store_max,
+        sink_max_message_bytes = sink_max,
+        sink_limit = limit,
+        "the store accepts envelopes up to {store_max} bytes \
+                    (envelopes.max_envelope_bytes) but {limit} is {sink_max} bytes: a larger \
+                    row would be set aside as a dead letter; lower envelopes.max_envelope_bytes \
+                    below the sink's limit (less about 1 KB of framing) or raise the sink's"
+    );
 }
 
 /// How often an idle egress asks its sink whether it still answers.
@@ -510,11 +517,16 @@ async fn ensure_sink(
             return Err(Failure::Shutdown);
         }
         let metrics = driver.metrics().clone();
-        match Sink::connect(&config.sink, &config.name, &metrics).await {
-            Ok(sink) => {
+        // Connected, and asked once (a webhook's connect makes no connection).
+        let connected = match Sink::connect(&config.sink, &config.name, &metrics).await {
+            Ok(mut sink) => sink.check().await.map(|()| sink),
+            Err(error) => Err(error),
+        };
+        match connected {
+            Ok(mut sink) => {
                 if !state.limits_compared {
                     state.limits_compared = true;
-                    compare_limits(db, &sink).await;
+                    compare_limits(db, &mut sink).await;
                 }
                 state.sink = Some(sink);
                 metrics.sink_stalled.set(0);
@@ -891,6 +903,7 @@ async fn deliver(
                 state.deferrals = 0;
                 if let Some(code) = state.breaker.take() {
                     tracing::info!(code = %code, "the bus takes the bridge's rows again: delivery resumes");
+                    metrics.sink_refusing.set(0);
                 }
                 metrics.published(part);
                 metrics.sink_stalled.set(0);
@@ -990,6 +1003,10 @@ async fn deliver(
                 }
                 state.streak.clear();
                 state.deferrals = 0;
+                if let Some(code) = state.breaker.take() {
+                    tracing::info!(code = %code, "the bus takes the bridge's rows again: delivery resumes");
+                    metrics.sink_refusing.set(0);
+                }
             }
             if judged_by_the_row(&code) {
                 // The sink measured this row itself against a limit the bus
@@ -1047,6 +1064,7 @@ async fn deliver(
                                  takes a row");
                 state.breaker = Some(code.clone());
             }
+            metrics.sink_refusing.set(1);
             metrics.sink_stalled.set(1);
             // A new connection for the next attempt: no cache of what the bus
             // refused outlives the condition.

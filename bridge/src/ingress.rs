@@ -232,7 +232,20 @@ async fn session(config: &IngressConfig, driver: &mut Driver) -> Result<(), Fail
             ..Default::default()
         })
         .await
-        .map_err(|e| retry(&e))?;
+        .map_err(|e| match e.kind() {
+            jetstream::stream::ConsumerErrorKind::JetStream(j)
+                if j.error_code() == jetstream::ErrorCode::CONSUMER_FILTER_NOT_SUBSET =>
+            {
+                Failure::BusConfig(
+                    format!(
+                        "stream {}: subject {:?}: {e}",
+                        config.stream, config.subject
+                    ),
+                    "check --subject (or --subject-prefix, whose PREFIX.envelope.> is the                      default): ingress reads subjects the stream takes (see `nats stream info`)",
+                )
+            }
+            _ => retry(&e),
+        })?;
     // A stream re-created between the look at it and the consumer: start over.
     check_identity(&mut stream, &identity).await?;
     tracing::info!(consumer = %config.name, stream = %config.stream, position,

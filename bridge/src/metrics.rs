@@ -45,6 +45,10 @@ pub struct Metrics {
     /// 1 while egress holds a batch its sink failed to take (a full disk, a bus
     /// away or blocking publishers) and tries it again, 0 once the sink takes it.
     pub sink_stalled: Gauge,
+    /// 1 while the bus refuses the bridge rather than its rows (the breaker:
+    /// different rows refused with the same code and none taken between them),
+    /// 0 once it takes a row again.
+    pub sink_refusing: Gauge,
     /// 1 while the broker blocks the bridge's publishing (RabbitMQ
     /// `connection.blocked`, a memory or disk alarm).
     pub sink_blocked: Gauge,
@@ -90,6 +94,16 @@ impl Metrics {
         let standby_wait_seconds = Counter::<f64, AtomicU64>::default();
         let sink_stalled = Gauge::default();
         let sink_blocked = Gauge::default();
+        let sink_refusing = Gauge::default();
+        registry.register(
+            "sink_refusing",
+            "1 while the bus refuses the bridge rather than its rows (different rows refused \
+             with the same code and none taken between them: revoked permissions or \
+             credentials, an ACL for every subject, a limit below every message); egress \
+             stalls at its position, sets nothing aside and asks again at the longest \
+             backoff; 0 once the bus takes a row",
+            sink_refusing.clone(),
+        );
         registry.register(
             "sink_blocked",
             "1 while the broker blocks the bridge's publishing (RabbitMQ connection.blocked: \
@@ -192,6 +206,7 @@ impl Metrics {
             standby_waiting,
             standby_wait_seconds,
             sink_stalled,
+            sink_refusing,
             sink_blocked,
             blocked_reason: Mutex::new(String::new()),
             dead_lettered,

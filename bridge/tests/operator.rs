@@ -474,7 +474,7 @@ fn bus_configuration_errors_end_the_bridge_on_every_bus() {
     let url = db.url();
     let nats = nats_url();
     let second = unique("SECOND");
-    let cases: [(&str, Vec<&str>, &str); 3] = [
+    let cases: [(&str, Vec<&str>, &str); 4] = [
         (
             "stream subjects overlap",
             vec![
@@ -522,6 +522,23 @@ fn bus_configuration_errors_end_the_bridge_on_every_bus() {
             ],
             "check --nats-stream",
         ),
+        (
+            // The stream takes PREFIX.>, ingress reads envelopes.envelope.>
+            // (the default prefix): not a subset.
+            "ingress subject outside the stream",
+            vec![
+                "ingress",
+                "--database-url",
+                &url,
+                "--name",
+                "in",
+                "--source",
+                &nats,
+                "--nats-stream",
+                &first,
+            ],
+            "check --subject",
+        ),
     ];
     for (what, args, fix) in cases {
         let started = Instant::now();
@@ -531,6 +548,19 @@ fn bus_configuration_errors_end_the_bridge_on_every_bus() {
         assert!(stderr.contains(fix), "{what}: {stderr}");
         assert!(!stderr.contains("wrong"), "{what}: {stderr}");
     }
+    delete_stream(&nats, &first);
+}
+
+/// Deletes a JetStream stream a test made on the shared server.
+fn delete_stream(url: &str, stream: &str) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        if let Ok(client) = async_nats::connect(url).await {
+            let _ = async_nats::jetstream::new(client)
+                .delete_stream(stream)
+                .await;
+        }
+    });
 }
 
 /// Item 1: an idle bridge checks its sink. With nothing to forward, a sink
@@ -682,6 +712,65 @@ fn a_store_limit_above_the_sinks_is_named_once_at_start() {
     bridge.terminate();
     let log = bridge.log_text();
     assert!(!log.contains("max_payload"), "{log}");
+    delete_stream(&nats_url(), &stream);
+}
+
+/// Item 5, RabbitMQ: the broker announces no max_message_size, so egress asks
+/// with a probe of the store's largest envelope (and its framing) that no queue
+/// receives; a broker at 1 MiB refuses it naming its limit, which the warning
+/// names beside the store's, once; delivery goes on as before. With the
+/// store's limit below the broker's, nothing is said. 211056c said nothing.
+#[test]
+fn rabbitmq_max_message_size_is_named_once_at_start() {
+    let rabbit = common::buses::PrivateRabbit::start("max_message_size = 1048576");
+    let db = TestDb::new("rabbitlimit");
+    let exchange = unique("rabbitlimit");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(common::buses::declare_durable_queue(
+        &rabbit.url(),
+        &exchange,
+    ));
+    let args = [
+        "--amqp-exchange",
+        exchange.as_str(),
+        "--subject-prefix",
+        exchange.as_str(),
+    ];
+    let mut bridge = Bridge::egress(&db, "r", &rabbit.url(), &args, &[]);
+    let mut c = db.client();
+    insert(&mut c, 1, 1);
+    wait_for_bridge(&bridge, "delivery", Duration::from_secs(30), || {
+        lag(&db, "r") == 0
+    });
+    bridge.terminate();
+    let log = bridge.log_text();
+    assert_eq!(
+        log.matches("envelopes.max_envelope_bytes)").count(),
+        1,
+        "{log}"
+    );
+    assert!(
+        log.contains("RabbitMQ's max_message_size")
+            && log.contains("store_max_envelope_bytes=4194304")
+            && log.contains("sink_max_message_bytes=1048576"),
+        "{log}"
+    );
+    // Only the row reached the queue, not the probe.
+    let ids = rt.block_on(common::buses::drain_queue(&rabbit.url(), &exchange));
+    assert_eq!(ids, vec!["1:1".to_string()]);
+    c.batch_execute(&format!(
+        "ALTER DATABASE \"{}\" SET envelopes.max_envelope_bytes = '512kB'",
+        db.name
+    ))
+    .unwrap();
+    let mut bridge = Bridge::egress(&db, "r", &rabbit.url(), &args, &[]);
+    insert(&mut c, 1, 2);
+    wait_for_bridge(&bridge, "delivery", Duration::from_secs(30), || {
+        lag(&db, "r") == 0
+    });
+    bridge.terminate();
+    let log = bridge.log_text();
+    assert!(!log.contains("max_message_size"), "{log}");
 }
 
 /// Item 7 (part): an operator's retry_dead_letters() made while the bridge is
@@ -957,4 +1046,438 @@ fn mqtt_credentials_the_broker_refuses_end_the_bridge() {
         "{log}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Item 1, MQTT and webhook: an idle egress asks these sinks too. A webhook
+/// nobody listens on keeps /readyz at 503 from the start; a broker or a
+/// receiver that goes away while the bridge idles turns it 503 within
+/// seconds, and 200 again once it is back (211056c: 200 throughout, the
+/// webhook was never contacted before a row came).
+#[test]
+fn an_idle_bridge_checks_its_mqtt_and_webhook_sinks() {
+    let db = TestDb::new("idle2");
+    let ready = |port: u16| http_get(port, "/readyz").0;
+
+    // A webhook nobody listens on, from the start.
+    let dead = free_port();
+    let metrics_port = free_port();
+    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+    let mut bridge = Bridge::egress(
+        &db,
+        "deadhook",
+        &format!("http://127.0.0.1:{dead}/hook"),
+        &["--metrics-addr", &metrics_addr, "--ready-after", "60"],
+        &[],
+    );
+    wait_until("the metrics endpoint", Duration::from_secs(10), || {
+        http_get(metrics_port, "/healthz").0 == 200
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(ready(metrics_port), 503, "{}", bridge.log_text());
+    bridge.terminate();
+
+    // MQTT: a broker killed while the bridge idles, then started again.
+    let mut broker = common::buses::PrivateMosquitto::start("");
+    let metrics_port = free_port();
+    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+    let mut bridge = Bridge::egress(
+        &db,
+        "idlemqtt",
+        &broker.url(),
+        &["--metrics-addr", &metrics_addr, "--ready-after", "60"],
+        &[],
+    );
+    wait_for_bridge(
+        &bridge,
+        "ready with a live broker",
+        Duration::from_secs(20),
+        || ready(metrics_port) == 200,
+    );
+    broker.kill();
+    let gone = Instant::now();
+    wait_for_bridge(
+        &bridge,
+        "not ready once the idle broker is gone",
+        Duration::from_secs(20),
+        || ready(metrics_port) == 503,
+    );
+    let mqtt_flipped = gone.elapsed();
+    assert!(mqtt_flipped < Duration::from_secs(12), "{mqtt_flipped:?}");
+    broker.start_again();
+    wait_for_bridge(
+        &bridge,
+        "ready again once the broker is back",
+        Duration::from_secs(30),
+        || ready(metrics_port) == 200,
+    );
+    let mut c = db.client();
+    insert(&mut c, 1, 1);
+    wait_until("delivery over MQTT", Duration::from_secs(30), || {
+        lag(&db, "idlemqtt") == 0
+    });
+    assert_eq!(bridge.terminate().code(), Some(0));
+
+    // A webhook receiver that goes away while the bridge idles.
+    let receiver = common::buses::Receiver::start();
+    let hook_port = receiver.port;
+    let metrics_port = free_port();
+    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+    let mut bridge = Bridge::egress(
+        &db,
+        "idlehook",
+        &receiver.url(),
+        &["--metrics-addr", &metrics_addr, "--ready-after", "60"],
+        &[],
+    );
+    wait_for_bridge(
+        &bridge,
+        "ready with a live receiver",
+        Duration::from_secs(20),
+        || ready(metrics_port) == 200,
+    );
+    // It forwards what it finds first (row 1, from the start of the feed).
+    wait_until("delivery to the webhook", Duration::from_secs(30), || {
+        lag(&db, "idlehook") == 0
+    });
+    drop(receiver);
+    let gone = Instant::now();
+    wait_for_bridge(
+        &bridge,
+        "not ready once the idle receiver is gone",
+        Duration::from_secs(20),
+        || ready(metrics_port) == 503,
+    );
+    let hook_flipped = gone.elapsed();
+    assert!(hook_flipped < Duration::from_secs(12), "{hook_flipped:?}");
+    let receiver = common::buses::Receiver::start_on(hook_port);
+    wait_for_bridge(
+        &bridge,
+        "ready again once the receiver is back",
+        Duration::from_secs(30),
+        || ready(metrics_port) == 200,
+    );
+    insert(&mut c, 1, 2);
+    wait_until("delivery to the webhook", Duration::from_secs(30), || {
+        lag(&db, "idlehook") == 0
+    });
+    assert_eq!(bridge.terminate().code(), Some(0));
+    // The checks made no request: only the batch's POST reached the receiver.
+    let requests = receiver.requests();
+    assert!(
+        !requests.is_empty() && requests.iter().all(|r| r.method == "POST"),
+        "{:?}",
+        requests.iter().map(|r| &r.method).collect::<Vec<_>>()
+    );
+    eprintln!("not ready {mqtt_flipped:?} (MQTT) and {hook_flipped:?} (webhook) after the idle sink went away");
+}
+
+/// Item 7 on a bus that refuses the bridge after a good start (`revoke`),
+/// then takes its rows again (`restore`): not one good row set aside, the
+/// position kept, /readyz 503 and `sink_refusing` 1 meanwhile, and delivery
+/// resumed by itself in order, each row seen by `delivered` (ids as they
+/// arrived on the bus).
+fn refusing_bus_stalls_and_resumes(
+    label: &str,
+    sink: &str,
+    args: &[&str],
+    revoke: &mut dyn FnMut(),
+    restore: &mut dyn FnMut(),
+    delivered: &dyn Fn() -> Vec<String>,
+) {
+    let db = TestDb::new(label);
+    let metrics_port = free_port();
+    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+    let mut extra = vec!["--metrics-addr", metrics_addr.as_str()];
+    extra.extend_from_slice(args);
+    let mut bridge = Bridge::egress(&db, label, sink, &extra, &[]);
+    let mut c = db.client();
+    insert(&mut c, 1, 1);
+    wait_for_bridge(&bridge, "a good start", Duration::from_secs(20), || {
+        lag(&db, label) == 0
+    });
+    revoke();
+    for seq in 2..=21 {
+        insert(&mut c, 1, seq);
+    }
+    wait_for_bridge(
+        &bridge,
+        "not ready while the bus refuses the bridge",
+        Duration::from_secs(30),
+        || http_get(metrics_port, "/readyz").0 == 503,
+    );
+    // Several attempts at the longest backoff.
+    std::thread::sleep(Duration::from_secs(8));
+    assert_eq!(
+        db.int8("SELECT count(*) FROM envelopes.dead_letters"),
+        0,
+        "no good row set aside; the bridge's log:\n{}",
+        bridge.log_text()
+    );
+    assert_eq!(lag(&db, label), 20, "the position stays");
+    assert_eq!(http_get(metrics_port, "/readyz").0, 503);
+    let text = scrape(metrics_port);
+    assert_eq!(
+        metric(&text, "envelopes_bridge_sink_refusing"),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "envelopes_bridge_sink_stalled"),
+        1.0,
+        "{text}"
+    );
+    assert!(
+        bridge.log_text().contains("it refuses the bridge"),
+        "{}",
+        bridge.log_text()
+    );
+    restore();
+    wait_for_bridge(
+        &bridge,
+        "delivery once the bus takes rows again",
+        Duration::from_secs(40),
+        || lag(&db, label) == 0,
+    );
+    assert_eq!(db.int8("SELECT count(*) FROM envelopes.dead_letters"), 0);
+    wait_for_bridge(&bridge, "ready again", Duration::from_secs(20), || {
+        http_get(metrics_port, "/readyz").0 == 200
+    });
+    assert_eq!(
+        metric(&scrape(metrics_port), "envelopes_bridge_sink_refusing"),
+        0.0
+    );
+    let expected: Vec<String> = (1..=21).map(|seq| format!("1:{seq}")).collect();
+    let mut seen = Vec::new();
+    wait_until("every row on the bus", Duration::from_secs(20), || {
+        seen = delivered();
+        expected.iter().all(|id| seen.contains(id))
+    });
+    // In order: no row arrives after a later one (replays of a row already
+    // delivered aside, which the dedup id makes harmless).
+    let mut first: Vec<String> = Vec::new();
+    for id in &seen {
+        if !first.contains(id) {
+            first.push(id.clone());
+        }
+    }
+    assert_eq!(first, expected, "delivered in order: {seen:?}");
+    assert_eq!(bridge.terminate().code(), Some(0));
+}
+
+/// Item 7, NATS: the bridge's user loses its publish permission for the
+/// stream's subjects by a configuration reload after a good start, and gets it
+/// back by another (211056c: every row dead-lettered, ready throughout, and
+/// rows refused from a per-connection cache after the fix).
+#[test]
+fn a_revoked_nats_permission_stalls_the_bridge_and_it_resumes() {
+    let prefix = unique("revoke");
+    let dir = std::env::temp_dir().join(unique("revoke_nats"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("nats.conf");
+    let store = dir.join("store");
+    let write_conf = |deny: bool| {
+        let deny = if deny {
+            format!(", deny: [\"{prefix}.>\"]")
+        } else {
+            String::new()
+        };
+        // JetStream and its store in the file, not on the command line: a
+        // reload of a file without it shuts JetStream down (nats-server 2.9),
+        // and one whose store differs from -sd's is refused.
+        std::fs::write(
+            &conf,
+            format!(
+                "jetstream {{ store_dir: {store:?} }}
+                 authorization {{ users: [
+                   {{ user: bridge, password: bridgepw, permissions: {{ publish: {{ allow: [\">\"]{deny} }} }} }},
+                   {{ user: reader, password: readerpw }} ] }}\n"
+            ),
+        )
+        .unwrap();
+    };
+    write_conf(false);
+    let port = free_port();
+    let server = Killed(
+        std::process::Command::new("nats-server")
+            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-c"])
+            .arg(&conf)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.join("nats.log")).unwrap())
+            .spawn()
+            .expect("start nats-server"),
+    );
+    wait_for_port(port);
+    let reload = || {
+        let status = std::process::Command::new("kill")
+            .args(["-HUP", &server.0.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let url = format!("nats://127.0.0.1:{port}");
+    let stream = unique("REVOKE").to_uppercase();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    refusing_bus_stalls_and_resumes(
+        "revokenats",
+        &url,
+        &[
+            "--nats-stream",
+            &stream,
+            "--subject-prefix",
+            &prefix,
+            "--nats-user",
+            "bridge",
+            "--nats-password",
+            "bridgepw",
+        ],
+        &mut || {
+            write_conf(true);
+            reload();
+        },
+        &mut || {
+            write_conf(false);
+            reload();
+        },
+        &|| rt.block_on(stream_ids(&url, "reader", "readerpw", &stream)),
+    );
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Item 7, MQTT: the broker's ACL made read-only for every topic after a
+/// good start (PUBACK 0x87 for each row), then read-write again, both by a
+/// reload of a private mosquitto (211056c: every row dead-lettered, and order
+/// violations on the bus once they were retried after the fix).
+#[test]
+fn an_mqtt_acl_made_read_only_stalls_the_bridge_and_it_resumes() {
+    let prefix = unique("readonly");
+    let broker = common::buses::PrivateMosquitto::start("");
+    let acl = broker.file("acl", "topic readwrite #\n");
+    broker.reconfigure(&format!("acl_file {acl}"));
+    let ids = common::buses::mqtt_subscribe(&broker.url(), &prefix, false);
+    refusing_bus_stalls_and_resumes(
+        "readonlymqtt",
+        &broker.url(),
+        &["--subject-prefix", &prefix],
+        &mut || {
+            broker.file("acl", "topic read #\n");
+            broker.reconfigure(&format!("acl_file {acl}"));
+        },
+        &mut || {
+            broker.file("acl", "topic readwrite #\n");
+            broker.reconfigure(&format!("acl_file {acl}"));
+        },
+        &|| ids.lock().unwrap().clone(),
+    );
+}
+
+/// The Nats-Msg-Id of every message of a stream, in stream order, read as
+/// the given user.
+async fn stream_ids(url: &str, user: &str, password: &str, stream: &str) -> Vec<String> {
+    use futures_util::StreamExt;
+    let Ok(client) =
+        async_nats::ConnectOptions::with_user_and_password(user.into(), password.into())
+            .connect(url)
+            .await
+    else {
+        return Vec::new();
+    };
+    let js = async_nats::jetstream::new(client);
+    let Ok(mut s) = js.get_stream(stream).await else {
+        return Vec::new();
+    };
+    let Ok(info) = s.info().await else {
+        return Vec::new();
+    };
+    let total = info.state.messages;
+    let Ok(consumer) = s
+        .create_consumer(async_nats::jetstream::consumer::pull::Config {
+            deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::All,
+            ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
+            ..Default::default()
+        })
+        .await
+    else {
+        return Vec::new();
+    };
+    let mut ids = Vec::new();
+    while (ids.len() as u64) < total {
+        let Ok(mut batch) = consumer
+            .fetch()
+            .max_messages(1000)
+            .expires(Duration::from_secs(2))
+            .messages()
+            .await
+        else {
+            break;
+        };
+        let mut got = 0;
+        while let Some(Ok(m)) = batch.next().await {
+            got += 1;
+            if let Some(id) = m.headers.as_ref().and_then(|h| h.get("Nats-Msg-Id")) {
+                ids.push(id.to_string());
+            }
+        }
+        if got == 0 {
+            break;
+        }
+    }
+    ids
+}
+
+/// Item 4, RabbitMQ: an exchange of the configured name that exists with
+/// another type is the bridge's configuration: exit 78 naming
+/// --amqp-exchange (211056c: retried as an outage).
+#[test]
+fn an_amqp_exchange_of_another_type_ends_the_bridge() {
+    let db = TestDb::new("amqpexchange");
+    let exchange = unique("fanout");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let url = common::buses::amqp_url();
+    rt.block_on(async {
+        let (connection, channel) = common::buses::connect_amqp(&url).await;
+        channel
+            .exchange_declare(
+                exchange.as_str().into(),
+                lapin::ExchangeKind::Fanout,
+                lapin::options::ExchangeDeclareOptions::default(),
+                lapin::types::FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let _ = connection.close(200, "declared".into()).await;
+    });
+    let started = Instant::now();
+    let (exit, _, stderr) = run(
+        &[
+            "egress",
+            "--database-url",
+            &db.url(),
+            "--name",
+            "x",
+            "--register",
+            "--sink",
+            &url,
+            "--amqp-exchange",
+            &exchange,
+        ],
+        &[],
+    );
+    rt.block_on(async {
+        let (connection, channel) = common::buses::connect_amqp(&url).await;
+        let _ = channel
+            .exchange_delete(
+                exchange.as_str().into(),
+                lapin::options::ExchangeDeleteOptions::default(),
+            )
+            .await;
+        let _ = connection.close(200, "deleted".into()).await;
+    });
+    assert_eq!(exit, Some(78), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(12));
+    assert!(
+        stderr.contains("PRECONDITION_FAILED") && stderr.contains("check --amqp-exchange"),
+        "{stderr}"
+    );
 }

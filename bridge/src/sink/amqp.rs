@@ -104,6 +104,27 @@ fn connect_error(e: lapin::Error) -> SinkError {
     SinkError::new(SINK, e)
 }
 
+/// A failed exchange declaration: an exchange of that name with another type
+/// or other arguments (406 PRECONDITION_FAILED) or a user without configure
+/// permission on it (403 ACCESS_REFUSED) is the bridge's configuration;
+/// anything else an outage.
+fn exchange_error(exchange: &ShortString, e: lapin::Error) -> SinkError {
+    if let lapin::ErrorKind::ProtocolError(amqp) = e.kind() {
+        if matches!(amqp.get_id(), 403 | 406) {
+            return SinkError::Config {
+                sink: SINK,
+                message: format!(
+                    "exchange {}: {} (check --amqp-exchange: the bridge declares a durable \
+                     topic exchange, and its user needs configure and write permission on it)",
+                    exchange.as_str(),
+                    amqp.get_message().as_str()
+                ),
+            };
+        }
+    }
+    SinkError::new(SINK, e)
+}
+
 /// Why an attempt at a batch ended early.
 enum Failed {
     Sink(SinkError),
@@ -260,7 +281,7 @@ impl Amqp {
                     FieldTable::default(),
                 )
                 .await
-                .map_err(error)?;
+                .map_err(|e| exchange_error(&self.exchange, e))?;
             let events = follow_events(&connection, self.metrics.clone());
             self.session = Some(Session {
                 connection,
@@ -270,6 +291,63 @@ impl Amqp {
             });
         }
         Ok(self.session.as_ref().expect("set above"))
+    }
+
+    /// RabbitMQ does not announce its `max_message_size`, but names it when it
+    /// refuses a larger message: asks with a probe of `size` zero bytes on a
+    /// channel of its own, published to the default exchange under a routing
+    /// key no queue has, not mandatory (a broker that takes it drops it at
+    /// once). The broker's limit when it refuses the probe (remembered, so that
+    /// larger rows are refused before sending), `None` when it takes it (its
+    /// limit is at least `size`) or the probe could not tell (logged).
+    pub async fn probe_max_message_size(&mut self, size: usize) -> Option<u64> {
+        let result = self.probe(size).await;
+        match result {
+            Ok(()) => None,
+            Err(e) => {
+                if let lapin::ErrorKind::ProtocolError(amqp) = e.kind() {
+                    if amqp.get_id() == 406 {
+                        if let Some(max) = max_size_named(amqp.get_message().as_str()) {
+                            self.max_message_size = Some(max);
+                            return Some(max as u64);
+                        }
+                    }
+                }
+                tracing::debug!(error = %e, "could not learn RabbitMQ's max_message_size");
+                None
+            }
+        }
+    }
+
+    async fn probe(&mut self, size: usize) -> Result<(), lapin::Error> {
+        let Ok(session) = self.session().await else {
+            return Ok(());
+        };
+        let channel = session.connection.create_channel().await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        let key = format!(
+            "envelopes-bridge.size-probe.{}.{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        );
+        let body = vec![0u8; size];
+        channel
+            .basic_publish(
+                ShortString::from(""),
+                ShortString::from(key.as_str()),
+                BasicPublishOptions::default(),
+                &body,
+                BasicProperties::default(),
+            )
+            .await?
+            .await?;
+        let _ = channel.close(200, "size probe done".into()).await;
+        Ok(())
     }
 
     /// Publishes the batch; while the broker blocks the connection the batch

@@ -128,30 +128,43 @@ impl Sink {
 
     /// Whether the bus still answers, asked without sending a row: NATS (a
     /// PING round trip), Redis (PING), RabbitMQ (the connection's state, kept
-    /// by heartbeats); the other sinks report no failure here and are checked
-    /// by their next publish.
+    /// by heartbeats), MQTT (the connection's state, kept by keep-alives; a
+    /// broken one is made anew), a webhook (a TCP connection to the receiver,
+    /// no request); stdout and a file report no failure here and are checked
+    /// by their next write.
     pub async fn check(&mut self) -> Result<(), SinkError> {
         match self {
             Sink::Nats(s) => s.check().await,
             Sink::Redis(s) => s.check().await,
             Sink::Amqp(s) => s.check(),
-            _ => Ok(()),
+            Sink::Mqtt(s) => s.check().await,
+            Sink::Webhook(s) => s.check().await,
+            Sink::Stdout(_) | Sink::Jsonl(_) => Ok(()),
         }
     }
 
-    /// The largest message the bus takes, as it said when connecting, and the
-    /// name of that limit: NATS' `max_payload`, Redis' `proto-max-bulk-len`,
-    /// the MQTT broker's maximum packet size (`None` where the bus does not
-    /// say: RabbitMQ does not announce `max_message_size`).
-    pub fn max_message_bytes(&self) -> Option<(u64, &'static str)> {
-        match self {
+    /// The largest message the bus takes and the name of that limit, where it
+    /// is below `wanted` bytes (what the store may hand the sink): NATS'
+    /// `max_payload`, Redis' `proto-max-bulk-len` and the MQTT broker's maximum
+    /// packet size as they said when connecting; RabbitMQ's `max_message_size`
+    /// as it names it refusing a probe of `wanted` bytes (it announces none).
+    /// `None` where the bus takes messages that large, or does not say.
+    pub async fn max_message_bytes(&mut self, wanted: u64) -> Option<(u64, &'static str)> {
+        let known = match self {
             Sink::Nats(s) => Some((s.max_payload(), "the NATS server's max_payload")),
             Sink::Redis(s) => Some((s.max_bulk(), "Redis' proto-max-bulk-len")),
             Sink::Mqtt(s) => s
                 .max_packet_size()
                 .map(|max| (max, "the MQTT broker's maximum packet size")),
+            Sink::Amqp(s) => {
+                let size = usize::try_from(wanted).ok()?;
+                s.probe_max_message_size(size)
+                    .await
+                    .map(|max| (max, "RabbitMQ's max_message_size"))
+            }
             _ => None,
-        }
+        };
+        known.filter(|(max, _)| *max < wanted)
     }
 
     /// Publishes the batch and returns once every message is acknowledged.

@@ -98,6 +98,9 @@ enum Outcome {
 
 struct Session {
     client: AsyncClient,
+    /// Whether the connection is up: set at each CONNACK, cleared when the
+    /// event loop finds it broken (a closed socket, a missed keep-alive).
+    connected: watch::Receiver<bool>,
     /// The broker's maximum packet size, from its CONNACK (0: none announced).
     max_packet: watch::Receiver<u32>,
     errors: watch::Receiver<Option<String>>,
@@ -208,6 +211,7 @@ async fn drive(
                     }
                     _ => e.to_string(),
                 };
+                let _ = connected.send(false);
                 let _ = errors.send(Some(error.clone()));
                 let _ = outcomes.send(Outcome::Broken { error, refused });
                 inflight.clear();
@@ -277,7 +281,7 @@ impl Mqtt {
         let (client, eventloop) = AsyncClient::new(options, REQUEST_QUEUE);
         let (outcome_tx, outcomes) = mpsc::unbounded_channel();
         let (err_tx, errors) = watch::channel(None);
-        let (connected_tx, mut connected) = watch::channel(false);
+        let (connected_tx, connected) = watch::channel(false);
         let (max_tx, max_packet) = watch::channel(0u32);
         let order = Arc::new(Mutex::new(VecDeque::new()));
         let task = tokio::spawn(drive(
@@ -290,6 +294,7 @@ impl Mqtt {
         ));
         let mut session = Session {
             client,
+            connected,
             max_packet,
             errors,
             order,
@@ -297,8 +302,11 @@ impl Mqtt {
             next_seq: 0,
             task,
         };
-        let up = tokio::time::timeout(CONNECT_TIMEOUT, connected.wait_for(|c| *c)).await;
-        if !matches!(up, Ok(Ok(_))) {
+        let up = matches!(
+            tokio::time::timeout(CONNECT_TIMEOUT, session.connected.wait_for(|c| *c)).await,
+            Ok(Ok(_))
+        );
+        if !up {
             let why = session
                 .errors
                 .borrow_and_update()
@@ -320,6 +328,30 @@ impl Mqtt {
             ));
         }
         Ok(session)
+    }
+
+    /// Whether the broker still answers, asked without sending a row: the
+    /// connection is up (the event loop's keep-alive finds a silent broker
+    /// within about 1.5 keep-alive intervals, a closed socket at once). A
+    /// connection found down is given up (the caller connects anew, and the
+    /// broker's CONNACK may then refuse the bridge: a configuration error).
+    pub async fn check(&mut self) -> Result<(), SinkError> {
+        let up = self.session.as_ref().is_some_and(|s| *s.connected.borrow());
+        if up {
+            return Ok(());
+        }
+        let why = self
+            .session
+            .take()
+            .and_then(|s| s.errors.borrow().clone())
+            .unwrap_or_else(|| "not connected".into());
+        Err(SinkError::new(
+            SINK,
+            format!(
+                "the connection to {}:{} is down: {why}",
+                self.host, self.port
+            ),
+        ))
     }
 
     pub async fn publish(&mut self, batch: &[Message]) -> Result<(), SinkError> {

@@ -97,6 +97,8 @@ pub struct Webhook {
     url: String,
     format: WebhookFormat,
     secret: Option<Vec<u8>>,
+    /// How long a connection may take (`--webhook-timeout-ms`).
+    connect_timeout: Duration,
     /// The smallest body the receiver answered 413: bodies at least that large
     /// are refused as too large without sending them (learned anew with a new
     /// sink).
@@ -117,8 +119,46 @@ impl Webhook {
             url: url.to_owned(),
             format: args.webhook_format,
             secret: args.webhook_secret.as_ref().map(|s| s.as_bytes().to_vec()),
+            connect_timeout: timeout,
             refused_body: None,
         })
+    }
+
+    /// Whether the receiver still answers, asked without sending a row: a TCP
+    /// connection to the URL's host and port, closed at once (no request is
+    /// made, so a receiver sees nothing). Behind a proxy (`HTTPS_PROXY`,
+    /// `HTTP_PROXY`, `ALL_PROXY` in the environment) the receiver cannot be
+    /// reached that way, and only the next POST tells.
+    pub async fn check(&self) -> Result<(), SinkError> {
+        let proxied = ["HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY"]
+            .iter()
+            .any(|v| std::env::var_os(v).is_some() || std::env::var_os(v.to_lowercase()).is_some());
+        if proxied {
+            return Ok(());
+        }
+        let url = reqwest::Url::parse(&self.url).map_err(|e| SinkError::new(SINK, e))?;
+        let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default()) else {
+            return Ok(());
+        };
+        // An IPv6 literal comes in brackets.
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let shown = crate::redact::url(&self.url);
+        match tokio::time::timeout(
+            self.connect_timeout,
+            tokio::net::TcpStream::connect((host, port)),
+        )
+        .await
+        {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(SinkError::new(SINK, format!("connect {shown}: {e}"))),
+            Err(_) => Err(SinkError::new(
+                SINK,
+                format!(
+                    "connect {shown}: no answer within {} ms",
+                    self.connect_timeout.as_millis()
+                ),
+            )),
+        }
     }
 
     /// The request body for a batch.

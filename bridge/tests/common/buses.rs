@@ -441,15 +441,19 @@ impl PrivateMosquitto {
         let dir = std::env::temp_dir().join(unique("mosquitto"));
         std::fs::create_dir_all(&dir).unwrap();
         write_mosquitto_conf(&dir, port, extra);
-        let child = std::process::Command::new("mosquitto")
-            .arg("-c")
-            .arg(dir.join("mosquitto.conf"))
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("start mosquitto");
-        wait_for_port(port);
+        let child = spawn_mosquitto(&dir, port);
         PrivateMosquitto { port, dir, child }
+    }
+
+    /// Kills the broker (SIGKILL: gone without a word to its clients).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the broker again on the same port with the same configuration.
+    pub fn start_again(&mut self) {
+        self.child = spawn_mosquitto(&self.dir, self.port);
     }
 
     pub fn url(&self) -> String {
@@ -471,6 +475,18 @@ impl PrivateMosquitto {
             .status();
         thread::sleep(Duration::from_millis(500));
     }
+}
+
+fn spawn_mosquitto(dir: &std::path::Path, port: u16) -> std::process::Child {
+    let child = std::process::Command::new("mosquitto")
+        .arg("-c")
+        .arg(dir.join("mosquitto.conf"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start mosquitto");
+    wait_for_port(port);
+    child
 }
 
 fn write_mosquitto_conf(dir: &std::path::Path, port: u16, extra: &str) {
