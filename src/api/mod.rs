@@ -4,6 +4,8 @@
 //! ([`crate::store`]), whose errors it raises. Nothing else imports this layer,
 //! and it touches no Postgres internals itself.
 
+#![deny(unsafe_code)]
+
 pub mod args;
 pub mod consumer;
 pub mod feed;

@@ -15,7 +15,7 @@ use super::args::{
     bytea_elements, cursor_entries, cursor_map, elements, limit, required, same_length, topics_of,
 };
 use crate::error::OrRaise;
-use crate::pg::srf::{arg, materialized_srf};
+use crate::pg::srf::materialized_srf;
 use crate::store::read::lookup;
 use crate::store::read::select::{self, SelectError};
 use crate::store::read::shapes::{self, ShapeError};
@@ -49,15 +49,14 @@ CREATE FUNCTION select_gateway_envelopes(
 STABLE PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'select_gateway_envelopes_wrapper';
 "#,
-    // SAFETY: the definition above declares the five arguments with these types.
-    |fcinfo, out| unsafe {
+    |args, out| {
         (|| -> Result<(), SelectError> {
-            let limit = limit("row_limit", arg(fcinfo, 4))?;
-            let nodes = elements("cursor_node_ids", arg(fcinfo, 0))?.unwrap_or_default();
-            let seqs = elements("cursor_sequence_ids", arg(fcinfo, 1))?.unwrap_or_default();
+            let limit = limit("row_limit", args.get(4))?;
+            let nodes = elements("cursor_node_ids", args.array(0))?.unwrap_or_default();
+            let seqs = elements("cursor_sequence_ids", args.array(1))?.unwrap_or_default();
             let cursor = cursor_map(nodes, seqs)?;
-            let topics = bytea_elements("topics", arg(fcinfo, 2))?;
-            let originators = elements("originator_node_ids", arg(fcinfo, 3))?;
+            let topics = bytea_elements("topics", args.array(2))?;
+            let originators = elements("originator_node_ids", args.array(3))?;
             select::select(cursor, topics, originators, limit, out)
         })()
     }
@@ -89,13 +88,12 @@ CREATE FUNCTION select_by_topic_cursors(
 VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 LANGUAGE c AS 'MODULE_PATHNAME', 'select_by_topic_cursors_wrapper';
 "#,
-    // SAFETY: the definition above declares the six arguments with these types.
-    |fcinfo, out| unsafe {
+    |args, out| {
         (|| -> Result<(), ShapeError> {
-            let entries = cursor_entries(arg(fcinfo, 0), arg(fcinfo, 1), arg(fcinfo, 2))?;
-            let per_entry = limit("rows_per_entry", arg(fcinfo, 3))?;
-            let limit = limit("row_limit", arg(fcinfo, 4))?;
-            let commit_safe: bool = arg(fcinfo, 5).ok_or(ShapeError::Null("commit_safe"))?;
+            let entries = cursor_entries(args.array(0), args.array(1), args.array(2))?;
+            let per_entry = limit("rows_per_entry", args.get(3))?;
+            let limit = limit("row_limit", args.get(4))?;
+            let commit_safe: bool = args.get(5).ok_or(ShapeError::Null("commit_safe"))?;
             shapes::by_topic_cursors(&entries, per_entry, limit, commit_safe, out)
         })()
     }
@@ -128,12 +126,11 @@ CREATE FUNCTION select_wave(
 VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 LANGUAGE c AS 'MODULE_PATHNAME', 'select_wave_wrapper';
 "#,
-    // SAFETY: the definition above declares the nine arguments with these types.
-    |fcinfo, out| unsafe {
+    |args, out| {
         (|| -> Result<(), ShapeError> {
-            let entries = cursor_entries(arg(fcinfo, 0), arg(fcinfo, 1), arg(fcinfo, 2))?;
-            let ceiling_nodes = required("ceiling_node_ids", arg(fcinfo, 3))?;
-            let ceiling_seqs = required("ceiling_sequence_ids", arg(fcinfo, 4))?;
+            let entries = cursor_entries(args.array(0), args.array(1), args.array(2))?;
+            let ceiling_nodes = required("ceiling_node_ids", args.array(3))?;
+            let ceiling_seqs = required("ceiling_sequence_ids", args.array(4))?;
             same_length(
                 "ceiling_node_ids",
                 ceiling_nodes.len(),
@@ -146,13 +143,13 @@ LANGUAGE c AS 'MODULE_PATHNAME', 'select_wave_wrapper';
                     return Err(ShapeError::DuplicateCeiling(node));
                 }
             }
-            let position = match (arg::<i32>(fcinfo, 5), arg::<i64>(fcinfo, 6)) {
+            let position = match (args.get::<i32>(5), args.get::<i64>(6)) {
                 (None, None) => None,
                 (Some(node), Some(seq)) => Some((node, seq)),
                 _ => return Err(ShapeError::HalfPosition),
             };
-            let limit = limit("row_limit", arg(fcinfo, 7))?;
-            let commit_safe: bool = arg(fcinfo, 8).ok_or(ShapeError::Null("commit_safe"))?;
+            let limit = limit("row_limit", args.get(7))?;
+            let commit_safe: bool = args.get(8).ok_or(ShapeError::Null("commit_safe"))?;
             shapes::wave(&entries, &ceilings, position, limit, commit_safe, out)
         })()
     }
@@ -176,11 +173,10 @@ RETURNS TABLE (
 STABLE PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'select_newest_by_topic_wrapper';
 "#,
-    // SAFETY: the definition above declares one bytea[] argument.
-    |fcinfo, out| unsafe {
+    |args, out| {
         (|| -> Result<(), ShapeError> {
             let topics: BTreeSet<Vec<u8>> =
-                topics_of("topics", arg(fcinfo, 0))?.into_iter().collect();
+                topics_of("topics", args.array(0))?.into_iter().collect();
             shapes::newest_by_topic(topics, out)
         })()
     }
@@ -208,13 +204,12 @@ CREATE FUNCTION select_originator(
 VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 LANGUAGE c AS 'MODULE_PATHNAME', 'select_originator_wrapper';
 "#,
-    // SAFETY: the definition above declares the four arguments with these types.
-    |fcinfo, out| unsafe {
+    |args, out| {
         (|| -> Result<(), ShapeError> {
-            let node: i32 = arg(fcinfo, 0).ok_or(ShapeError::Null("originator_node_id"))?;
-            let after: i64 = arg(fcinfo, 1).ok_or(ShapeError::Null("after_sequence_id"))?;
-            let limit = limit("row_limit", arg(fcinfo, 2))?;
-            let commit_safe: bool = arg(fcinfo, 3).ok_or(ShapeError::Null("commit_safe"))?;
+            let node: i32 = args.get(0).ok_or(ShapeError::Null("originator_node_id"))?;
+            let after: i64 = args.get(1).ok_or(ShapeError::Null("after_sequence_id"))?;
+            let limit = limit("row_limit", args.get(2))?;
+            let commit_safe: bool = args.get(3).ok_or(ShapeError::Null("commit_safe"))?;
             shapes::originator(node, after, limit, commit_safe, out)
         })()
     }
@@ -230,10 +225,9 @@ RETURNS TABLE (originator_node_id integer, max_sequence_id bigint)
 STABLE PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'originator_maxima_wrapper';
 "#,
-    // SAFETY: the definition above declares one int[] argument.
-    |fcinfo, out| unsafe {
+    |args, out| {
         (|| -> Result<(), ShapeError> {
-            let nodes: BTreeSet<i32> = required("originator_node_ids", arg(fcinfo, 0))?
+            let nodes: BTreeSet<i32> = required("originator_node_ids", args.array(0))?
                 .into_iter()
                 .collect();
             shapes::maxima(nodes, out)

@@ -228,9 +228,25 @@ impl Materialized {
 /// the result set to fill, and returns `Result<(), E>` (an error is raised).
 macro_rules! materialized_srf {
     ($symbol:ident, $finfo:ident, name = $name:literal, sql = $sql:literal,
-     |$fcinfo:ident, $out:ident| $body:expr) => {
+     |$args:ident, $out:ident| $body:expr) => {
         ::pgrx::extension_sql!($sql, name = $name);
 
+        // The body, apart from the C-callable glue below, so that the lints of
+        // the module that declares the function (no unsafe code) hold for it.
+        #[doc(hidden)]
+        mod $symbol {
+            #[allow(unused_imports)]
+            use super::*;
+
+            pub(super) fn body(
+                $args: &$crate::pg::srf::Args,
+                $out: &mut $crate::pg::srf::Materialized,
+            ) -> impl $crate::error::OrRaise<()> {
+                $body
+            }
+        }
+
+        #[allow(unsafe_code)]
         #[unsafe(no_mangle)]
         #[doc(hidden)]
         pub extern "C" fn $finfo() -> &'static ::pgrx::pg_sys::Pg_finfo_record {
@@ -239,17 +255,22 @@ macro_rules! materialized_srf {
             &V1
         }
 
+        #[allow(unsafe_code)]
         #[unsafe(no_mangle)]
         #[doc(hidden)]
         pub unsafe extern "C-unwind" fn $symbol(
-            $fcinfo: ::pgrx::pg_sys::FunctionCallInfo,
+            fcinfo: ::pgrx::pg_sys::FunctionCallInfo,
         ) -> ::pgrx::pg_sys::Datum {
             let body = move || {
                 use $crate::error::OrRaise;
                 // SAFETY: fcinfo is this call's, from the function manager.
-                let mut result = unsafe { $crate::pg::srf::Materialized::begin($fcinfo) };
-                let $out = &mut result;
-                $body.or_raise();
+                let (args, mut result) = unsafe {
+                    (
+                        $crate::pg::srf::Args::new(fcinfo),
+                        $crate::pg::srf::Materialized::begin(fcinfo),
+                    )
+                };
+                $symbol::body(&args, &mut result).or_raise();
                 ::pgrx::pg_sys::Datum::from(0)
             };
             // SAFETY: the guard turns a Rust panic (an ERROR raised by or_raise)
@@ -260,12 +281,128 @@ macro_rules! materialized_srf {
 }
 pub(crate) use materialized_srf;
 
-/// Argument `n` of the current call (`None` when NULL).
-///
-/// # Safety
-/// `fcinfo` is the current call's and has at least `n + 1` arguments of a type
-/// `T` reads.
-pub unsafe fn arg<T: pgrx::FromDatum>(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<T> {
-    // SAFETY: as the caller guarantees.
-    unsafe { pgrx::fcinfo::pg_getarg::<T>(fcinfo, n) }
+/// An element type of the array arguments [`Args::array`] reads, with the oid
+/// of its array type (a constant, where pgrx looks it up in the syscache).
+pub trait ArrayElement {
+    const ARRAY_TYPE: pg_sys::Oid;
+}
+
+impl ArrayElement for i32 {
+    const ARRAY_TYPE: pg_sys::Oid = pg_sys::INT4ARRAYOID;
+}
+
+impl ArrayElement for i64 {
+    const ARRAY_TYPE: pg_sys::Oid = pg_sys::INT8ARRAYOID;
+}
+
+impl ArrayElement for &[u8] {
+    const ARRAY_TYPE: pg_sys::Oid = pg_sys::BYTEAARRAYOID;
+}
+
+/// The arguments of the current call of a [`materialized_srf!`] function, read
+/// by position. Each read checks the argument's declared type against the Rust
+/// type asked for, so a definition and a body that disagree raise an internal
+/// error (XX000) instead of reading a datum as something it is not.
+pub struct Args {
+    fcinfo: pg_sys::FunctionCallInfo,
+}
+
+impl Args {
+    /// # Safety
+    /// `fcinfo` is the current call's, valid while the returned value is used.
+    pub unsafe fn new(fcinfo: pg_sys::FunctionCallInfo) -> Args {
+        Args { fcinfo }
+    }
+
+    /// The type argument `n` is declared with, `InvalidOid` when there is no
+    /// such argument.
+    fn declared(&self, n: usize) -> pg_sys::Oid {
+        // SAFETY: fcinfo is the current call's (Args::new); flinfo is set by the
+        // function manager; get_fn_expr_argtype returns InvalidOid when the call
+        // expression is unknown or has no argument n.
+        unsafe {
+            if n >= (*self.fcinfo).nargs as usize {
+                return pg_sys::InvalidOid;
+            }
+            let flinfo = (*self.fcinfo).flinfo;
+            let from_call = pg_sys::get_fn_expr_argtype(flinfo, n as i32);
+            if from_call != pg_sys::InvalidOid {
+                return from_call;
+            }
+            // No call expression (a direct call): the function's signature.
+            let mut types: *mut pg_sys::Oid = std::ptr::null_mut();
+            let mut count = 0;
+            pg_sys::get_func_signature((*flinfo).fn_oid, &mut types, &mut count);
+            if types.is_null() || n >= count as usize {
+                return pg_sys::InvalidOid;
+            }
+            *types.add(n)
+        }
+    }
+
+    fn check(&self, n: usize, wanted: pg_sys::Oid) {
+        let declared = self.declared(n);
+        if declared != wanted {
+            pgrx::ereport!(
+                ERROR,
+                pgrx::PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+                format!(
+                    "argument {} of this function is declared with type oid {}, but its \
+                     code reads type oid {}",
+                    n + 1,
+                    declared.to_u32(),
+                    wanted.to_u32()
+                )
+            );
+        }
+    }
+
+    /// Argument `n` as a `T` (`None` when NULL).
+    pub fn get<T: pgrx::FromDatum + pgrx::IntoDatum>(&self, n: usize) -> Option<T> {
+        self.check(n, T::type_oid());
+        // SAFETY: the call has argument n, declared with T's type (checked).
+        unsafe { pgrx::fcinfo::pg_getarg::<T>(self.fcinfo, n) }
+    }
+
+    /// Argument `n` as an array of `T` (`None` when NULL).
+    pub fn array<'a, T>(&'a self, n: usize) -> Option<pgrx::Array<'a, T>>
+    where
+        T: ArrayElement + pgrx::FromDatum + pgrx::datum::UnboxDatum,
+    {
+        self.check(n, T::ARRAY_TYPE);
+        // SAFETY: the call has argument n, declared as an array of T's type
+        // (checked); the array borrows from the call, which outlives `self`.
+        unsafe { pgrx::fcinfo::pg_getarg::<pgrx::Array<'a, T>>(self.fcinfo, n) }
+    }
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use crate::testing::sqlstate_of;
+    use pgrx::prelude::*;
+
+    /// A definition that disagrees with the code about an argument's type (here
+    /// text[] where the code reads bytea[]) is refused with an internal error,
+    /// never read as what it is not.
+    #[pg_test]
+    fn an_argument_declared_with_another_type_is_an_internal_error() {
+        Spi::run(
+            "CREATE FUNCTION pg_temp.newest(topics text[]) RETURNS TABLE (
+                 originator_node_id integer, originator_sequence_id bigint,
+                 gateway_time timestamptz, topic bytea, payer_id integer,
+                 expiry bigint, originator_envelope bytea)
+             LANGUAGE c AS '$libdir/pg_envelopes', 'select_newest_by_topic_wrapper'",
+        )
+        .unwrap();
+        assert_eq!(
+            sqlstate_of("SELECT * FROM pg_temp.newest(ARRAY['a'])").as_deref(),
+            Some("XX000")
+        );
+        // The extension's own definition reads the same symbol as it should.
+        assert_eq!(
+            sqlstate_of("SELECT * FROM envelopes.select_newest_by_topic(ARRAY['\\x01'::bytea])"),
+            None
+        );
+    }
 }

@@ -97,3 +97,18 @@ pub fn in_recovery() -> bool {
     // SAFETY: reads shared state through a backend-local cache.
     unsafe { pg_sys::RecoveryInProgress() }
 }
+
+/// Queues a notification on `channel` for the end of the current transaction,
+/// as `pg_notify(channel, payload)` does (an ERROR for a channel name that is
+/// empty or too long, or a payload over 8000 bytes).
+pub fn notify(channel: &str, payload: &str) {
+    use pgrx::IntoDatum;
+    // SAFETY: direct call of the built-in pg_notify(text, text) with two
+    // non-NULL text datums built from Rust strings.
+    unsafe {
+        pgrx::fcinfo::direct_function_call::<()>(
+            pg_sys::pg_notify,
+            &[channel.into_datum(), payload.into_datum()],
+        );
+    }
+}

@@ -10,13 +10,17 @@
 //! [`maintenance`]: the background worker that prunes and creates bands ahead.
 //! The store calls the Postgres glue ([`crate::pg`]), never the SQL surface.
 
+#![deny(unsafe_code)]
+
 pub mod consumer;
 pub mod feed;
+#[allow(unsafe_code)] // still to move behind src/pg (issue 44)
 pub mod lease;
 pub mod maintenance;
 pub mod outbox;
 pub mod partition;
 pub mod read;
+#[allow(unsafe_code)] // still to move behind src/pg (issue 44)
 pub mod retention;
 pub mod write;
 

@@ -268,17 +268,7 @@ fn send_pending() {
         // The channel was validated by the setting's check hook. pg_notify queues
         // the notification in the transaction's pending list, which
         // PreCommit_Notify (run after this callback) writes to the queue.
-        // SAFETY: direct call of the built-in pg_notify(text, text) with two
-        // non-NULL text datums built from Rust strings.
-        unsafe {
-            pgrx::fcinfo::direct_function_call::<()>(
-                pg_sys::pg_notify,
-                &[
-                    channel.as_str().into_datum(),
-                    payload(&kinds).as_str().into_datum(),
-                ],
-            );
-        }
+        crate::pg::xact::notify(&channel, &payload(&kinds));
         LAST_RUNG.with(|last| last.borrow_mut().insert(channel, now));
     }
 }

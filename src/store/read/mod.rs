@@ -7,8 +7,10 @@
 //! keys over the same range and merged by sequence id, so a batch costs two range
 //! scans per band rather than one index lookup per row.
 
+#[allow(unsafe_code)] // still to move behind src/pg (issue 44)
 pub mod lookup;
 pub mod orphans;
+#[allow(unsafe_code)] // still to move behind src/pg (issue 44)
 pub mod results;
 pub mod select;
 pub mod shapes;
@@ -143,6 +145,7 @@ pub struct At<'a> {
 
 impl At<'_> {
     /// The row copied out as an [`EnvelopeRow`].
+    #[allow(unsafe_code)] // the raw envelope datum: still to move behind src/pg (issue 44)
     pub fn copy_out(&mut self) -> Result<EnvelopeRow, PartitionError> {
         let mut row = meta_row(self.meta, self.cols, self.node)?;
         if let Some(datum) = self.envelope {
