@@ -265,3 +265,113 @@ pub fn lock_table_size() -> (u64, u64) {
         )
     }
 }
+
+/// How long an advisory lock taken with [`acquire`] is held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    /// Until the transaction (or the subtransaction that rolls back) ends.
+    Transaction,
+    /// Until released, or until the session ends.
+    Session,
+}
+
+/// What [`acquire`] got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acquired {
+    /// Newly granted.
+    Granted,
+    /// This backend held it already in that mode and hold (the count went up).
+    AlreadyHeld,
+    /// Someone else holds a conflicting lock (only when not waiting).
+    Busy,
+}
+
+/// Takes the advisory lock `tag` (made with [`advisory_tag`]) in `mode`, waiting
+/// for it (interruptibly, subject to `lock_timeout` and the deadlock detector)
+/// unless `wait` is false.
+pub fn acquire(tag: &pg_sys::LOCKTAG, mode: pg_sys::LOCKMODE, hold: Hold, wait: bool) -> Acquired {
+    // SAFETY: the tag is a fully initialised LOCKTAG, which LockAcquire copies;
+    // errors (deadlock, timeout, out of shared memory for locks) are raised as
+    // Postgres ERRORs.
+    let result = unsafe { pg_sys::LockAcquire(tag, mode, hold == Hold::Session, !wait) };
+    match result {
+        pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL => Acquired::Busy,
+        pg_sys::LockAcquireResult::LOCKACQUIRE_ALREADY_HELD
+        | pg_sys::LockAcquireResult::LOCKACQUIRE_ALREADY_CLEAR => Acquired::AlreadyHeld,
+        _ => Acquired::Granted,
+    }
+}
+
+/// Releases one hold of the advisory lock `tag` in `mode`; false (and a
+/// WARNING from Postgres) when this backend did not hold it.
+pub fn release(tag: &pg_sys::LOCKTAG, mode: pg_sys::LOCKMODE, hold: Hold) -> bool {
+    // SAFETY: as in acquire; LockRelease only warns for a lock not held.
+    unsafe { pg_sys::LockRelease(tag, mode, hold == Hold::Session) }
+}
+
+/// Whether this backend holds the lock `tag` in `mode`.
+pub fn held_by_me(tag: &pg_sys::LOCKTAG, mode: pg_sys::LOCKMODE) -> bool {
+    // SAFETY: LockHeldByMe only looks the tag up in this backend's lock table.
+    unsafe { pg_sys::LockHeldByMe(tag, mode) }
+}
+
+/// The current database's oid.
+pub fn database_id() -> pg_sys::Oid {
+    // SAFETY: MyDatabaseId is set once the backend is connected to a database,
+    // before any SQL runs.
+    unsafe { pg_sys::MyDatabaseId }
+}
+
+/// An advisory lock granted to another backend (or a prepared transaction),
+/// as the lock table listed it at one moment.
+#[derive(Debug, Clone, Copy)]
+pub struct OtherHolder {
+    pub field1: u32,
+    pub field2: u32,
+    pub field3: u32,
+    pub subid: u16,
+    /// 0 for a prepared transaction.
+    pub pid: i32,
+}
+
+/// The database backend `pid` is connected to; `None` when no such backend
+/// runs now (it may have ended since a lock listing named it).
+pub fn database_of_backend(pid: i32) -> Option<pg_sys::Oid> {
+    // SAFETY: BackendPidGetProc returns NULL for a pid that is gone, else a
+    // PGPROC whose databaseId is read at once.
+    unsafe {
+        let proc_ = pg_sys::BackendPidGetProc(pid);
+        (!proc_.is_null()).then(|| (*proc_).databaseId)
+    }
+}
+
+/// The advisory locks of the user lock method that other backends hold right
+/// now (one entry per lock and holder), whatever their database.
+pub fn advisory_locks_of_others() -> Vec<OtherHolder> {
+    let mut held = Vec::new();
+    // SAFETY: GetLockStatusData returns a palloc'd snapshot of the lock table
+    // with `nelements` entries; MyProcPid is set for a connected backend.
+    unsafe {
+        let data = pg_sys::GetLockStatusData();
+        let my_pid = pg_sys::MyProcPid;
+        let locks = crate::pg::snapshot::raw_slice((*data).locks, (*data).nelements as usize);
+        for lock in locks {
+            let tag = &lock.locktag;
+            if tag.locktag_type != pg_sys::LockTagType::LOCKTAG_ADVISORY as u8
+                || tag.locktag_lockmethodid != pg_sys::USER_LOCKMETHOD as u8
+                || lock.holdMask == 0
+                || lock.pid == my_pid
+            {
+                continue;
+            }
+            held.push(OtherHolder {
+                field1: tag.locktag_field1,
+                field2: tag.locktag_field2,
+                field3: tag.locktag_field3,
+                subid: tag.locktag_field4,
+                pid: lock.pid,
+            });
+        }
+    }
+    held
+}

@@ -112,3 +112,41 @@ pub fn notify(channel: &str, payload: &str) {
         );
     }
 }
+
+/// Has `f` told the id of every subtransaction of this backend that rolls
+/// back (from then on, for the life of the backend). Registering the same
+/// function again does nothing. `f` runs inside the abort and must not raise.
+pub fn on_subxact_abort(f: fn(pg_sys::SubTransactionId)) {
+    let first = SUBXACT_ABORT_HANDLERS.with(|handlers| {
+        let mut handlers = handlers.borrow_mut();
+        let first = handlers.is_empty();
+        if !handlers.iter().any(|h| std::ptr::fn_addr_eq(*h, f)) {
+            handlers.push(f);
+        }
+        first
+    });
+    if first {
+        // SAFETY: registers a callback with a static lifetime, once per backend.
+        unsafe { pg_sys::RegisterSubXactCallback(Some(subxact_event), std::ptr::null_mut()) };
+    }
+}
+
+thread_local! {
+    static SUBXACT_ABORT_HANDLERS: std::cell::RefCell<Vec<fn(pg_sys::SubTransactionId)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn subxact_event(
+    event: pg_sys::SubXactEvent::Type,
+    my_subid: pg_sys::SubTransactionId,
+    _parent: pg_sys::SubTransactionId,
+    _arg: *mut std::ffi::c_void,
+) {
+    if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
+        let handlers = SUBXACT_ABORT_HANDLERS.with(|h| h.borrow().clone());
+        for handler in handlers {
+            handler(my_subid);
+        }
+    }
+}

@@ -122,24 +122,17 @@ pub fn take(kind: Kind, name: &str, stream: &str) -> Result<Option<i32>, LeaseEr
     let key = key(kind, name, stream);
     let tag = locks::lease_tag(key);
     let mode = pg_sys::ExclusiveLock as pg_sys::LOCKMODE;
-    // SAFETY: the tag is a fully initialised advisory LOCKTAG; a session lock
-    // (sessionLock = true) survives the transaction and is released when the
-    // session ends or by LockRelease with sessionLock = true. dontWait = true
-    // returns at once.
-    let result = unsafe { pg_sys::LockAcquire(&tag, mode, true, true) };
-    match result {
-        pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL => Ok(Some(holder(key)?.unwrap_or(0))),
-        pg_sys::LockAcquireResult::LOCKACQUIRE_ALREADY_HELD
-        | pg_sys::LockAcquireResult::LOCKACQUIRE_ALREADY_CLEAR => {
+    // A session lock survives the transaction and is released when the session
+    // ends or by a session-level release; not waiting returns at once.
+    match locks::acquire(&tag, mode, locks::Hold::Session, false) {
+        locks::Acquired::Busy => Ok(Some(holder(key)?.unwrap_or(0))),
+        locks::Acquired::AlreadyHeld => {
             // Held by this session already: give back the count just added, so
             // that one release (or the end of the session) frees it.
-            // SAFETY: releases one session-level hold this backend has.
-            unsafe {
-                pg_sys::LockRelease(&tag, mode, true);
-            }
+            locks::release(&tag, mode, locks::Hold::Session);
             Ok(None)
         }
-        _ => Ok(None),
+        locks::Acquired::Granted => Ok(None),
     }
 }
 
@@ -147,9 +140,7 @@ pub fn take(kind: Kind, name: &str, stream: &str) -> Result<Option<i32>, LeaseEr
 pub fn release(kind: Kind, name: &str, stream: &str) -> bool {
     let tag = locks::lease_tag(key(kind, name, stream));
     let mode = pg_sys::ExclusiveLock as pg_sys::LOCKMODE;
-    // SAFETY: LockHeldByMe only looks the tag up in this backend's lock table;
-    // LockRelease then releases a session-level hold this backend has.
-    unsafe { pg_sys::LockHeldByMe(&tag, mode) && pg_sys::LockRelease(&tag, mode, true) }
+    locks::held_by_me(&tag, mode) && locks::release(&tag, mode, locks::Hold::Session)
 }
 
 /// Fails with 55006 when another session holds the lease; otherwise keeps it from
@@ -157,12 +148,16 @@ pub fn release(kind: Kind, name: &str, stream: &str) -> bool {
 pub fn check(kind: Kind, name: &str, stream: &str) -> Result<(), LeaseError> {
     let key = key(kind, name, stream);
     let tag = locks::lease_tag(key);
-    // SAFETY: as in `take`, in share mode at transaction level (released by the
-    // lock manager at commit or abort); a lock this backend holds in exclusive
-    // mode never conflicts with its own share request.
-    let result =
-        unsafe { pg_sys::LockAcquire(&tag, pg_sys::ShareLock as pg_sys::LOCKMODE, false, true) };
-    if result == pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL {
+    // In share mode at transaction level (released by the lock manager at commit
+    // or abort); a lock this backend holds in exclusive mode never conflicts
+    // with its own share request.
+    let result = locks::acquire(
+        &tag,
+        pg_sys::ShareLock as pg_sys::LOCKMODE,
+        locks::Hold::Transaction,
+        false,
+    );
+    if result == locks::Acquired::Busy {
         let holder = match holder(key)? {
             Some(pid) => format!(" (backend pid {pid})"),
             None => String::new(),

@@ -14,7 +14,6 @@
 
 pub mod consumer;
 pub mod feed;
-#[allow(unsafe_code)] // still to move behind src/pg (issue 44)
 pub mod lease;
 pub mod maintenance;
 pub mod outbox;

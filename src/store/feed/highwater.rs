@@ -38,7 +38,6 @@
 //! exact check every time.
 
 use crate::pg::shmem::Lazy;
-use pgrx::pg_sys;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Slots of the table (24 bytes each).
@@ -92,8 +91,7 @@ fn shared() -> Option<&'static Table> {
 
 /// The current database's oid.
 fn database() -> u32 {
-    // SAFETY: MyDatabaseId is set at backend start-up, before any SQL runs.
-    unsafe { pg_sys::MyDatabaseId }.to_u32()
+    crate::pg::locks::database_id().to_u32()
 }
 
 /// A table position for `key`, spread over `size` (Fibonacci hashing).

@@ -189,25 +189,16 @@ thread_local! {
     static COVERED: std::cell::RefCell<Covered> = const {
         std::cell::RefCell::new(Covered { lxid: 0, ranges: Vec::new() })
     };
-    static SUBXACT_CALLBACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Forgets the ranges of a subtransaction that rolled back, and of every one
 /// it contained (their ids are higher: they started inside it).
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn subxact_ended(
-    event: pg_sys::SubXactEvent::Type,
-    my_subid: pg_sys::SubTransactionId,
-    _parent: pg_sys::SubTransactionId,
-    _arg: *mut std::ffi::c_void,
-) {
-    if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
-        COVERED.with(|c| {
-            c.borrow_mut()
-                .ranges
-                .retain(|&(_, _, _, subid)| subid < my_subid)
-        });
-    }
+fn subxact_aborted(my_subid: pg_sys::SubTransactionId) {
+    COVERED.with(|c| {
+        c.borrow_mut()
+            .ranges
+            .retain(|&(_, _, _, subid)| subid < my_subid)
+    });
 }
 
 /// The entries to record for the late rows `seqs` of `node` (ascending, each
@@ -217,10 +208,7 @@ unsafe extern "C-unwind" fn subxact_ended(
 /// hands out every late row of the transaction in its range. The ranges returned
 /// are noted as covered: the caller records them in the same subtransaction.
 pub fn entries(node: i32, seqs: &[i64]) -> Vec<Entry> {
-    if !SUBXACT_CALLBACK.with(|c| c.replace(true)) {
-        // SAFETY: registers a callback with a static lifetime, once per backend.
-        unsafe { pg_sys::RegisterSubXactCallback(Some(subxact_ended), std::ptr::null_mut()) };
-    }
+    crate::pg::xact::on_subxact_abort(subxact_aborted);
     let (lxid, subid) = crate::pg::xact::local_xid_and_subxact();
     COVERED.with(|covered| {
         let mut covered = covered.borrow_mut();

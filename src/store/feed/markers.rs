@@ -75,13 +75,14 @@ impl SqlError for MarkerError {
 fn acquire(field1: u32, value: i64, subid: u16) {
     let value = value.max(0) as u64;
     let tag = crate::pg::locks::advisory_tag(field1, (value >> 32) as u32, value as u32, subid);
-    // SAFETY: the tag is a fully initialised advisory LOCKTAG on the stack, which
-    // LockAcquire copies. A transaction-level share lock that nobody waits for;
-    // the lock manager releases it at commit or abort. Errors (out of shared
-    // memory for locks) are raised as Postgres ERRORs.
-    unsafe {
-        pg_sys::LockAcquire(&tag, pg_sys::ShareLock as pg_sys::LOCKMODE, false, false);
-    }
+    // A transaction-level share lock that nobody waits for; the lock manager
+    // releases it at commit or abort.
+    crate::pg::locks::acquire(
+        &tag,
+        pg_sys::ShareLock as pg_sys::LOCKMODE,
+        crate::pg::locks::Hold::Transaction,
+        true,
+    );
 }
 
 /// The current transaction and subtransaction.
@@ -233,8 +234,7 @@ pub fn mark_drawn(feed: Drawn) -> Result<(), MarkerError> {
             value
         }
     };
-    // SAFETY: MyDatabaseId is set once the backend is connected to a database.
-    let database = unsafe { pg_sys::MyDatabaseId }.to_u32();
+    let database = crate::pg::locks::database_id().to_u32();
     acquire(database, value, feed.subid());
     Ok(())
 }
@@ -255,52 +255,34 @@ impl Markers {
     /// envelope marker (no backend) could be anyone's and is counted.
     pub fn read() -> Markers {
         let mut markers = Markers::default();
-        // SAFETY: GetLockStatusData returns a palloc'd snapshot of the lock table
-        // with `nelements` entries; MyProcPid and MyDatabaseId are set for a
-        // connected backend. BackendPidGetProc returns NULL for a pid that is gone.
-        unsafe {
-            let data = pg_sys::GetLockStatusData();
-            let my_pid = pg_sys::MyProcPid;
-            let my_database = pg_sys::MyDatabaseId.to_u32();
-            let locks = crate::pg::snapshot::raw_slice((*data).locks, (*data).nelements as usize);
-            for lock in locks {
-                let tag = &lock.locktag;
-                if tag.locktag_type != pg_sys::LockTagType::LOCKTAG_ADVISORY as u8
-                    || tag.locktag_lockmethodid != pg_sys::USER_LOCKMETHOD as u8
-                    || lock.holdMask == 0
-                    || lock.pid == my_pid
-                {
-                    continue;
-                }
-                let value =
-                    ((u64::from(tag.locktag_field2) << 32) | u64::from(tag.locktag_field3)) as i64;
-                match tag.locktag_field4 {
-                    ENVELOPE_SUBID => {
-                        if lock.pid != 0 {
-                            let proc_ = pg_sys::BackendPidGetProc(lock.pid);
-                            if proc_.is_null() || (*proc_).databaseId.to_u32() != my_database {
-                                continue;
-                            }
-                        }
-                        if tag.locktag_field1 == ALL_NODES {
-                            markers.all_nodes = true;
-                        } else {
-                            let node = tag.locktag_field1 as i32;
-                            let lowest = markers.envelopes.entry(node).or_insert(value);
-                            *lowest = (*lowest).min(value);
-                        }
+        let my_database = crate::pg::locks::database_id();
+        for lock in crate::pg::locks::advisory_locks_of_others() {
+            let value = ((u64::from(lock.field2) << 32) | u64::from(lock.field3)) as i64;
+            match lock.subid {
+                ENVELOPE_SUBID => {
+                    if lock.pid != 0
+                        && crate::pg::locks::database_of_backend(lock.pid) != Some(my_database)
+                    {
+                        continue;
                     }
-                    OUTBOX_SUBID | LATE_SUBID if tag.locktag_field1 == my_database => {
-                        let feed = if tag.locktag_field4 == OUTBOX_SUBID {
-                            Drawn::Outbox
-                        } else {
-                            Drawn::Late
-                        };
-                        let slot = &mut markers.drawn[feed as usize];
-                        *slot = Some(slot.map_or(value, |v| v.min(value)));
+                    if lock.field1 == ALL_NODES {
+                        markers.all_nodes = true;
+                    } else {
+                        let node = lock.field1 as i32;
+                        let lowest = markers.envelopes.entry(node).or_insert(value);
+                        *lowest = (*lowest).min(value);
                     }
-                    _ => {}
                 }
+                OUTBOX_SUBID | LATE_SUBID if lock.field1 == my_database.to_u32() => {
+                    let feed = if lock.subid == OUTBOX_SUBID {
+                        Drawn::Outbox
+                    } else {
+                        Drawn::Late
+                    };
+                    let slot = &mut markers.drawn[feed as usize];
+                    *slot = Some(slot.map_or(value, |v| v.min(value)));
+                }
+                _ => {}
             }
         }
         markers

@@ -66,9 +66,7 @@
 pub mod clock;
 #[allow(unsafe_code)] // still to move behind src/pg (issue 44)
 pub mod highwater;
-#[allow(unsafe_code)] // still to move behind src/pg (issue 44)
 pub mod late;
-#[allow(unsafe_code)] // still to move behind src/pg (issue 44)
 pub mod markers;
 
 use crate::pg::scan::Reading;
