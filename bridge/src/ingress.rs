@@ -48,6 +48,9 @@ const ACK_WAIT: Duration = Duration::from_secs(30);
 /// How long one pull waits for messages before it comes back with fewer (or
 /// none: an idle round).
 const FETCH_WAIT: Duration = Duration::from_millis(500);
+/// How much longer than [`FETCH_WAIT`] a pull may wait for its next message
+/// (or its end) before the source counts as not answering.
+const PULL_GRACE: Duration = Duration::from_secs(2);
 
 pub struct IngressConfig {
     pub database_url: String,
@@ -65,8 +68,11 @@ pub struct IngressConfig {
 
 /// Why a session of ingress ended.
 enum Failure {
-    /// Anything from the bus, and transient database errors: reconnect.
+    /// Transient database errors: reconnect.
     Retry(String),
+    /// Anything from the bus (connect, read, acknowledge): reconnect; /readyz
+    /// says not ready until a round works again.
+    Bus(String),
     /// A permanent database error outside the envelopes themselves (e.g. the
     /// position function after a revoke): retry at the longest backoff.
     Permanent(DbFailure),
@@ -82,7 +88,7 @@ enum Failure {
 impl retry::Failure for Failure {
     fn class(&self) -> Class {
         match self {
-            Failure::Retry(_) => Class::Transient,
+            Failure::Retry(_) | Failure::Bus(_) => Class::Transient,
             Failure::Permanent(_) => Class::Permanent,
             Failure::Config(_) | Failure::BusConfig(..) => Class::Config,
         }
@@ -90,7 +96,7 @@ impl retry::Failure for Failure {
 
     fn what(&self) -> String {
         match self {
-            Failure::Retry(why) | Failure::BusConfig(why, _) => why.clone(),
+            Failure::Retry(why) | Failure::Bus(why) | Failure::BusConfig(why, _) => why.clone(),
             Failure::Permanent(e) | Failure::Config(e) => e.message.clone(),
         }
     }
@@ -101,7 +107,7 @@ impl retry::Failure for Failure {
 
     fn log(&self, wait: Wait) {
         match self {
-            Failure::Retry(why) => {
+            Failure::Retry(why) | Failure::Bus(why) => {
                 tracing::warn!(error = %why, retry_in_ms = wait.millis(),
                                "ingress interrupted, reconnecting")
             }
@@ -119,7 +125,7 @@ impl retry::Failure for Failure {
         match self {
             Failure::Permanent(e) | Failure::Config(e) => Fatal::database(e),
             Failure::BusConfig(why, fix) => Fatal::new(why, fix),
-            Failure::Retry(why) => Fatal::new(why, "fix the configuration"),
+            Failure::Retry(why) | Failure::Bus(why) => Fatal::new(why, "fix the configuration"),
         }
     }
 }
@@ -132,7 +138,15 @@ pub async fn run(
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), Fatal> {
     Driver::new(metrics, shutdown)
-        .run(async |driver| session(&config, driver).await)
+        .run(async |driver| {
+            let result = session(&config, driver).await;
+            if let Err(Failure::Bus(_) | Failure::BusConfig(..)) = &result {
+                // Readiness means the source answers: not ready until a round
+                // works again.
+                driver.metrics().sink_stalled.set(1);
+            }
+            result
+        })
         .await?;
     tracing::info!("ingress stopped");
     Ok(())
@@ -140,7 +154,7 @@ pub async fn run(
 
 /// One connected session: runs until shutdown (Ok) or a failure to retry.
 async fn session(config: &IngressConfig, driver: &mut Driver) -> Result<(), Failure> {
-    let retry = |e: &dyn std::fmt::Display| Failure::Retry(e.to_string());
+    let retry = |e: &dyn std::fmt::Display| Failure::Bus(e.to_string());
     let mut db = db::connect(&config.database_url, "envelopes-bridge ingress")
         .await
         .map_err(|e| database(e.into()))?;
@@ -271,15 +285,32 @@ async fn session(config: &IngressConfig, driver: &mut Driver) -> Result<(), Fail
             );
             summary = (Instant::now(), stored, dead);
         }
-        let mut batch = consumer
-            .fetch()
-            .max_messages(config.batch_size)
-            .expires(FETCH_WAIT)
-            .messages()
-            .await
-            .map_err(|e| retry(&e))?;
+        // A pull ends after FETCH_WAIT at the latest, and its messages come
+        // one after the other; a pull whose next message or end does not come
+        // (the source went away and the client waits to reconnect) is a
+        // failure, found within seconds.
+        let silent = || {
+            Failure::Bus(format!(
+                "a pull from the stream got no answer within {} ms",
+                (FETCH_WAIT + PULL_GRACE).as_millis()
+            ))
+        };
+        let mut batch = tokio::time::timeout(
+            FETCH_WAIT + PULL_GRACE,
+            consumer
+                .fetch()
+                .max_messages(config.batch_size)
+                .expires(FETCH_WAIT)
+                .messages(),
+        )
+        .await
+        .map_err(|_| silent())?
+        .map_err(|e| retry(&e))?;
         let mut messages = Vec::new();
-        while let Some(message) = batch.next().await {
+        while let Some(message) = tokio::time::timeout(FETCH_WAIT + PULL_GRACE, batch.next())
+            .await
+            .map_err(|_| silent())?
+        {
             messages.push(message.map_err(|e| retry(&e))?);
         }
         if messages.is_empty() {
@@ -289,6 +320,15 @@ async fn session(config: &IngressConfig, driver: &mut Driver) -> Result<(), Fail
                 check_identity(&mut stream, &identity).await?;
                 identity_checked = Instant::now();
             }
+            // An empty pull is no proof that the source answers: the client
+            // hands out empty pulls while it reconnects.
+            let state = client.connection_state();
+            if state != async_nats::connection::State::Connected {
+                return Err(Failure::Bus(format!(
+                    "the connection to the source is down ({state})"
+                )));
+            }
+            metrics.sink_stalled.set(0);
             driver.worked(); // a whole round worked
             continue;
         }
@@ -364,6 +404,7 @@ async fn session(config: &IngressConfig, driver: &mut Driver) -> Result<(), Fail
             count_gone(&mut stream, config, &jumps, &metrics).await?;
         }
         metrics.ingested.inc_by(stored as u64);
+        metrics.sink_stalled.set(0);
         driver.worked();
         crash::reached("after_commit");
         // The position is committed: now the bus may forget the batch's messages
@@ -445,7 +486,7 @@ async fn check_identity(
     let info = stream
         .info()
         .await
-        .map_err(|e| Failure::Retry(format!("reading the stream's info: {e}")))?;
+        .map_err(|e| Failure::Bus(format!("reading the stream's info: {e}")))?;
     let now = stream_identity(info);
     if now != identity {
         return Err(Failure::Retry(format!(
@@ -468,7 +509,7 @@ async fn count_gone(
     let info = stream
         .info()
         .await
-        .map_err(|e| Failure::Retry(format!("reading the stream's info: {e}")))?;
+        .map_err(|e| Failure::Bus(format!("reading the stream's info: {e}")))?;
     let first = info.state.first_sequence;
     let gone: u64 = jumps
         .iter()

@@ -113,7 +113,9 @@ impl Metrics {
         registry.register(
             "sink_stalled",
             "1 while egress holds a batch the sink failed to take (a full disk, the bus \
-             away or blocking publishers) and tries it again; nothing after it moves meanwhile",
+             away or blocking publishers) and tries it again, nothing after it moving \
+             meanwhile, or finds its sink away while idle; for ingress, 1 while its source \
+             does not answer",
             sink_stalled.clone(),
         );
         registry.register(
@@ -270,7 +272,8 @@ impl Metrics {
             // Ready means the sink takes the bridge's messages, not that the
             // database answered.
             return Err(format!(
-                "the sink does not take the bridge's messages; last failure: {failure}"
+                "the bus does not take the bridge's messages (egress) or does not answer \
+                 (ingress); last failure: {failure}"
             ));
         }
         if last == 0 {

@@ -1481,3 +1481,78 @@ fn an_amqp_exchange_of_another_type_ends_the_bridge() {
         "{stderr}"
     );
 }
+
+/// Item 1, ingress: a source that goes away while ingress idles turns
+/// /readyz to 503 within seconds, not after --ready-after, and 200 again once
+/// it is back.
+#[test]
+fn an_idle_ingress_whose_source_goes_away_is_not_ready() {
+    let db = TestDb::new("idlein");
+    let port = free_port();
+    let store = std::env::temp_dir().join(unique("idle_in"));
+    let mut nats = start_nats(port, &store, &[]);
+    let url = format!("nats://127.0.0.1:{port}");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let client = async_nats::connect(&url).await.unwrap();
+        async_nats::jetstream::new(client)
+            .create_stream(async_nats::jetstream::stream::Config {
+                name: "IDLEIN".into(),
+                subjects: vec!["idlein.>".into()],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    });
+    let metrics_port = free_port();
+    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+    let log = std::env::temp_dir().join(format!("{}.log", unique("ingress")));
+    let mut cmd = bridge_command(&[
+        "ingress",
+        "--database-url",
+        &db.url(),
+        "--name",
+        "in",
+        "--source",
+        &url,
+        "--nats-stream",
+        "IDLEIN",
+        "--subject-prefix",
+        "idlein",
+        "--metrics-addr",
+        &metrics_addr,
+        "--ready-after",
+        "60",
+    ]);
+    cmd.stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    let mut bridge = Bridge {
+        child: cmd.spawn().unwrap(),
+        log,
+    };
+    let ready = || http_get(metrics_port, "/readyz").0;
+    wait_for_bridge(&bridge, "ingress ready", Duration::from_secs(20), || {
+        ready() == 200
+    });
+    let _ = nats.0.kill();
+    let _ = nats.0.wait();
+    let gone = Instant::now();
+    wait_for_bridge(
+        &bridge,
+        "not ready once the source is gone",
+        Duration::from_secs(20),
+        || ready() == 503,
+    );
+    let flipped = gone.elapsed();
+    assert!(flipped < Duration::from_secs(12), "{flipped:?}");
+    let _nats = start_nats(port, &store, &[]);
+    wait_for_bridge(
+        &bridge,
+        "ready again once the source is back",
+        Duration::from_secs(40),
+        || ready() == 200,
+    );
+    assert_eq!(bridge.terminate().code(), Some(0));
+    eprintln!("ingress not ready {flipped:?} after its source went away");
+    let _ = std::fs::remove_dir_all(&store);
+}
