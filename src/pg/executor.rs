@@ -58,7 +58,7 @@ pub fn select(
     snapshot: pg_sys::Snapshot,
     run_as: Option<Oid>,
     what: &'static str,
-    mut each: impl FnMut(pg_sys::HeapTuple, pg_sys::TupleDesc),
+    mut each: impl FnMut(&Row<'_>),
 ) -> Result<(), ExecutorError> {
     let text = CString::new(sql).map_err(|_| ExecutorError::Nul)?;
     let mut types: Vec<Oid> = params.iter().map(|p| p.typ).collect();
@@ -120,7 +120,11 @@ pub fn select(
             if !table.is_null() {
                 let rows = usize::try_from(pg_sys::SPI_processed).unwrap_or(0);
                 for i in 0..rows {
-                    each(*(*table).vals.add(i), (*table).tupdesc);
+                    each(&Row {
+                        tuple: *(*table).vals.add(i),
+                        desc: (*table).tupdesc,
+                        _valid: std::marker::PhantomData,
+                    });
                 }
             }
             pg_sys::SPI_freeplan(plan);
@@ -142,7 +146,47 @@ pub fn select_or_raise(
     snapshot: pg_sys::Snapshot,
     run_as: Option<Oid>,
     what: &'static str,
-    each: impl FnMut(pg_sys::HeapTuple, pg_sys::TupleDesc),
+    each: impl FnMut(&Row<'_>),
 ) {
     select(sql, params, snapshot, run_as, what, each).or_raise()
+}
+
+/// One row of a [`select`], valid during the callback that is handed it.
+pub struct Row<'a> {
+    tuple: pg_sys::HeapTuple,
+    desc: pg_sys::TupleDesc,
+    _valid: std::marker::PhantomData<&'a ()>,
+}
+
+impl Row<'_> {
+    /// Column `column` (from 1) as a `T`, `None` when NULL. A column of another
+    /// type than `T`'s (or no such column) is an internal error (XX000).
+    pub fn get<T: pgrx::FromDatum + pgrx::IntoDatum>(&self, column: i32) -> Option<T> {
+        // SAFETY: the row and its descriptor are SPI's, valid during the
+        // callback (the lifetime); SPI_gettypeid returns InvalidOid for a column
+        // that does not exist; the conversion reads a datum of T's type (checked)
+        // and copies it.
+        unsafe {
+            let typ = pg_sys::SPI_gettypeid(self.desc, column);
+            if typ != T::type_oid() {
+                pgrx::ereport!(
+                    ERROR,
+                    pgrx::PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+                    format!(
+                        "column {column} of a query has type oid {}, read as type oid {}",
+                        typ.to_u32(),
+                        T::type_oid().to_u32()
+                    )
+                );
+            }
+            let mut isnull = false;
+            let datum = pg_sys::SPI_getbinval(self.tuple, self.desc, column, &mut isnull);
+            T::from_polymorphic_datum(datum, isnull, typ)
+        }
+    }
+
+    /// The tuple and its descriptor, for the glue's own readers.
+    pub(in crate::pg) fn raw(&self) -> (pg_sys::HeapTuple, pg_sys::TupleDesc) {
+        (self.tuple, self.desc)
+    }
 }

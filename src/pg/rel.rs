@@ -1,7 +1,7 @@
 //! Relations opened for a while and closed when the guard goes out of scope, so
 //! no path (an early return, an error raised through `?`) leaves one open.
 
-use pgrx::pg_sys;
+use pgrx::pg_sys::{self, Oid};
 
 /// An open relation: with a lock ([`Rel::open`], [`Rel::open_index`]), closed with the lock mode it was opened with, or a
 /// relcache reference without a lock ([`Rel::reference`]), given back.
@@ -65,6 +65,96 @@ impl Rel {
     /// The relation, valid while the guard lives.
     pub fn as_ptr(&self) -> pg_sys::Relation {
         self.rel
+    }
+}
+
+/// What a table is, as the direct paths need to know it (see [`Rel::table_facts`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableFacts {
+    /// `pg_class.relkind`.
+    pub kind: u8,
+    /// Its table access method's oid and name, and whether the index path can
+    /// read it (a plain table with a table access method).
+    pub access_method: Oid,
+    pub access_method_name: String,
+    pub index_path_can_read: bool,
+}
+
+impl Rel {
+    /// The relation's kind and access method.
+    pub fn table_facts(&self) -> TableFacts {
+        // SAFETY: the relation is open (or referenced) while self lives; its
+        // pg_class form is read, and the access method's name copied.
+        unsafe {
+            let form = (*self.rel).rd_rel;
+            let access_method = (*form).relam;
+            let name = pg_sys::get_am_name(access_method);
+            let access_method_name = if name.is_null() {
+                access_method.to_u32().to_string()
+            } else {
+                std::ffi::CStr::from_ptr(name).to_string_lossy().into_owned()
+            };
+            TableFacts {
+                kind: (*form).relkind as u8,
+                access_method,
+                access_method_name,
+                index_path_can_read: crate::pg::scan::index_path_can_read(self.rel),
+            }
+        }
+    }
+
+    /// Whether the table's primary key is a btree on exactly `columns` that the
+    /// index path may read.
+    pub fn primary_key_serves(&self, columns: &[&str]) -> bool {
+        // SAFETY: the relation is open while self lives.
+        let pk = unsafe { pg_sys::RelationGetPrimaryKeyIndex(self.rel) };
+        pk != pg_sys::InvalidOid && self.index_serves(pk, columns)
+    }
+
+    /// Whether one of the table's indexes is a btree on exactly `columns` that
+    /// the index path may read.
+    pub fn some_index_serves(&self, columns: &[&str]) -> bool {
+        // SAFETY: the relation is open while self lives; the list is this
+        // backend's copy, freed here after its oids were read.
+        let indexes: Vec<pg_sys::Oid> = unsafe {
+            let list = pg_sys::RelationGetIndexList(self.rel);
+            if list.is_null() {
+                return false;
+            }
+            let oids = std::slice::from_raw_parts((*list).elements, (*list).length as usize)
+                .iter()
+                .map(|cell| cell.oid_value)
+                .collect();
+            pg_sys::list_free(list);
+            oids
+        };
+        indexes.into_iter().any(|index| self.index_serves(index, columns))
+    }
+
+    fn index_serves(&self, index: pg_sys::Oid, columns: &[&str]) -> bool {
+        Rel::reference(index).is_some_and(|index| {
+            // SAFETY: both are open while the guards live; `index` is one of
+            // this table's indexes.
+            unsafe { crate::pg::scan::index_serves(self.rel, index.as_ptr(), columns) }
+        })
+    }
+
+    /// The relation's owner.
+    pub fn owner(&self) -> Oid {
+        // SAFETY: the relation is open while self lives.
+        unsafe { (*(*self.rel).rd_rel).relowner }
+    }
+
+    /// Whether the relation is a view with `security_invoker` set.
+    pub fn is_security_invoker_view(&self) -> bool {
+        // SAFETY: the relation is open while self lives; rd_options of a view
+        // is its ViewOptions (or NULL when it has none).
+        unsafe {
+            let options = (*self.rel).rd_options.cast::<pg_sys::ViewOptions>();
+            (*(*self.rel).rd_rel).relkind as u8 == pg_sys::RELKIND_VIEW
+                && !options.is_null()
+                && (*options).security_invoker
+        }
     }
 }
 

@@ -131,7 +131,8 @@ impl Executed {
             self.snapshot,
             Some(self.owner),
             "a table read through the executor",
-            |tuple, result| {
+            |row| {
+                let (tuple, result) = row.raw();
                 // SAFETY: the row and the descriptor are SPI's, valid during this
                 // callback; the copies live in the scan's contexts.
                 unsafe {

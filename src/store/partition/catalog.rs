@@ -35,26 +35,14 @@ pub fn root_oids() -> Result<[Oid; 2], PartitionError> {
     for table in Table::ALL {
         let name =
             std::ffi::CString::new(table.root_name()).map_err(|_| PartitionError::NotInstalled)?;
-        // SAFETY: both arguments are valid; get_relname_relid only reads the syscache
-        // and returns InvalidOid when the relation does not exist.
-        let oid = unsafe { pg_sys::get_relname_relid(name.as_ptr(), namespace) };
-        if oid == pg_sys::InvalidOid {
-            return Err(PartitionError::NotInstalled);
-        }
-        roots[table as usize] = oid;
+        roots[table as usize] = crate::pg::catalog::relation_in(namespace, &name)
+            .ok_or(PartitionError::NotInstalled)?;
     }
     Ok(roots)
 }
 
 fn namespace_oid() -> Result<Oid, PartitionError> {
-    // SAFETY: the name is a static NUL-terminated string; with missing_ok = true the
-    // lookup returns InvalidOid instead of raising an error.
-    let oid = unsafe { pg_sys::get_namespace_oid(c"envelopes".as_ptr(), true) };
-    if oid == pg_sys::InvalidOid {
-        Err(PartitionError::NotInstalled)
-    } else {
-        Ok(oid)
-    }
+    crate::pg::catalog::namespace(c"envelopes").ok_or(PartitionError::NotInstalled)
 }
 
 /// What exists for `node` in `table`: `None` when the originator-level partition
@@ -84,8 +72,7 @@ pub fn load_originator(
         bands: Vec::new(),
         executor: Vec::new(),
     };
-    // SAFETY: reads the relation's kind from the syscache ('\0' if it is gone).
-    let kind = unsafe { pg_sys::get_rel_relkind(parent) } as u8;
+    let kind = crate::pg::catalog::relkind(parent).unwrap_or(0);
     if kind == pg_sys::RELKIND_PARTITIONED_TABLE {
         // A child that is not a range band (a user's DEFAULT partition) never
         // routes our rows: the descriptor's ranges leave it out.
@@ -195,62 +182,28 @@ pub fn band_lacks(relid: Oid, table: Table) -> Option<Lacks> {
     let Some(rel) = Rel::reference(relid) else {
         return Some(Lacks::Gone);
     };
-    // SAFETY: the reference is held while the guard lives.
-    unsafe { direct_lacks(rel.as_ptr(), table) }
+    direct_lacks(&rel, table)
 }
 
 /// [`band_lacks`] of an open relation.
-///
-/// # Safety
-/// `rel` is an open relation (a reference held).
-pub unsafe fn direct_lacks(rel: pg_sys::Relation, table: Table) -> Option<Lacks> {
-    // SAFETY: the caller's promise; the relcache entry's fields are read while
-    // the reference is held; indexes are looked at through relcache references
-    // taken and dropped here.
-    unsafe {
-        let form = (*rel).rd_rel;
-        match (*form).relkind as u8 {
-            pg_sys::RELKIND_RELATION => {}
-            pg_sys::RELKIND_PARTITIONED_TABLE => return Some(Lacks::Partitioned),
-            pg_sys::RELKIND_FOREIGN_TABLE => return Some(Lacks::Foreign),
-            other => return Some(Lacks::NotATable(other as char)),
-        }
-        if (*form).relam != pg_sys::HEAP_TABLE_AM_OID || !scan::index_path_can_read(rel) {
-            let name = pg_sys::get_am_name((*form).relam);
-            let name = if name.is_null() {
-                (*form).relam.to_u32().to_string()
-            } else {
-                std::ffi::CStr::from_ptr(name)
-                    .to_string_lossy()
-                    .into_owned()
-            };
-            return Some(Lacks::AccessMethod(name));
-        }
-        let serves = |index: Oid, columns: &[&str]| {
-            Rel::reference(index)
-                .is_some_and(|index| scan::index_serves(rel, index.as_ptr(), columns))
-        };
-        let pk = pg_sys::RelationGetPrimaryKeyIndex(rel);
-        if pk == pg_sys::InvalidOid || !serves(pk, scan::ENVELOPE_KEY) {
-            return Some(Lacks::PrimaryKey);
-        }
-        if table == Table::Meta {
-            let list = pg_sys::RelationGetIndexList(rel);
-            let cells = if list.is_null() {
-                &[][..]
-            } else {
-                std::slice::from_raw_parts((*list).elements, (*list).length as usize)
-            };
-            let found = cells.iter().any(|c| serves(c.oid_value, scan::TOPIC_KEY));
-            if !list.is_null() {
-                pg_sys::list_free(list);
-            }
-            if !found {
-                return Some(Lacks::TopicIndex);
-            }
-        }
-        None
+pub fn direct_lacks(rel: &Rel, table: Table) -> Option<Lacks> {
+    let facts = rel.table_facts();
+    match facts.kind {
+        pg_sys::RELKIND_RELATION => {}
+        pg_sys::RELKIND_PARTITIONED_TABLE => return Some(Lacks::Partitioned),
+        pg_sys::RELKIND_FOREIGN_TABLE => return Some(Lacks::Foreign),
+        other => return Some(Lacks::NotATable(other as char)),
     }
+    if facts.access_method != pg_sys::HEAP_TABLE_AM_OID || !facts.index_path_can_read {
+        return Some(Lacks::AccessMethod(facts.access_method_name));
+    }
+    if !rel.primary_key_serves(scan::ENVELOPE_KEY) {
+        return Some(Lacks::PrimaryKey);
+    }
+    if table == Table::Meta && !rel.some_index_serves(scan::TOPIC_KEY) {
+        return Some(Lacks::TopicIndex);
+    }
+    None
 }
 
 /// Node ids of every originator partition attached to `root`. A child whose bound
@@ -259,19 +212,12 @@ pub fn list_originators(root: Oid) -> Result<Vec<i32>, PartitionError> {
     Ok(partition_oids(root)?
         .into_iter()
         .filter_map(|child| {
-            partition_bound(child)
+            crate::pg::catalog::partition_bound(child)
                 .as_deref()
                 .and_then(band::parse_list_bound)
         })
         .collect())
 }
-
-/// pg_inherits (stable catalog oids and column numbers of Postgres 15).
-const INHERITS_RELATION_ID: u32 = 2611;
-const INHERITS_RELID_SEQNO_INDEX_ID: u32 = 2680;
-const INHERITS_PARENT_INDEX_ID: u32 = 2187;
-const ANUM_PG_INHERITS_INHRELID: pg_sys::AttrNumber = 1;
-const ANUM_PG_INHERITS_INHPARENT: pg_sys::AttrNumber = 2;
 
 /// The partitions of a partitioned table, read from pg_inherits with the latest
 /// snapshot. Not from the relcache partition descriptor: right after another
@@ -279,12 +225,7 @@ const ANUM_PG_INHERITS_INHPARENT: pg_sys::AttrNumber = 2;
 /// still lack the new partition (the new pg_inherits row sends no catalog-cache
 /// invalidation), while the syscache already knew the new table by name.
 fn partition_oids(parent: Oid) -> Result<Vec<Oid>, PartitionError> {
-    Ok(
-        inherits_rows(INHERITS_PARENT_INDEX_ID, ANUM_PG_INHERITS_INHPARENT, parent)
-            .into_iter()
-            .map(|(child, _)| child)
-            .collect(),
-    )
+    Ok(crate::pg::catalog::inheritors(parent))
 }
 
 /// The parents a relation is attached to (one for a partition, none for a table
@@ -292,102 +233,7 @@ fn partition_oids(parent: Oid) -> Result<Vec<Oid>, PartitionError> {
 /// probe on the child: asking whether the root's children contain it would read
 /// every originator's row, once per originator loaded.
 fn partition_parents(child: Oid) -> Result<Vec<Oid>, PartitionError> {
-    Ok(inherits_rows(
-        INHERITS_RELID_SEQNO_INDEX_ID,
-        ANUM_PG_INHERITS_INHRELID,
-        child,
-    )
-    .into_iter()
-    .map(|(_, parent)| parent)
-    .collect())
-}
-
-/// `(inhrelid, inhparent)` of the pg_inherits rows whose `attnum` equals `key`,
-/// scanned through `index` with the latest snapshot (the catalog snapshot in
-/// parallel mode).
-fn inherits_rows(index: u32, attnum: pg_sys::AttrNumber, key: Oid) -> Vec<(Oid, Oid)> {
-    let mut rows = Vec::new();
-    // SAFETY: the standard system-catalog index scan: the catalog is open (with
-    // AccessShareLock) while `catalog` lives, the latest snapshot is registered for the scan
-    // and unregistered after it (with a NULL one systable_beginscan registers and
-    // systable_endscan unregisters the catalog snapshot), and each returned tuple
-    // is a pg_inherits row whose first two fixed-width, never-null columns are
-    // inhrelid and inhparent (Oids), read before the next call.
-    let catalog = Rel::open(
-        Oid::from(INHERITS_RELATION_ID),
-        pg_sys::AccessShareLock as pg_sys::LOCKMODE,
-    );
-    unsafe {
-        let rel = catalog.as_ptr();
-        let mut scan_key = pg_sys::ScanKeyData::default();
-        pg_sys::ScanKeyInit(
-            &mut scan_key,
-            attnum,
-            pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
-            Oid::from(pg_sys::F_OIDEQ),
-            pg_sys::Datum::from(key),
-        );
-        // In parallel mode (a parallel worker, or a leader running a Gather, where
-        // a query's envelope_of may load bands) Postgres refuses a new latest
-        // snapshot; the catalog snapshot (NULL here: systable_beginscan takes and
-        // registers it) is what Postgres' own partition lookups read there, and it
-        // is renewed by every catalog invalidation taken in.
-        let parallel = pg_sys::IsInParallelMode();
-        let snapshot = if parallel {
-            std::ptr::null_mut()
-        } else {
-            pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot())
-        };
-        let scan =
-            pg_sys::systable_beginscan(rel, Oid::from(index), true, snapshot, 1, &mut scan_key);
-        loop {
-            let tuple = pg_sys::systable_getnext(scan);
-            if tuple.is_null() {
-                break;
-            }
-            let header = (*tuple).t_data;
-            let fields = (header as *const u8).add((*header).t_hoff as usize) as *const Oid;
-            rows.push((fields.read_unaligned(), fields.add(1).read_unaligned()));
-        }
-        pg_sys::systable_endscan(scan);
-        if !parallel {
-            pg_sys::UnregisterSnapshot(snapshot);
-        }
-    }
-    drop(catalog);
-    rows
-}
-
-/// `pg_get_expr(relpartbound, relid)` of a partition, from the syscache.
-fn partition_bound(relid: Oid) -> Option<String> {
-    // SAFETY: the tuple is released before returning; SysCacheGetAttr reads a
-    // column of that valid tuple; pg_get_expr copies what it needs into a new text.
-    unsafe {
-        let tuple = pg_sys::SearchSysCache1(
-            pg_sys::SysCacheIdentifier::RELOID as i32,
-            pg_sys::Datum::from(relid),
-        );
-        if tuple.is_null() {
-            return None;
-        }
-        let mut isnull = false;
-        let bound = pg_sys::SysCacheGetAttr(
-            pg_sys::SysCacheIdentifier::RELOID as i32,
-            tuple,
-            pg_sys::Anum_pg_class_relpartbound as pg_sys::AttrNumber,
-            &mut isnull,
-        );
-        let text = if isnull {
-            None
-        } else {
-            pgrx::fcinfo::direct_function_call::<String>(
-                pg_sys::pg_get_expr,
-                &[Some(bound), Some(pg_sys::Datum::from(relid))],
-            )
-        };
-        pg_sys::ReleaseSysCache(tuple);
-        text
-    }
+    Ok(crate::pg::catalog::inherited_from(child))
 }
 
 /// Creates the originator-level partition of `table` for `node`, attached to the root.
@@ -481,7 +327,7 @@ fn check_name(name: &str, parent: Oid, bound: &str) -> Result<Name, PartitionErr
         return Ok(Name::Free);
     };
     // pg_get_expr quotes the bigint bounds: FOR VALUES FROM ('700') TO ('750').
-    let same_bound = || partition_bound(taken).is_some_and(|text| text.replace('\'', "") == bound);
+    let same_bound = || crate::pg::catalog::partition_bound(taken).is_some_and(|text| text.replace('\'', "") == bound);
     if partition_parents(taken)?.first() == Some(&parent) && same_bound() {
         pgrx::log!(
             "pg_envelopes: \"{name}\" is already a partition of relation {}, which the \
@@ -499,8 +345,7 @@ fn check_name(name: &str, parent: Oid, bound: &str) -> Result<Name, PartitionErr
 /// there is none), from the syscache.
 fn relid(name: &str) -> Result<Oid, PartitionError> {
     let cname = std::ffi::CString::new(name).map_err(|_| PartitionError::NotInstalled)?;
-    // SAFETY: valid NUL-terminated name and namespace oid; returns InvalidOid if absent.
-    Ok(unsafe { pg_sys::get_relname_relid(cname.as_ptr(), namespace_oid()?) })
+    Ok(crate::pg::catalog::relation_in(namespace_oid()?, &cname).unwrap_or(pg_sys::InvalidOid))
 }
 
 fn run_ddl(statements: &[String]) -> Result<(), PartitionError> {

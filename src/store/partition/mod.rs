@@ -15,7 +15,6 @@
 
 pub mod band;
 pub mod cache;
-#[allow(unsafe_code)] // still to move behind src/pg (issue 44)
 mod catalog;
 mod create;
 pub use create::{run_job as run_creation_job, JOB_KIND};

@@ -36,7 +36,6 @@ use crate::store::partition::{self, band::Table, PartitionError};
 use crate::store::read;
 use crate::store::read::select;
 use pgrx::pg_sys;
-use pgrx::FromDatum;
 use std::cell::Cell;
 
 /// Errors of the lookup.
@@ -115,17 +114,7 @@ fn view_of(blob_root: pg_sys::Oid) -> Option<(pg_sys::Oid, pg_sys::Oid, bool)> {
     use crate::pg::catalog;
     let view = catalog::relation_in(catalog::namespace_of(blob_root)?, c"gateway_envelopes_view")?;
     let rel = Rel::reference(view)?;
-    // SAFETY: the relcache entry is read while the guard holds the reference;
-    // rd_options of a view is its ViewOptions (or NULL when it has none).
-    unsafe {
-        let rel = rel.as_ptr();
-        let owner = (*(*rel).rd_rel).relowner;
-        let options = (*rel).rd_options.cast::<pg_sys::ViewOptions>();
-        let invoker = (*(*rel).rd_rel).relkind as u8 == pg_sys::RELKIND_VIEW
-            && !options.is_null()
-            && (*options).security_invoker;
-        Some((view, owner, invoker))
-    }
+    Some((view, rel.owner(), rel.is_security_invoker_view()))
 }
 
 /// How the current statement's lookups read blob (checked once per statement).
@@ -201,17 +190,10 @@ fn lookup_with_row_security(
         snapshot,
         Some(access.role),
         "gateway_envelopes_blob",
-        |tuple, desc| {
-            if found.is_some() {
-                return;
+        |row| {
+            if found.is_none() {
+                found = row.get::<Vec<u8>>(1);
             }
-            let mut isnull = false;
-            // SAFETY: the row and its descriptor are SPI's, valid during the
-            // callback; column 1 is a bytea, copied out by the conversion.
-            found = unsafe {
-                let datum = pg_sys::SPI_getbinval(tuple, desc, 1, &mut isnull);
-                <Vec<u8> as FromDatum>::from_polymorphic_datum(datum, isnull, pg_sys::BYTEAOID)
-            };
         },
     )?;
     Ok(found)

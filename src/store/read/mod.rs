@@ -7,7 +7,6 @@
 //! keys over the same range and merged by sequence id, so a batch costs two range
 //! scans per band rather than one index lookup per row.
 
-#[allow(unsafe_code)] // still to move behind src/pg (issue 44)
 pub mod lookup;
 pub mod orphans;
 #[allow(unsafe_code)] // still to move behind src/pg (issue 44)
