@@ -1556,3 +1556,88 @@ fn an_idle_ingress_whose_source_goes_away_is_not_ready() {
     eprintln!("ingress not ready {flipped:?} after its source went away");
     let _ = std::fs::remove_dir_all(&store);
 }
+
+/// Item 1, Redis and RabbitMQ: a server that goes away while egress idles
+/// turns /readyz to 503 within seconds (Redis: PING every 5 s; RabbitMQ: the
+/// connection's state), and 200 again once it is back; then it forwards.
+/// 211056c: 200 throughout.
+#[test]
+fn an_idle_bridge_checks_its_redis_and_rabbitmq_sinks() {
+    let db = TestDb::new("idle3");
+    let ready = |port: u16| http_get(port, "/readyz").0;
+    let mut c = db.client();
+    let mut redis = common::buses::PrivateRedis::start(&[]);
+    let mut rabbit = common::buses::PrivateRabbit::start("");
+    let exchange = unique("idle3");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // Rows routed nowhere are back-pressure: a queue takes them.
+    rt.block_on(common::buses::declare_durable_queue(
+        &rabbit.url(),
+        &exchange,
+    ));
+    let cases = [
+        ("idleredis", redis.url(), vec![]),
+        (
+            "idlerabbit",
+            rabbit.url(),
+            vec![
+                "--amqp-exchange",
+                exchange.as_str(),
+                "--subject-prefix",
+                exchange.as_str(),
+            ],
+        ),
+    ];
+    let mut flips = Vec::new();
+    for (name, sink, args) in cases {
+        let metrics_port = free_port();
+        let metrics_addr = format!("127.0.0.1:{metrics_port}");
+        let mut extra = vec![
+            "--metrics-addr",
+            metrics_addr.as_str(),
+            "--ready-after",
+            "60",
+        ];
+        extra.extend(args);
+        let mut bridge = Bridge::egress(&db, name, &sink, &extra, &[]);
+        wait_for_bridge(
+            &bridge,
+            "ready with a live sink",
+            Duration::from_secs(30),
+            || ready(metrics_port) == 200,
+        );
+        if name == "idleredis" {
+            redis.kill();
+        } else {
+            rabbit.stop();
+        }
+        let gone = Instant::now();
+        wait_for_bridge(
+            &bridge,
+            "not ready once the idle sink is gone",
+            Duration::from_secs(20),
+            || ready(metrics_port) == 503,
+        );
+        let flipped = gone.elapsed();
+        assert!(flipped < Duration::from_secs(12), "{name}: {flipped:?}");
+        flips.push((name, flipped));
+        if name == "idleredis" {
+            redis.start_again();
+        } else {
+            rabbit.start_again();
+        }
+        wait_for_bridge(
+            &bridge,
+            "ready again once the sink is back",
+            Duration::from_secs(60),
+            || ready(metrics_port) == 200,
+        );
+        let seq = if name == "idleredis" { 1 } else { 2 };
+        insert(&mut c, 1, seq);
+        wait_for_bridge(&bridge, "delivery", Duration::from_secs(30), || {
+            lag(&db, name) == 0
+        });
+        assert_eq!(bridge.terminate().code(), Some(0), "{name}");
+    }
+    eprintln!("not ready after the idle sink went away: {flips:?}");
+}

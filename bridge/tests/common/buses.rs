@@ -387,21 +387,28 @@ pub async fn drain_queue(url: &str, queue: &str) -> Vec<String> {
 /// command-line settings; killed on drop.
 pub struct PrivateRedis {
     pub port: u16,
+    extra: Vec<String>,
     child: std::process::Child,
 }
 
 impl PrivateRedis {
     pub fn start(extra: &[&str]) -> PrivateRedis {
         let port = free_port();
-        let child = std::process::Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .args(extra)
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("start redis-server");
-        wait_for_port(port);
-        PrivateRedis { port, child }
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let child = spawn_redis(port, &extra);
+        PrivateRedis { port, extra, child }
+    }
+
+    /// Kills the server (SIGKILL).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the server again on the same port with the same settings (and
+    /// no data: it keeps none).
+    pub fn start_again(&mut self) {
+        self.child = spawn_redis(self.port, &self.extra);
     }
 
     pub fn url(&self) -> String {
@@ -418,6 +425,18 @@ impl PrivateRedis {
             .expect("redis-cli");
         assert!(status.success(), "redis-cli {args:?}");
     }
+}
+
+fn spawn_redis(port: u16, extra: &[String]) -> std::process::Child {
+    let child = std::process::Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .args(extra)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start redis-server");
+    wait_for_port(port);
+    child
 }
 
 impl Drop for PrivateRedis {
@@ -509,6 +528,7 @@ impl Drop for PrivateMosquitto {
 /// seconds to start; stopped on drop.
 pub struct PrivateRabbit {
     pub port: u16,
+    dist: u16,
     node: String,
     dir: std::path::PathBuf,
     child: Option<std::process::Child>,
@@ -533,30 +553,54 @@ impl PrivateRabbit {
         let node = format!("{}@localhost", unique("refuse"));
         let mut rabbit = PrivateRabbit {
             port,
+            dist,
             node,
             dir,
             child: None,
         };
-        let child = rabbit
+        rabbit.spawn();
+        rabbit
+    }
+
+    fn spawn(&mut self) {
+        let child = self
             .command("/usr/lib/rabbitmq/bin/rabbitmq-server")
             .env("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1")
-            .env("RABBITMQ_NODE_PORT", port.to_string())
-            .env("RABBITMQ_DIST_PORT", dist.to_string())
-            .env("RABBITMQ_MNESIA_BASE", rabbit.dir.join("mnesia"))
-            .env("RABBITMQ_LOG_BASE", rabbit.dir.join("log"))
-            .env("RABBITMQ_ENABLED_PLUGINS_FILE", rabbit.dir.join("plugins"))
-            .env("RABBITMQ_CONFIG_FILE", rabbit.dir.join("rabbitmq.conf"))
+            .env("RABBITMQ_NODE_PORT", self.port.to_string())
+            .env("RABBITMQ_DIST_PORT", self.dist.to_string())
+            .env("RABBITMQ_MNESIA_BASE", self.dir.join("mnesia"))
+            .env("RABBITMQ_LOG_BASE", self.dir.join("log"))
+            .env("RABBITMQ_ENABLED_PLUGINS_FILE", self.dir.join("plugins"))
+            .env("RABBITMQ_CONFIG_FILE", self.dir.join("rabbitmq.conf"))
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("start rabbitmq-server");
-        rabbit.child = Some(child);
+        self.child = Some(child);
+        let port = self.port;
         wait_until(
             "the private RabbitMQ node",
             Duration::from_secs(120),
             || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
         );
-        rabbit
+    }
+
+    /// Stops the node (rabbitmqctl stop: its connections close at once).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = self
+                .command("/usr/lib/rabbitmq/bin/rabbitmqctl")
+                .args(["-n", &self.node, "stop"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status();
+            terminate(&mut child);
+        }
+    }
+
+    /// Starts the node again, on the same ports and data.
+    pub fn start_again(&mut self) {
+        self.spawn();
     }
 
     fn command(&self, program: &str) -> std::process::Command {
@@ -586,15 +630,7 @@ impl PrivateRabbit {
 
 impl Drop for PrivateRabbit {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = self
-                .command("/usr/lib/rabbitmq/bin/rabbitmqctl")
-                .args(["-n", &self.node, "stop"])
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .status();
-            terminate(&mut child);
-        }
+        self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
