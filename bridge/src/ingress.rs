@@ -203,6 +203,26 @@ async fn session(config: &IngressConfig, driver: &mut Driver) -> Result<(), Fail
             _ => retry(&e),
         })?;
     let info = stream.info().await.map_err(|e| retry(&e))?;
+    // A dead letter the stream captures and ingress' own filter takes would be
+    // read back, found malformed again and set aside again, without end.
+    let dead_letters = &config.dead_letter_subject;
+    let read_back = (config.subject.is_empty() || subject_matches(&config.subject, dead_letters))
+        && info
+            .config
+            .subjects
+            .iter()
+            .any(|s| subject_matches(s, dead_letters));
+    if read_back {
+        return Err(Failure::BusConfig(
+            format!(
+                "the dead-letter subject {dead_letters:?} is one the stream {} captures and \
+                 ingress reads ({:?}): a malformed message would come back as a new one, \
+                 without end",
+                config.stream, config.subject
+            ),
+            "check --dead-letter-subject: keep it outside the stream's subjects",
+        ));
+    }
     let identity = stream_identity(info);
     let (first, last) = (info.state.first_sequence, info.state.last_sequence);
 
@@ -533,6 +553,21 @@ fn database(e: DbFailure) -> Failure {
     }
 }
 
+/// Whether the NATS subject `subject` (no wildcards) matches `pattern`
+/// (`*` one token, `>` one or more at the end).
+fn subject_matches(pattern: &str, subject: &str) -> bool {
+    let mut tokens = subject.split('.');
+    for want in pattern.split('.') {
+        match (want, tokens.next()) {
+            (">", Some(_)) => return true,
+            ("*", Some(_)) => {}
+            (want, Some(got)) if want == got => {}
+            _ => return false,
+        }
+    }
+    tokens.next().is_none()
+}
+
 /// SQLSTATE of a call that would create more partitions than
 /// `envelopes.max_new_partitions_per_call` allows.
 const TOO_MANY_NEW_PARTITIONS: &str = "54000";
@@ -683,6 +718,21 @@ async fn dead_letter(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn subjects_match_nats_wildcards() {
+        assert!(subject_matches("a.>", "a.b.c"));
+        assert!(!subject_matches("a.>", "a"));
+        assert!(subject_matches("a.*.c", "a.b.c"));
+        assert!(!subject_matches("a.*", "a.b.c"));
+        assert!(subject_matches("dead", "dead"));
+        assert!(!subject_matches("dead", "dead.x"));
+        assert!(!subject_matches(
+            "envelopes.envelope.>",
+            "envelopes-dead-letter"
+        ));
+        assert!(subject_matches(">", "envelopes-dead-letter"));
+    }
 
     #[test]
     fn the_same_stream_resumes_after_the_position() {

@@ -474,7 +474,8 @@ fn bus_configuration_errors_end_the_bridge_on_every_bus() {
     let url = db.url();
     let nats = nats_url();
     let second = unique("SECOND");
-    let cases: [(&str, Vec<&str>, &str); 4] = [
+    let looping = format!("{prefix}.envelope.dead");
+    let cases: [(&str, Vec<&str>, &str); 5] = [
         (
             "stream subjects overlap",
             vec![
@@ -538,6 +539,26 @@ fn bus_configuration_errors_end_the_bridge_on_every_bus() {
                 &first,
             ],
             "check --subject",
+        ),
+        (
+            // Dead letters the stream captures and ingress reads again.
+            "ingress dead letters read back",
+            vec![
+                "ingress",
+                "--database-url",
+                &url,
+                "--name",
+                "in",
+                "--source",
+                &nats,
+                "--nats-stream",
+                &first,
+                "--subject-prefix",
+                &prefix,
+                "--dead-letter-subject",
+                &looping,
+            ],
+            "check --dead-letter-subject",
         ),
     ];
     for (what, args, fix) in cases {
