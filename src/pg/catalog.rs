@@ -88,10 +88,14 @@ pub fn inheritors(parent: Oid) -> Vec<Oid> {
 /// The relations `child` is attached to (one for a partition), by the same
 /// latest-snapshot read of pg_inherits: one index probe on the child.
 pub fn inherited_from(child: Oid) -> Vec<Oid> {
-    inherits_rows(INHERITS_RELID_SEQNO_INDEX_ID, ANUM_PG_INHERITS_INHRELID, child)
-        .into_iter()
-        .map(|(_, parent)| parent)
-        .collect()
+    inherits_rows(
+        INHERITS_RELID_SEQNO_INDEX_ID,
+        ANUM_PG_INHERITS_INHRELID,
+        child,
+    )
+    .into_iter()
+    .map(|(_, parent)| parent)
+    .collect()
 }
 
 /// `(inhrelid, inhparent)` of the pg_inherits rows whose `attnum` equals `key`,
@@ -181,7 +185,6 @@ pub fn partition_bound(relid: Oid) -> Option<String> {
         text
     }
 }
-
 
 /// The kind (`pg_class.relkind`) of relation `rel`, `None` when it is gone.
 pub fn relkind(rel: Oid) -> Option<u8> {

@@ -375,3 +375,17 @@ pub fn advisory_locks_of_others() -> Vec<OtherHolder> {
     }
     held
 }
+
+/// Takes a lock on relation `relid` in `mode` if it is free now (any oid is
+/// accepted); true when granted. Held until [`unlock_relation`] or the end of
+/// the transaction.
+pub fn try_lock_relation(relid: pg_sys::Oid, mode: pg_sys::LOCKMODE) -> bool {
+    // SAFETY: ConditionalLockRelationOid accepts any oid and does not wait.
+    unsafe { pg_sys::ConditionalLockRelationOid(relid, mode) }
+}
+
+/// Releases one lock on relation `relid` in `mode` that this transaction took.
+pub fn unlock_relation(relid: pg_sys::Oid, mode: pg_sys::LOCKMODE) {
+    // SAFETY: UnlockRelationOid only warns for a lock that is not held.
+    unsafe { pg_sys::UnlockRelationOid(relid, mode) }
+}

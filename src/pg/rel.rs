@@ -92,7 +92,9 @@ impl Rel {
             let access_method_name = if name.is_null() {
                 access_method.to_u32().to_string()
             } else {
-                std::ffi::CStr::from_ptr(name).to_string_lossy().into_owned()
+                std::ffi::CStr::from_ptr(name)
+                    .to_string_lossy()
+                    .into_owned()
             };
             TableFacts {
                 kind: (*form).relkind as u8,
@@ -128,7 +130,9 @@ impl Rel {
             pg_sys::list_free(list);
             oids
         };
-        indexes.into_iter().any(|index| self.index_serves(index, columns))
+        indexes
+            .into_iter()
+            .any(|index| self.index_serves(index, columns))
     }
 
     fn index_serves(&self, index: pg_sys::Oid, columns: &[&str]) -> bool {

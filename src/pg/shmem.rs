@@ -14,13 +14,53 @@ use pgrx::PgTryBuilder;
 use std::cell::Cell;
 use std::ffi::CStr;
 
-/// The structure `T` named `name` in shared memory, allocated (zeroed) by the
-/// first backend that asks; `None` when the segment has no room for it.
+/// A type that may live in shared memory as [`Lazy`] hands it out: every bit
+/// pattern (all zeros first of all) is a valid value, it holds no pointer, and
+/// it is changed only through atomics. So two processes, or two types of the
+/// same size given the same name by mistake, can never make an invalid value.
 ///
 /// # Safety
-/// `T` must be valid when all its bytes are zero and safe to share between
-/// processes (atomics only), and every caller must use the same `T` for `name`.
-pub unsafe fn attach<T>(name: &'static CStr) -> Option<*const T> {
+/// Implement it only for types with those properties; structures of such
+/// fields are declared with [`shared_struct!`], which checks every field.
+pub unsafe trait ZeroShared: Sync + 'static {}
+
+// SAFETY: atomic integers: any bit pattern is a valid value, changed atomically.
+unsafe impl ZeroShared for std::sync::atomic::AtomicU64 {}
+// SAFETY: as above.
+unsafe impl ZeroShared for std::sync::atomic::AtomicI64 {}
+// SAFETY: as above.
+unsafe impl ZeroShared for std::sync::atomic::AtomicU32 {}
+// SAFETY: as above.
+unsafe impl ZeroShared for std::sync::atomic::AtomicU8 {}
+// SAFETY: an array of such values is such a value.
+unsafe impl<T: ZeroShared, const N: usize> ZeroShared for [T; N] {}
+
+/// Declares a structure for shared memory whose fields are all [`ZeroShared`],
+/// and makes it one (a field of another type fails to compile).
+macro_rules! shared_struct {
+    ($(#[$meta:meta])* $vis:vis struct $name:ident {
+        $($(#[$field_meta:meta])* $field_vis:vis $field:ident : $ty:ty),* $(,)?
+    }) => {
+        $(#[$meta])*
+        #[repr(C)]
+        $vis struct $name {
+            $($(#[$field_meta])* $field_vis $field: $ty),*
+        }
+
+        // SAFETY: every field is ZeroShared (the bounds below, which are checked
+        // where the type is used), and so is a structure made of them.
+        #[allow(unsafe_code)]
+        unsafe impl $crate::pg::shmem::ZeroShared for $name
+        where
+            $($ty: $crate::pg::shmem::ZeroShared),*
+        {}
+    };
+}
+pub(crate) use shared_struct;
+
+/// The structure `T` named `name` in shared memory, allocated (zeroed) by the
+/// first backend that asks; `None` when the segment has no room for it.
+fn attach<T: ZeroShared>(name: &'static CStr) -> Option<*const T> {
     PgTryBuilder::new(|| {
         let mut found = false;
         // SAFETY: ShmemInitStruct looks the name up (or allocates it) under
@@ -60,26 +100,22 @@ impl<T> Clone for Attached<T> {
 
 impl<T> Copy for Attached<T> {}
 
-impl<T: 'static> Lazy<T> {
+impl<T: ZeroShared> Lazy<T> {
     pub const fn new() -> Lazy<T> {
         Lazy(Cell::new(Attached::NotYet))
     }
 
     /// The structure named `name`, attached at the first call; `None` when the
-    /// segment had no room for it.
-    ///
-    /// # Safety
-    /// As for [`attach`]: `T` is valid when all its bytes are zero and safe to
-    /// share between processes, and every caller uses the same `T` for `name`.
-    pub unsafe fn get(&self, name: &'static CStr) -> Option<&'static T> {
+    /// segment had no room for it. (A name asked for with types of different
+    /// sizes is an ERROR from Postgres.)
+    pub fn get(&self, name: &'static CStr) -> Option<&'static T> {
         if let Attached::NotYet = self.0.get() {
-            // SAFETY: as the caller guarantees; the structure lives in the main
-            // shared memory segment, mapped for the whole life of the backend.
-            let found = unsafe {
-                match attach::<T>(name) {
-                    Some(ptr) => Attached::At(&*ptr),
-                    None => Attached::Unavailable,
-                }
+            // SAFETY: the structure lives in the main shared memory segment,
+            // mapped for the whole life of the backend, of T's size; T is
+            // ZeroShared, so whatever bytes it holds are a valid T.
+            let found = match attach::<T>(name) {
+                Some(ptr) => Attached::At(unsafe { &*ptr }),
+                None => Attached::Unavailable,
             };
             self.0.set(found);
         }

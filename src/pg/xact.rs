@@ -150,3 +150,16 @@ unsafe extern "C-unwind" fn subxact_event(
         }
     }
 }
+
+/// Whether the current statement runs inside a transaction block (BEGIN ...).
+pub fn in_transaction_block() -> bool {
+    // SAFETY: reads backend state only.
+    unsafe { pg_sys::IsTransactionBlock() }
+}
+
+/// Makes this transaction's earlier changes visible to the snapshots taken
+/// after it, as the next statement would see them.
+pub fn command_counter_increment() {
+    // SAFETY: a plain call, allowed anywhere in a transaction.
+    unsafe { pg_sys::CommandCounterIncrement() }
+}

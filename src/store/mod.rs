@@ -19,7 +19,6 @@ pub mod maintenance;
 pub mod outbox;
 pub mod partition;
 pub mod read;
-#[allow(unsafe_code)] // still to move behind src/pg (issue 44)
 pub mod retention;
 pub mod write;
 

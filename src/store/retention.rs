@@ -328,8 +328,7 @@ fn check_lock_room(bands: usize) -> Result<(), PruneError> {
 /// partition or band leaf (it read or wrote the tables earlier): a worker could
 /// take no exclusive lock on those until it ends. Only a transaction block can.
 fn caller_holds_partition_locks() -> Result<bool, PruneError> {
-    // SAFETY: reads backend state only.
-    if !unsafe { pg_sys::IsTransactionBlock() } {
+    if !crate::pg::xact::in_transaction_block() {
         return Ok(false);
     }
     Ok(Spi::get_one::<bool>(
@@ -444,9 +443,8 @@ enum Edge {
 /// leave it. So such a band is never dropped.
 fn edge_row(relid: Oid, node: i32, snapshot: pg_sys::Snapshot, backward: bool) -> Option<Edge> {
     let share = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
-    // SAFETY: any oid is accepted; the lock granted here is released below (the
-    // scan takes and releases its own).
-    if !unsafe { pg_sys::ConditionalLockRelationOid(relid, share) } {
+    // Released below (the scan takes and releases its own).
+    if !locks::try_lock_relation(relid, share) {
         return None;
     }
     let range = Range::Envelope {
@@ -469,8 +467,7 @@ fn edge_row(relid: Oid, node: i32, snapshot: pg_sys::Snapshot, backward: bool) -
             .and_then(|attno| scan.get::<i64>(attno));
         Some(Edge::Row(seq))
     });
-    // SAFETY: releases the ACCESS SHARE lock granted above.
-    unsafe { pg_sys::UnlockRelationOid(relid, share) };
+    locks::unlock_relation(relid, share);
     edge
 }
 
@@ -508,12 +505,10 @@ fn delete_expired(entry: &mut Entry, cutoff: i64, late: Oid) -> Result<(), Prune
     }
     let row_exclusive = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
     for (taken, &table) in tables.iter().enumerate() {
-        // SAFETY: any oid is accepted; a granted lock is released below or at
-        // transaction end.
-        if !unsafe { pg_sys::ConditionalLockRelationOid(table, row_exclusive) } {
+        // A granted lock is released below or at transaction end.
+        if !locks::try_lock_relation(table, row_exclusive) {
             for &held in &tables[..taken] {
-                // SAFETY: releases a lock granted in this loop.
-                unsafe { pg_sys::UnlockRelationOid(held, row_exclusive) };
+                locks::unlock_relation(held, row_exclusive);
             }
             return Ok(());
         }
@@ -582,9 +577,8 @@ fn delete_expired(entry: &mut Entry, cutoff: i64, late: Oid) -> Result<(), Prune
 /// ACCESS SHARE lock without waiting; `None` when that was refused (or the table
 /// is gone), meaning "busy: leave it".
 fn empty_now(relid: Oid, node: i32) -> Option<bool> {
-    // SAFETY: plain call; makes this transaction's own earlier deletions visible
-    // to the snapshot below (as the next statement would see them).
-    unsafe { pg_sys::CommandCounterIncrement() };
+    // This transaction's own earlier deletions, visible to the snapshot below.
+    crate::pg::xact::command_counter_increment();
     let snapshot = Latest::take();
     edge_row(relid, node, snapshot.as_ptr(), false).map(|edge| matches!(edge, Edge::Empty))
 }
@@ -645,9 +639,8 @@ fn lock_all(tables: &[Oid], entry: &Entry, deadline: Instant) -> bool {
     loop {
         let mut held = 0;
         for &table in tables {
-            // SAFETY: any oid is accepted; a granted lock is released below or at
-            // transaction end.
-            if !unsafe { pg_sys::ConditionalLockRelationOid(table, exclusive) } {
+            // A granted lock is released below or at transaction end.
+            if !locks::try_lock_relation(table, exclusive) {
                 break;
             }
             held += 1;
@@ -665,11 +658,8 @@ fn lock_all(tables: &[Oid], entry: &Entry, deadline: Instant) -> bool {
 
 fn release(tables: &[Oid]) {
     for &table in tables {
-        // SAFETY: releases one ACCESS EXCLUSIVE lock this transaction took in
-        // lock_all.
-        unsafe {
-            pg_sys::UnlockRelationOid(table, pg_sys::AccessExclusiveLock as pg_sys::LOCKMODE)
-        };
+        // One ACCESS EXCLUSIVE lock this transaction took in lock_all.
+        locks::unlock_relation(table, pg_sys::AccessExclusiveLock as pg_sys::LOCKMODE);
     }
 }
 

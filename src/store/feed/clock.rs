@@ -13,7 +13,7 @@
 //! The counters live in shared memory ([`crate::pg::shmem`]); without room for them,
 //! consumers read every originator each time (correct, only slower).
 
-use crate::pg::shmem::Lazy;
+use crate::pg::shmem::{shared_struct, Lazy};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Number of originator buckets.
@@ -22,9 +22,10 @@ pub const BUCKETS: usize = 1024;
 /// Index of the counter bumped by a transaction that marks every originator.
 pub const ALL: usize = BUCKETS;
 
-#[repr(C)]
-struct Clocks {
-    counters: [AtomicU64; BUCKETS + 1],
+shared_struct! {
+    struct Clocks {
+        counters: [AtomicU64; BUCKETS + 1],
+    }
 }
 
 /// Name of the shared memory structure; the version suffix changes if its layout
@@ -36,9 +37,7 @@ thread_local! {
 }
 
 fn shared() -> Option<&'static Clocks> {
-    // SAFETY: Clocks is atomics only, valid when zero; this module is its only
-    // user.
-    CLOCKS.with(|clocks| unsafe { clocks.get(SHMEM_NAME) })
+    CLOCKS.with(|clocks| clocks.get(SHMEM_NAME))
 }
 
 /// Bucket of originator `node`.

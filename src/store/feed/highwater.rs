@@ -37,7 +37,7 @@
 //! The table has [`SLOTS`] slots; an originator that finds no free slot takes the
 //! exact check every time.
 
-use crate::pg::shmem::Lazy;
+use crate::pg::shmem::{shared_struct, Lazy};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Slots of the table (24 bytes each).
@@ -46,35 +46,39 @@ pub const SLOTS: usize = 2048;
 /// Direct-writer counters, shared by databases by hash (16 bytes each).
 pub const DATABASES: usize = 512;
 
-/// One database's (or a few databases') direct writers.
-#[repr(C)]
-struct Writers {
-    /// Transactions writing meta around the functions, running now.
-    running: AtomicU64,
-    /// Moves on whenever such a transaction ends.
-    generation: AtomicU64,
+shared_struct! {
+    /// One database's (or a few databases') direct writers.
+    struct Writers {
+        /// Transactions writing meta around the functions, running now.
+        running: AtomicU64,
+        /// Moves on whenever such a transaction ends.
+        generation: AtomicU64,
+    }
 }
 
-#[repr(C)]
-struct Slot {
-    /// [`key`] of the database and node, 0 when free.
-    key: AtomicU64,
-    /// Highest sequence id noted + 1 (0: none).
-    mark: AtomicU64,
-    /// Highest sequence id + 1 of a transaction that has reached its pre-commit
-    /// (or pre-prepare) step, or that a ready scan found (0: none). Raised before
-    /// the rows become visible, never lowered but by [`forget_database`].
-    committed: AtomicU64,
+shared_struct! {
+    struct Slot {
+        /// [`key`] of the database and node, 0 when free.
+        key: AtomicU64,
+        /// Highest sequence id noted + 1 (0: none).
+        mark: AtomicU64,
+        /// Highest sequence id + 1 of a transaction that has reached its
+        /// pre-commit (or pre-prepare) step, or that a ready scan found (0:
+        /// none). Raised before the rows become visible, never lowered but by
+        /// [`forget_database`].
+        committed: AtomicU64,
+    }
 }
 
-#[repr(C)]
-struct Table {
-    /// Per database hash, see [`writers`].
-    writers: [Writers; DATABASES],
-    /// Per slot, its database's generation + 1 at which it was last made ready
-    /// (0: never).
-    ready: [AtomicU64; SLOTS],
-    slots: [Slot; SLOTS],
+shared_struct! {
+    struct Table {
+        /// Per database hash, see [`writers`].
+        writers: [Writers; DATABASES],
+        /// Per slot, its database's generation + 1 at which it was last made
+        /// ready (0: never).
+        ready: [AtomicU64; SLOTS],
+        slots: [Slot; SLOTS],
+    }
 }
 
 const SHMEM_NAME: &std::ffi::CStr = c"pg_envelopes high-water marks v4";
@@ -84,9 +88,7 @@ thread_local! {
 }
 
 fn shared() -> Option<&'static Table> {
-    // SAFETY: Table is atomics (and padding) only, valid when zero; this module
-    // is its only user.
-    TABLE.with(|table| unsafe { table.get(SHMEM_NAME) })
+    TABLE.with(|table| table.get(SHMEM_NAME))
 }
 
 /// The current database's oid.

@@ -62,9 +62,7 @@
 //! before it listed the markers, and raises the marks to the rows it held back,
 //! which the next gate hands out ([`Gate::cap`], [`highwater::Coverage`]).
 
-#[allow(unsafe_code)] // still to move behind src/pg (issue 44)
 pub mod clock;
-#[allow(unsafe_code)] // still to move behind src/pg (issue 44)
 pub mod highwater;
 pub mod late;
 pub mod markers;

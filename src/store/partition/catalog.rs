@@ -327,7 +327,10 @@ fn check_name(name: &str, parent: Oid, bound: &str) -> Result<Name, PartitionErr
         return Ok(Name::Free);
     };
     // pg_get_expr quotes the bigint bounds: FOR VALUES FROM ('700') TO ('750').
-    let same_bound = || crate::pg::catalog::partition_bound(taken).is_some_and(|text| text.replace('\'', "") == bound);
+    let same_bound = || {
+        crate::pg::catalog::partition_bound(taken)
+            .is_some_and(|text| text.replace('\'', "") == bound)
+    };
     if partition_parents(taken)?.first() == Some(&parent) && same_bound() {
         pgrx::log!(
             "pg_envelopes: \"{name}\" is already a partition of relation {}, which the \
