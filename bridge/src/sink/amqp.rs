@@ -194,6 +194,10 @@ fn follow_events(connection: &Connection, metrics: Arc<Metrics>) -> tokio::task:
 
 const SINK: &str = "amqp";
 
+/// How long the size probe at start may take (it waits for the broker's
+/// confirm, which a blocked connection withholds).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(20);
+
 impl Amqp {
     /// Whether the connection to the broker is still up (no round trip: lapin
     /// tracks it with heartbeats); an idle egress asks it so that readiness
@@ -301,7 +305,17 @@ impl Amqp {
     /// larger rows are refused before sending), `None` when it takes it (its
     /// limit is at least `size`) or the probe could not tell (logged).
     pub async fn probe_max_message_size(&mut self, size: usize) -> Option<u64> {
-        let result = self.probe(size).await;
+        let result = match tokio::time::timeout(PROBE_TIMEOUT, self.probe(size)).await {
+            Ok(result) => result,
+            Err(_) => {
+                tracing::info!(
+                    "RabbitMQ did not answer the size probe within {} s: its max_message_size \
+                     is not known; keep it above envelopes.max_envelope_bytes by hand",
+                    PROBE_TIMEOUT.as_secs()
+                );
+                return None;
+            }
+        };
         match result {
             Ok(()) => None,
             Err(e) => {
@@ -313,7 +327,9 @@ impl Amqp {
                         }
                     }
                 }
-                tracing::debug!(error = %e, "could not learn RabbitMQ's max_message_size");
+                tracing::info!(error = %e,
+                               "the size probe did not tell RabbitMQ's max_message_size; keep it \
+                                above envelopes.max_envelope_bytes by hand");
                 None
             }
         }
