@@ -268,6 +268,12 @@ impl Metrics {
             .lock()
             .map(|f| f.clone())
             .unwrap_or_default();
+        if self.sink_refusing.get() != 0 {
+            return Err(format!(
+                "the bus refuses the bridge (every row with the same code, none taken \
+                 between them): delivery stalls until it takes a row; last failure: {failure}"
+            ));
+        }
         if self.sink_stalled.get() != 0 {
             // Ready means the sink takes the bridge's messages, not that the
             // database answered.

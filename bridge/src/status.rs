@@ -109,6 +109,9 @@ pub async fn run(args: StatusArgs) -> Result<(), DbFailure> {
                         "_active",
                         "_lag_rows",
                         "_standby_waiting",
+                        "_sink_stalled",
+                        "_sink_refusing",
+                        "_sink_blocked",
                     ]
                     .iter()
                     .any(|m| l.starts_with("envelopes_bridge") && l.contains(m))

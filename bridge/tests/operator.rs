@@ -1252,6 +1252,22 @@ fn refusing_bus_stalls_and_resumes(
         "{}",
         bridge.log_text()
     );
+    let (_, body) = http_get(metrics_port, "/readyz");
+    assert!(body.contains("the bus refuses the bridge"), "{body}");
+    let (_, shown, _) = run(
+        &[
+            "status",
+            "--database-url",
+            &db.url(),
+            "--bridge-metrics",
+            &metrics_addr,
+        ],
+        &[],
+    );
+    assert!(
+        shown.contains("envelopes_bridge_sink_refusing 1"),
+        "{shown}"
+    );
     restore();
     wait_for_bridge(
         &bridge,
