@@ -1354,6 +1354,34 @@ fn a_revoked_nats_permission_stalls_the_bridge_and_it_resumes() {
     };
     let url = format!("nats://127.0.0.1:{port}");
     let stream = unique("REVOKE").to_uppercase();
+    // Ingress checks its source's credentials at start too (item 4): exit 78
+    // with the options to fix, the password not shown.
+    let db = TestDb::new("revokein");
+    let started = Instant::now();
+    let (exit, _, stderr) = run(
+        &[
+            "ingress",
+            "--database-url",
+            &db.url(),
+            "--name",
+            "in",
+            "--source",
+            &url,
+            "--nats-stream",
+            &stream,
+            "--nats-user",
+            "bridge",
+            "--nats-password",
+            "wrongpw",
+        ],
+        &[],
+    );
+    assert_eq!(exit, Some(78), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(12));
+    assert!(
+        stderr.contains("--nats-password") && !stderr.contains("wrongpw"),
+        "{stderr}"
+    );
     let rt = tokio::runtime::Runtime::new().unwrap();
     refusing_bus_stalls_and_resumes(
         "revokenats",
