@@ -142,17 +142,6 @@ impl Materialized {
         }
     }
 
-    /// Appends a row of datums that stay valid while it is stored (a scan's
-    /// current row, say).
-    ///
-    /// # Safety
-    /// As for [`Materialized::store`].
-    pub unsafe fn put(&mut self, values: &mut [Datum], nulls: &mut [bool]) {
-        // SAFETY: as the caller guarantees.
-        unsafe { self.store(values, nulls) };
-        self.len += 1;
-    }
-
     /// Appends a row whose datums `build` makes (allocating them as it likes):
     /// they are built in a scratch memory context, copied into the tuplestore
     /// and freed.
@@ -160,7 +149,7 @@ impl Materialized {
     /// # Safety
     /// `build` returns one datum per column of the result, of the declared
     /// types, flat (see [`Materialized::store`]).
-    pub unsafe fn put_built<const N: usize>(
+    unsafe fn put_built<const N: usize>(
         &mut self,
         build: impl FnOnce() -> ([Datum; N], [bool; N]),
     ) {
@@ -192,6 +181,113 @@ impl Materialized {
             )
         };
         self.len += 1;
+    }
+}
+
+/// One column of a row for [`Materialized::put_cells`].
+#[derive(Clone, Copy)]
+pub enum Field<'a> {
+    Null,
+    Int4(i32),
+    Int8(i64),
+    TimestampTz(pgrx::datum::TimestampWithTimeZone),
+    /// A `bytea` made from these bytes.
+    Bytes(&'a [u8]),
+    /// A column of a scan's current row, stored as it is.
+    Scanned(crate::pg::scan::Value<'a>),
+}
+
+impl<'a> From<Option<crate::pg::scan::Value<'a>>> for Field<'a> {
+    fn from(value: Option<crate::pg::scan::Value<'a>>) -> Field<'a> {
+        value.map_or(Field::Null, Field::Scanned)
+    }
+}
+
+impl Materialized {
+    /// Appends a row of `N` cells, one per column of the result. A cell whose
+    /// type is not its column's (or a row of another width) is an internal
+    /// error (XX000): the code and the function's definition disagree.
+    /// Scanned values are stored as they are (no copy but the tuplestore's
+    /// own); bytes and times are made into datums in a scratch context first.
+    pub fn put_cells<const N: usize>(&mut self, cells: [Field<'_>; N]) {
+        let mut values = [Datum::from(0); N];
+        let mut nulls = [false; N];
+        let mut built = false;
+        // SAFETY: rsinfo and its descriptor were set up in begin() and live for
+        // the whole query; attrs has natts entries.
+        let natts = unsafe { (*(*self.rsinfo).setDesc).natts as usize };
+        if natts != N {
+            self.mismatch(format!("a row of {N} columns for a result of {natts}"));
+        }
+        for (i, cell) in cells.iter().enumerate() {
+            // SAFETY: as above; i < natts.
+            let column = unsafe { (*(*(*self.rsinfo).setDesc).attrs.as_ptr().add(i)).atttypid };
+            let wanted = match cell {
+                Field::Null => {
+                    nulls[i] = true;
+                    continue;
+                }
+                Field::Int4(v) => {
+                    values[i] = Datum::from(*v);
+                    pg_sys::INT4OID
+                }
+                Field::Int8(v) => {
+                    values[i] = Datum::from(*v);
+                    pg_sys::INT8OID
+                }
+                Field::Scanned(value) => {
+                    values[i] = value.datum();
+                    value.type_oid()
+                }
+                Field::TimestampTz(_) => {
+                    built = true;
+                    pg_sys::TIMESTAMPTZOID
+                }
+                Field::Bytes(_) => {
+                    built = true;
+                    pg_sys::BYTEAOID
+                }
+            };
+            if wanted != column {
+                self.mismatch(format!(
+                    "column {} of type oid {} given a value of type oid {}",
+                    i + 1,
+                    column.to_u32(),
+                    wanted.to_u32()
+                ));
+            }
+        }
+        if !built {
+            // SAFETY: one datum per column, of its type (checked above); the
+            // scanned ones are flat (scan::Value) and valid while their rows are
+            // current, which their borrows guarantee for this call.
+            unsafe { self.store(&mut values, &mut nulls) };
+            self.len += 1;
+            return;
+        }
+        // SAFETY: as above; the datums made here are flat varlenas (into_datum)
+        // or pass-by-value, built in the scratch context put_built resets.
+        unsafe {
+            self.put_built(|| {
+                use pgrx::IntoDatum;
+                for (i, cell) in cells.iter().enumerate() {
+                    match cell {
+                        Field::TimestampTz(t) => values[i] = t.into_datum().unwrap_or(values[i]),
+                        Field::Bytes(b) => values[i] = b.into_datum().unwrap_or(values[i]),
+                        _ => {}
+                    }
+                }
+                (values, nulls)
+            })
+        };
+    }
+
+    fn mismatch(&self, what: String) -> ! {
+        pgrx::ereport!(
+            ERROR,
+            pgrx::PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+            format!("a result row does not match the function's result type: {what}")
+        );
     }
 }
 

@@ -164,7 +164,7 @@ pub struct Scan {
     slot: *mut pg_sys::TupleTableSlot,
     /// Created at the first copied-out read: probes that only look at keys never
     /// pay for it.
-    scratch: Option<PgMemoryContexts>,
+    scratch: std::cell::RefCell<Option<PgMemoryContexts>>,
     /// The table's column layouts, when [`tuple::deform`] can read its rows.
     layouts: Option<Vec<tuple::Layout>>,
 }
@@ -301,7 +301,7 @@ impl Scan {
                     keys,
                 }),
                 slot,
-                scratch: None,
+                scratch: std::cell::RefCell::new(None),
                 layouts,
             })
         }
@@ -334,7 +334,7 @@ impl Scan {
             saw_row: false,
             source: Source::Executor(Box::new(executed)),
             slot: std::ptr::null_mut(),
-            scratch: None,
+            scratch: std::cell::RefCell::new(None),
             layouts: None,
         }
     }
@@ -391,7 +391,7 @@ impl Scan {
         // previous row, which were already turned into Rust values. The scan and
         // slot are open (self exists).
         unsafe {
-            if let Some(scratch) = &mut self.scratch {
+            if let Some(scratch) = self.scratch.get_mut() {
                 scratch.reset();
             }
         }
@@ -526,7 +526,7 @@ impl Scan {
     /// Like [`Scan::value`] for a varlena column, detoasted (fetched from TOAST
     /// or decompressed, into this scan's scratch context) when it is not stored
     /// plainly in the row: valid until the next call to [`Scan::next`].
-    pub fn flat_value(&mut self, attno: i32) -> Option<Datum> {
+    fn flat_value(&self, attno: i32) -> Option<Datum> {
         let datum = self.value(attno)?;
         let ptr = datum.cast_mut_ptr::<pg_sys::varlena>();
         // SAFETY: a varlena column's datum points at its header. The first byte
@@ -544,9 +544,9 @@ impl Scan {
             if plain {
                 return Some(datum);
             }
-            let scratch = self
-                .scratch
-                .get_or_insert_with(|| PgMemoryContexts::new("pg_envelopes scan row"));
+            let mut scratch = self.scratch.borrow_mut();
+            let scratch =
+                scratch.get_or_insert_with(|| PgMemoryContexts::new("pg_envelopes scan row"));
             Some(scratch.switch_to(|_| Datum::from(pg_sys::pg_detoast_datum_packed(ptr))))
         }
     }
@@ -558,12 +558,69 @@ impl Scan {
         // SAFETY: the datum is a valid value of the column's type, which the caller
         // names as T; detoasting happens in the scratch context, which is reset
         // only at the next row, after T (an owned copy) has been built.
-        let scratch = self
-            .scratch
-            .get_or_insert_with(|| PgMemoryContexts::new("pg_envelopes scan row"));
+        let mut scratch = self.scratch.borrow_mut();
+        let scratch = scratch.get_or_insert_with(|| PgMemoryContexts::new("pg_envelopes scan row"));
         unsafe {
             scratch.switch_to(|_| T::from_polymorphic_datum(datum, false, pg_sys::InvalidOid))
         }
+    }
+}
+
+impl Scan {
+    /// Column `attno` of the current row as a [`Value`] that borrows the scan
+    /// (so it cannot outlive the row), `None` for NULL. A varlena column is
+    /// detoasted first (see [`Scan::flat_value`]): a value is always flat.
+    pub fn cell(&self, attno: i32) -> Option<Value<'_>> {
+        // SAFETY: attno came from attno() and is within the slot's descriptor
+        // (value() relies on the same); the attribute's type and length are
+        // read from that descriptor.
+        let (typ, len) = unsafe {
+            let desc = (*self.slot).tts_tupleDescriptor;
+            let attr = (*desc).attrs.as_ptr().add((attno - 1) as usize);
+            ((*attr).atttypid, (*attr).attlen)
+        };
+        let datum = if len == -1 {
+            self.flat_value(attno)?
+        } else {
+            self.value(attno)?
+        };
+        Some(Value {
+            datum,
+            typ,
+            _row: std::marker::PhantomData,
+        })
+    }
+}
+
+/// A column of a scan's current row: its datum (flat, for a varlena type) and
+/// type. It borrows the scan, which cannot move to another row meanwhile, so
+/// the datum stays valid while the value exists.
+#[derive(Clone, Copy)]
+pub struct Value<'row> {
+    datum: Datum,
+    typ: pg_sys::Oid,
+    _row: std::marker::PhantomData<&'row Scan>,
+}
+
+impl Value<'_> {
+    /// The column's type.
+    pub fn type_oid(&self) -> pg_sys::Oid {
+        self.typ
+    }
+
+    /// The datum, for the glue that stores it while the row is current.
+    pub(in crate::pg) fn datum(&self) -> Datum {
+        self.datum
+    }
+
+    /// The bytes of a `bytea` value, copied; `None` for another type.
+    pub fn bytes(&self) -> Option<Vec<u8>> {
+        if self.typ != pg_sys::BYTEAOID {
+            return None;
+        }
+        // SAFETY: a flat bytea datum of the current row (the borrow keeps the
+        // row current); the conversion copies the bytes.
+        unsafe { <Vec<u8> as FromDatum>::from_polymorphic_datum(self.datum, false, self.typ) }
     }
 }
 
@@ -741,10 +798,7 @@ mod tests {
 
     /// The envelope bytes of the row the seeker stands on.
     fn bytes(seeker: &mut Seeker, col: i32) -> Vec<u8> {
-        let datum = seeker.flat_value(col).expect("an envelope");
-        // SAFETY: a flat bytea datum of the row the seeker stands on.
-        unsafe { <Vec<u8> as FromDatum>::from_polymorphic_datum(datum, false, pg_sys::BYTEAOID) }
-            .unwrap()
+        seeker.cell(col).and_then(|v| v.bytes()).expect("an envelope")
     }
 
     /// A seeker finds each asked key with its current bytes: near keys by

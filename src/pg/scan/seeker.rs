@@ -60,8 +60,8 @@ impl Seeker {
 
     /// Column `attno` of the row last found by [`Seeker::seek`] (see
     /// [`Scan::flat_value`]).
-    pub fn flat_value(&mut self, attno: i32) -> Option<Datum> {
-        self.scan.flat_value(attno)
+    pub fn cell(&self, attno: i32) -> Option<super::Value<'_>> {
+        self.scan.cell(attno)
     }
 
     /// Attribute number of column `name` of the table.
@@ -146,7 +146,7 @@ impl Seeker {
                     // returned last (xs_heaptid); index_fetch_heap fetches that
                     // row into the scan's slot if the snapshot sees it.
                     let visible = unsafe {
-                        if let Some(scratch) = &mut self.scan.scratch {
+                        if let Some(scratch) = self.scan.scratch.get_mut() {
                             scratch.reset();
                         }
                         pg_sys::index_fetch_heap(index.desc, self.scan.slot)

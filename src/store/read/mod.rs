@@ -9,12 +9,11 @@
 
 pub mod lookup;
 pub mod orphans;
-#[allow(unsafe_code)] // still to move behind src/pg (issue 44)
 pub mod results;
 pub mod select;
 pub mod shapes;
 
-use crate::pg::scan::{Range, Reading, Scan, Seeker};
+use crate::pg::scan::{Range, Reading, Scan, Seeker, Value};
 use crate::store::partition::band::{RangeBound, Table};
 use crate::store::partition::{self, PartitionError};
 use pgrx::datum::TimestampWithTimeZone;
@@ -132,28 +131,22 @@ fn blob_of(
 }
 
 /// One row of a walk: the meta scan standing on it, that leaf's columns, and
-/// the envelope (a flat `bytea` datum) when it was read. Everything in it is
-/// valid until the callback returns.
+/// the envelope (a column of the blob scan's current row) when it was read.
+/// Everything in it is valid until the callback returns.
 pub struct At<'a> {
     pub meta: &'a mut Scan,
     pub cols: &'a MetaColumns,
     pub node: i32,
     pub seq: i64,
-    pub envelope: Option<pg_sys::Datum>,
+    pub envelope: Option<Value<'a>>,
 }
 
 impl At<'_> {
     /// The row copied out as an [`EnvelopeRow`].
-    #[allow(unsafe_code)] // the raw envelope datum: still to move behind src/pg (issue 44)
     pub fn copy_out(&mut self) -> Result<EnvelopeRow, PartitionError> {
         let mut row = meta_row(self.meta, self.cols, self.node)?;
-        if let Some(datum) = self.envelope {
-            // SAFETY: a flat bytea datum, valid while the callback runs; the
-            // conversion copies it.
-            row.envelope = unsafe {
-                <Vec<u8> as pgrx::FromDatum>::from_polymorphic_datum(datum, false, Oid::INVALID)
-            }
-            .ok_or_else(missing)?;
+        if let Some(value) = self.envelope {
+            row.envelope = value.bytes().ok_or_else(missing)?;
         }
         Ok(row)
     }
@@ -264,7 +257,7 @@ pub fn walk_originator(
                         match blob_seq {
                             Some(s) if s > seq => break,
                             Some(s) if s == seq => {
-                                found = scan.flat_value(*col);
+                                found = scan.cell(*col);
                                 break;
                             }
                             _ => {}
@@ -281,7 +274,7 @@ pub fn walk_originator(
                     fallback = blob_of(&blob, node, seq, reading);
                     fallback
                         .as_mut()
-                        .and_then(|(scan, col)| scan.flat_value(*col))
+                        .and_then(|(scan, col)| scan.cell(*col))
                 }
             };
             let Some(envelope) = envelope else {
@@ -492,7 +485,7 @@ pub fn walk_topics(
             let envelope = match (&mut seeker, blob_leaf) {
                 (Some((blobs, col)), _) => {
                     if blobs.seek(seq) {
-                        blobs.flat_value(*col)
+                        blobs.cell(*col)
                     } else {
                         None
                     }
@@ -502,13 +495,13 @@ pub fn walk_topics(
                     match Seeker::open(leaf, reading, node, seq.saturating_sub(1), upto, path) {
                         Some(mut blobs) => {
                             let col = blobs.attno("originator_envelope").ok_or_else(missing)?;
-                            let found = if blobs.seek(seq) {
-                                blobs.flat_value(col)
+                            let sought = blobs.seek(seq);
+                            let (blobs, col) = seeker.insert((blobs, col));
+                            if sought {
+                                blobs.cell(*col)
                             } else {
                                 None
-                            };
-                            seeker = Some((blobs, col));
-                            found
+                            }
                         }
                         None => None,
                     }
@@ -517,7 +510,7 @@ pub fn walk_topics(
                     fallback = blob_of(&blob, node, seq, reading);
                     fallback
                         .as_mut()
-                        .and_then(|(scan, col)| scan.flat_value(*col))
+                        .and_then(|(scan, col)| scan.cell(*col))
                 }
             };
             let cursor = &mut cursors[at];
@@ -663,10 +656,10 @@ pub fn latest_with_topic(
     if !scan.next() {
         return Ok(None);
     }
-    let Some((mut blob_scan, col)) = blob_of(&blob, node, seq, reading) else {
+    let Some((blob_scan, col)) = blob_of(&blob, node, seq, reading) else {
         return Ok(None);
     };
-    let envelope = blob_scan.flat_value(col);
+    let envelope = blob_scan.cell(col);
     At {
         meta: &mut scan,
         cols: &cols,

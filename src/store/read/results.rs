@@ -1,12 +1,10 @@
 //! The read functions' rows into their result set: envelope rows straight from
 //! the scans, or owned, and `(originator, sequence id)` pairs.
 
-use crate::pg::srf::Materialized;
+use crate::pg::srf::{Field, Materialized};
 use crate::store::partition::PartitionError;
 use crate::store::read::{missing, At, EnvelopeRow, Flow};
 use pgrx::datum::TimestampWithTimeZone;
-use pgrx::pg_sys::Datum;
-use pgrx::IntoDatum;
 
 /// One envelope as the read functions return it.
 pub type Row = (
@@ -50,32 +48,18 @@ pub trait EnvelopeResults {
 impl EnvelopeResults for Materialized {
     fn put_at(&mut self, at: &mut At<'_>) -> Result<(), PartitionError> {
         let cols = at.cols;
-        let time = at.meta.value(cols.gateway_time).ok_or_else(missing)?;
-        let topic = at.meta.flat_value(cols.topic).ok_or_else(missing)?;
-        let payer = at.meta.value(cols.payer_id);
-        let expiry = at.meta.value(cols.expiry);
+        let time = at.meta.cell(cols.gateway_time).ok_or_else(missing)?;
+        let topic = at.meta.cell(cols.topic).ok_or_else(missing)?;
         let envelope = at.envelope.ok_or_else(missing)?;
-        let mut values = [
-            Datum::from(at.node),
-            Datum::from(at.seq),
-            time,
-            topic,
-            payer.unwrap_or_else(Datum::null),
-            expiry.unwrap_or_else(Datum::null),
-            envelope,
-        ];
-        let mut nulls = [
-            false,
-            false,
-            false,
-            false,
-            payer.is_none(),
-            expiry.is_none(),
-            false,
-        ];
-        // SAFETY: the datums are the columns' own (int4, int8, timestamptz, flat
-        // bytea, int4, int8, flat bytea), valid while the walk stands on the row.
-        unsafe { self.put(&mut values, &mut nulls) };
+        self.put_cells([
+            Field::Int4(at.node),
+            Field::Int8(at.seq),
+            Field::Scanned(time),
+            Field::Scanned(topic),
+            at.meta.cell(cols.payer_id).into(),
+            at.meta.cell(cols.expiry).into(),
+            Field::Scanned(envelope),
+        ]);
         Ok(())
     }
 
@@ -90,31 +74,14 @@ impl EnvelopeResults for Materialized {
 
     fn put_envelope(&mut self, row: Row) {
         let (node, seq, time, topic, payer, expiry, envelope) = row;
-        // SAFETY: the seven columns' types, built as datums of those types
-        // (into_datum copies the bytes into a flat varlena).
-        unsafe {
-            self.put_built(|| {
-                (
-                    [
-                        Datum::from(node),
-                        Datum::from(seq),
-                        time.into_datum().unwrap_or_else(Datum::null),
-                        topic.into_datum().unwrap_or_else(Datum::null),
-                        payer.map(Datum::from).unwrap_or_else(Datum::null),
-                        expiry.map(Datum::from).unwrap_or_else(Datum::null),
-                        envelope.into_datum().unwrap_or_else(Datum::null),
-                    ],
-                    [
-                        false,
-                        false,
-                        false,
-                        false,
-                        payer.is_none(),
-                        expiry.is_none(),
-                        false,
-                    ],
-                )
-            })
-        };
+        self.put_cells([
+            Field::Int4(node),
+            Field::Int8(seq),
+            Field::TimestampTz(time),
+            Field::Bytes(&topic),
+            payer.map_or(Field::Null, Field::Int4),
+            expiry.map_or(Field::Null, Field::Int8),
+            Field::Bytes(&envelope),
+        ]);
     }
 }
