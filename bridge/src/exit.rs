@@ -10,7 +10,8 @@
 //!   before the bridge ever worked (a wrong password, a missing database, role
 //!   or extension, an unknown consumer, a privilege the role lacks (42501), a
 //!   refused AMQP login or vhost, a bad --config file); also `status` and
-//!   `register` when the database refuses them so;
+//!   `register` when the database refuses them so, and `watch` when the bus
+//!   refuses its credentials or virtual host;
 //! - 128 + the signal's number: a second SIGTERM/SIGINT (exit at once, see
 //!   `shutdown.rs`).
 //!

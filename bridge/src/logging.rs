@@ -5,14 +5,17 @@
 //! bridge whose log reader went away would die in the middle of a batch, or
 //! (the panic taking its signal task down) never see SIGTERM again. Colours
 //! only when stderr is a terminal; library chatter (NATS connection events,
-//! lapin's and rumqttc's internals) at `warn` unless `ENVELOPES_LOG` says
-//! otherwise.
+//! rumqttc's internals) at `warn` unless `ENVELOPES_LOG` says otherwise.
+//! lapin's own lines are off: it logs each failure it also returns (which the
+//! bridge reports in words, with the fix) as an ERROR in Rust Debug text
+//! (`AMQPError { kind: Soft(ACCESSREFUSED), .. }`), once per layer it passes
+//! through; `ENVELOPES_LOG=info,lapin=warn` shows them.
 
 use std::io::{IsTerminal, Write};
 use tracing_subscriber::fmt::MakeWriter;
 
 /// The level filter when `ENVELOPES_LOG` is not set.
-const DEFAULT_FILTER: &str = "info,async_nats=warn,lapin=warn,rumqttc=warn,tokio_postgres=warn";
+const DEFAULT_FILTER: &str = "info,async_nats=warn,lapin=off,rumqttc=warn,tokio_postgres=warn";
 
 /// Stderr, where every write succeeds as far as the caller knows.
 #[derive(Clone, Copy)]

@@ -136,8 +136,12 @@ async fn run(command: Command) -> i32 {
             tokio::select! {
                 result = watch::run(args) => match result {
                     Ok(()) => 0,
-                    Err(e) => {
-                        logging::err(format!("envelopes-bridge watch: {e}"));
+                    Err(watch::WatchError { message, fix: Some(fix) }) => {
+                        logging::err(format!("envelopes-bridge watch: {message} ({fix})"));
+                        exit::CONFIG
+                    }
+                    Err(watch::WatchError { message, fix: None }) => {
+                        logging::err(format!("envelopes-bridge watch: {message}"));
                         exit::FAILURE
                     }
                 },

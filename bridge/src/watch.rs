@@ -22,7 +22,38 @@ fn line(payload: &[u8]) -> String {
     }
 }
 
-pub async fn run(args: WatchArgs) -> Result<(), String> {
+/// Why a watch ended early.
+pub struct WatchError {
+    pub message: String,
+    /// The bus refuses the watch's configuration (its credentials, its virtual
+    /// host), and what to fix: exit 78, as for egress and ingress.
+    pub fix: Option<&'static str>,
+}
+
+impl From<String> for WatchError {
+    fn from(message: String) -> WatchError {
+        WatchError { message, fix: None }
+    }
+}
+
+/// A failed AMQP connect: a refused login (403) or virtual host (530) is the
+/// configuration's.
+fn amqp_error(e: lapin::Error) -> WatchError {
+    let fix = match e.kind() {
+        lapin::ErrorKind::ProtocolError(amqp) if matches!(amqp.get_id(), 403 | 530) => Some(
+            "check the user, password and virtual host in the URL: \
+             amqp://user:pass@host:port/%2f is the default vhost \"/\"",
+        ),
+        _ => None,
+    };
+    let message = match e.kind() {
+        lapin::ErrorKind::ProtocolError(amqp) => amqp.get_message().as_str().to_owned(),
+        _ => e.to_string(),
+    };
+    WatchError { message, fix }
+}
+
+pub async fn run(args: WatchArgs) -> Result<(), WatchError> {
     let mut seen = 0u64;
     let mut print = |payload: &[u8]| -> bool {
         seen += 1;
@@ -31,7 +62,13 @@ pub async fn run(args: WatchArgs) -> Result<(), String> {
     if args.url.starts_with("nats://") || args.url.starts_with("tls://") {
         let client = crate::nats::connect(&args.url, &args.nats_auth.auth())
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| WatchError {
+                fix: e.refused.then_some(
+                    "check the NATS credentials (--nats-user/--nats-password, --nats-token, \
+                     --nats-creds)",
+                ),
+                message: e.message,
+            })?;
         let mut sub = client
             .subscribe(format!("{}.>", args.subject_prefix))
             .await
@@ -45,14 +82,14 @@ pub async fn run(args: WatchArgs) -> Result<(), String> {
         }
         Ok(())
     } else if args.url.starts_with("amqp://") || args.url.starts_with("amqps://") {
-        amqp(&args, &mut print).await.map_err(|e| e.to_string())
+        amqp(&args, &mut print).await.map_err(amqp_error)
     } else {
-        Err(format!(
+        Err(WatchError::from(format!(
             "{}: watch follows NATS (nats://) and RabbitMQ (amqp://); for Redis use \
              `redis-cli XREAD BLOCK 0 STREAMS KEY $`, for MQTT `mosquitto_sub -V mqttv5 -t \
              'PREFIX/#'`",
             crate::redact::url(&args.url)
-        ))
+        )))
     }
 }
 

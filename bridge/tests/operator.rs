@@ -1706,3 +1706,37 @@ fn an_idle_bridge_checks_its_redis_and_rabbitmq_sinks() {
     }
     eprintln!("not ready after the idle sink went away: {flips:?}");
 }
+
+/// Items 4 and 9, `watch`: a bus that refuses its credentials ends it with 78
+/// and the fix, as for egress and ingress, in words (no lapin Debug text);
+/// egress' refused AMQP login says it once, in words too. 211056c: exit 1 and
+/// three ERROR lines of `AMQPError { kind: Soft(ACCESSREFUSED), .. }`.
+#[test]
+fn watch_with_refused_credentials_ends_with_78() {
+    let url = common::buses::amqp_url().replacen("guest@", "wrongpw43@", 1);
+    assert!(url.contains("wrongpw43@"), "{url}");
+    let (exit, _, stderr) = run(&["watch", &url, "--count", "1"], &[]);
+    assert_eq!(exit, Some(78), "{stderr}");
+    assert!(
+        stderr.contains("ACCESS_REFUSED") && stderr.contains("check the user, password"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("AMQPError {"), "{stderr}");
+    assert!(!stderr.contains("wrongpw43"), "{stderr}");
+    let db = TestDb::new("watch78");
+    let (exit, _, stderr) = run(
+        &[
+            "egress",
+            "--database-url",
+            &db.url(),
+            "--name",
+            "w",
+            "--register",
+            "--sink",
+            &url,
+        ],
+        &[],
+    );
+    assert_eq!(exit, Some(78), "{stderr}");
+    assert!(!stderr.contains("AMQPError {"), "{stderr}");
+}
