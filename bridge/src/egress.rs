@@ -1238,14 +1238,16 @@ impl retry::Failure for SinkFailure<'_> {
     }
 
     fn fatal(&self) -> Fatal {
-        Fatal::new(
-            match self {
-                SinkFailure::Connecting { error, .. } | SinkFailure::Publishing { error, .. } => {
-                    error
-                }
-            },
-            "check the sink's URL, credentials and virtual host",
-        )
+        let error = match self {
+            SinkFailure::Connecting { error, .. } | SinkFailure::Publishing { error, .. } => error,
+        };
+        // A sink that refuses the bridge names the fix itself, in its own
+        // terms; the general one only where it did not.
+        let hint = match error {
+            SinkError::Config { message, .. } if message.contains("(check ") => "",
+            _ => "check the sink's URL, credentials and virtual host",
+        };
+        Fatal::new(error, hint)
     }
 }
 

@@ -193,10 +193,14 @@ fn finish(result: Result<(), retry::Fatal>) -> i32 {
         Err(fatal) => {
             tracing::error!(error = %fatal.message, fix = %fatal.hint,
                             "configuration refused before the bridge ever worked; exiting (78)");
-            logging::err(format!(
-                "envelopes-bridge: {} ({})",
-                fatal.message, fatal.hint
-            ));
+            if fatal.hint.is_empty() {
+                logging::err(format!("envelopes-bridge: {}", fatal.message));
+            } else {
+                logging::err(format!(
+                    "envelopes-bridge: {} ({})",
+                    fatal.message, fatal.hint
+                ));
+            }
             exit::CONFIG
         }
     }

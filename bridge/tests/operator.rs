@@ -568,6 +568,18 @@ fn bus_configuration_errors_end_the_bridge_on_every_bus() {
         assert!(started.elapsed() < Duration::from_secs(10), "{what}");
         assert!(stderr.contains(fix), "{what}: {stderr}");
         assert!(!stderr.contains("wrong"), "{what}: {stderr}");
+        // In words: no Rust Debug names of error kinds, one fix.
+        assert!(!stderr.contains("AuthenticationFailed"), "{what}: {stderr}");
+        assert_eq!(
+            stderr
+                .lines()
+                .last()
+                .unwrap_or("")
+                .matches("(check")
+                .count(),
+            1,
+            "{what}: {stderr}"
+        );
     }
     delete_stream(&nats, &first);
 }

@@ -41,12 +41,20 @@ fn connect_error(e: redis::RedisError) -> SinkError {
         return SinkError::Config {
             sink: SINK,
             message: format!(
-                "{e} (check the user and password in the URL: redis://USER:PASSWORD@HOST or \
-                 redis://:PASSWORD@HOST)"
+                "{} (check the user and password in the URL: redis://USER:PASSWORD@HOST or \
+                 redis://:PASSWORD@HOST)",
+                in_words(&e)
             ),
         };
     }
-    SinkError::new(SINK, e)
+    SinkError::new(SINK, in_words(&e))
+}
+
+/// A Redis error as the operator reads it: the redis crate's text names the
+/// error's kind in Rust Debug form (`Password authentication failed -
+/// AuthenticationFailed`), which says nothing more.
+fn in_words(e: &redis::RedisError) -> String {
+    e.to_string().replace(&format!(" - {:?}", e.kind()), "")
 }
 
 /// Redis' own default for `proto-max-bulk-len`.
@@ -104,7 +112,7 @@ impl Redis {
         }
     }
     pub async fn connect(url: &str, args: &RedisArgs, wire: &Wire) -> Result<Redis, SinkError> {
-        let client = redis::Client::open(url).map_err(|e| SinkError::new(SINK, e))?;
+        let client = redis::Client::open(url).map_err(|e| SinkError::new(SINK, in_words(&e)))?;
         let mut connection = client
             .get_multiplexed_async_connection()
             .await
@@ -179,7 +187,7 @@ impl Redis {
             let replies: Vec<redis::RedisResult<String>> = pipe
                 .query_async(&mut self.connection)
                 .await
-                .map_err(|e| SinkError::new(SINK, e))?;
+                .map_err(|e| SinkError::new(SINK, in_words(&e)))?;
             if replies.len() != sent {
                 return Err(SinkError::new(
                     SINK,
