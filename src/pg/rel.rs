@@ -73,11 +73,9 @@ impl Rel {
 pub struct TableFacts {
     /// `pg_class.relkind`.
     pub kind: u8,
-    /// Its table access method's oid and name, and whether the index path can
-    /// read it (a plain table with a table access method).
+    /// Its table access method's oid and name.
     pub access_method: Oid,
     pub access_method_name: String,
-    pub index_path_can_read: bool,
 }
 
 impl Rel {
@@ -100,47 +98,8 @@ impl Rel {
                 kind: (*form).relkind as u8,
                 access_method,
                 access_method_name,
-                index_path_can_read: crate::pg::scan::index_path_can_read(self.rel),
             }
         }
-    }
-
-    /// Whether the table's primary key is a btree on exactly `columns` that the
-    /// index path may read.
-    pub fn primary_key_serves(&self, columns: &[&str]) -> bool {
-        // SAFETY: the relation is open while self lives.
-        let pk = unsafe { pg_sys::RelationGetPrimaryKeyIndex(self.rel) };
-        pk != pg_sys::InvalidOid && self.index_serves(pk, columns)
-    }
-
-    /// Whether one of the table's indexes is a btree on exactly `columns` that
-    /// the index path may read.
-    pub fn some_index_serves(&self, columns: &[&str]) -> bool {
-        // SAFETY: the relation is open while self lives; the list is this
-        // backend's copy, freed here after its oids were read.
-        let indexes: Vec<pg_sys::Oid> = unsafe {
-            let list = pg_sys::RelationGetIndexList(self.rel);
-            if list.is_null() {
-                return false;
-            }
-            let oids = std::slice::from_raw_parts((*list).elements, (*list).length as usize)
-                .iter()
-                .map(|cell| cell.oid_value)
-                .collect();
-            pg_sys::list_free(list);
-            oids
-        };
-        indexes
-            .into_iter()
-            .any(|index| self.index_serves(index, columns))
-    }
-
-    fn index_serves(&self, index: pg_sys::Oid, columns: &[&str]) -> bool {
-        Rel::reference(index).is_some_and(|index| {
-            // SAFETY: both are open while the guards live; `index` is one of
-            // this table's indexes.
-            unsafe { crate::pg::scan::index_serves(self.rel, index.as_ptr(), columns) }
-        })
     }
 
     /// The relation's owner.

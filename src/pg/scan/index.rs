@@ -167,3 +167,48 @@ pub unsafe fn topic_index(heap: pg_sys::Relation) -> Oid {
         found
     }
 }
+
+/// Whether the index path can read the open relation (see
+/// [`index_path_can_read`]).
+pub fn can_read(rel: &Rel) -> bool {
+    // SAFETY: the relation is open while the guard lives.
+    unsafe { index_path_can_read(rel.as_ptr()) }
+}
+
+/// Whether the table's primary key is a btree on exactly `columns` that the
+/// index path may read.
+pub fn primary_key_serves(rel: &Rel, columns: &[&str]) -> bool {
+    // SAFETY: the relation is open while the guard lives.
+    let pk = unsafe { pg_sys::RelationGetPrimaryKeyIndex(rel.as_ptr()) };
+    pk != pg_sys::InvalidOid && index_serves_rel(rel, pk, columns)
+}
+
+/// Whether one of the table's indexes is a btree on exactly `columns` that
+/// the index path may read.
+pub fn some_index_serves(rel: &Rel, columns: &[&str]) -> bool {
+    // SAFETY: the relation is open while the guard lives; the list is this
+    // backend's copy, freed here after its oids were read.
+    let indexes: Vec<pg_sys::Oid> = unsafe {
+        let list = pg_sys::RelationGetIndexList(rel.as_ptr());
+        if list.is_null() {
+            return false;
+        }
+        let oids = std::slice::from_raw_parts((*list).elements, (*list).length as usize)
+            .iter()
+            .map(|cell| cell.oid_value)
+            .collect();
+        pg_sys::list_free(list);
+        oids
+    };
+    indexes
+        .into_iter()
+        .any(|index| index_serves_rel(rel, index, columns))
+}
+
+fn index_serves_rel(rel: &Rel, index: pg_sys::Oid, columns: &[&str]) -> bool {
+    Rel::reference(index).is_some_and(|index| {
+        // SAFETY: both are open while the guards live; `index` is one of
+        // this table's indexes.
+        unsafe { crate::pg::scan::index_serves(rel.as_ptr(), index.as_ptr(), columns) }
+    })
+}

@@ -41,7 +41,10 @@ mod index;
 mod seeker;
 
 use executed::Executed;
-pub use index::{index_path_can_read, index_serves, primary_key_on, topic_index};
+pub use index::{
+    can_read, index_path_can_read, index_serves, primary_key_on, primary_key_serves,
+    some_index_serves, topic_index,
+};
 use index::{usable, TOPIC_INDEXES};
 pub use seeker::Seeker;
 
@@ -798,7 +801,10 @@ mod tests {
 
     /// The envelope bytes of the row the seeker stands on.
     fn bytes(seeker: &mut Seeker, col: i32) -> Vec<u8> {
-        seeker.cell(col).and_then(|v| v.bytes()).expect("an envelope")
+        seeker
+            .cell(col)
+            .and_then(|v| v.bytes())
+            .expect("an envelope")
     }
 
     /// A seeker finds each asked key with its current bytes: near keys by

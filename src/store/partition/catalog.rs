@@ -194,13 +194,13 @@ pub fn direct_lacks(rel: &Rel, table: Table) -> Option<Lacks> {
         pg_sys::RELKIND_FOREIGN_TABLE => return Some(Lacks::Foreign),
         other => return Some(Lacks::NotATable(other as char)),
     }
-    if facts.access_method != pg_sys::HEAP_TABLE_AM_OID || !facts.index_path_can_read {
+    if facts.access_method != pg_sys::HEAP_TABLE_AM_OID || !scan::can_read(rel) {
         return Some(Lacks::AccessMethod(facts.access_method_name));
     }
-    if !rel.primary_key_serves(scan::ENVELOPE_KEY) {
+    if !scan::primary_key_serves(rel, scan::ENVELOPE_KEY) {
         return Some(Lacks::PrimaryKey);
     }
-    if table == Table::Meta && !rel.some_index_serves(scan::TOPIC_KEY) {
+    if table == Table::Meta && !scan::some_index_serves(rel, scan::TOPIC_KEY) {
         return Some(Lacks::TopicIndex);
     }
     None

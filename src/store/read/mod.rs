@@ -272,9 +272,7 @@ pub fn walk_originator(
                 }
                 None => {
                     fallback = blob_of(&blob, node, seq, reading);
-                    fallback
-                        .as_mut()
-                        .and_then(|(scan, col)| scan.cell(*col))
+                    fallback.as_mut().and_then(|(scan, col)| scan.cell(*col))
                 }
             };
             let Some(envelope) = envelope else {
@@ -508,9 +506,7 @@ pub fn walk_topics(
                 }
                 (None, None) => {
                     fallback = blob_of(&blob, node, seq, reading);
-                    fallback
-                        .as_mut()
-                        .and_then(|(scan, col)| scan.cell(*col))
+                    fallback.as_mut().and_then(|(scan, col)| scan.cell(*col))
                 }
             };
             let cursor = &mut cursors[at];

@@ -29,6 +29,7 @@
 //! runs on the root), so the caller rings the doorbell itself
 //! ([`Writer::rings_doorbell`] tells whether the trigger would have).
 
+pub use super::leaf::DirectError;
 use super::leaf::{
     columns_of, heap_table, leaf_is_plain, refuse_insert_rules, root_triggers_allow, LATE_COLUMNS,
 };
@@ -41,38 +42,6 @@ use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::ptr;
-
-/// Errors of the direct path.
-#[derive(Debug, thiserror::Error)]
-pub enum DirectError {
-    #[error("could not serialize access due to concurrent update")]
-    Serialization,
-    #[error("the table access method of {0} lacks a routine the direct write path needs")]
-    AccessMethod(&'static str),
-    #[error("table {0} has an INSERT rule, which the insert functions cannot apply")]
-    Rule(String),
-}
-
-impl crate::error::SqlError for DirectError {
-    fn sqlstate(&self) -> crate::error::PgSqlErrorCode {
-        use crate::error::PgSqlErrorCode::*;
-        match self {
-            DirectError::Serialization => ERRCODE_T_R_SERIALIZATION_FAILURE,
-            DirectError::AccessMethod(_) | DirectError::Rule(_) => ERRCODE_FEATURE_NOT_SUPPORTED,
-        }
-    }
-
-    fn hint(&self) -> Option<String> {
-        match self {
-            DirectError::Rule(_) => Some(
-                "Drop the rule, or do what it does in a trigger: the insert functions \
-                 honour row triggers on the roots (they then insert with SQL)."
-                    .into(),
-            ),
-            _ => None,
-        }
-    }
-}
 
 /// One envelope as the direct path writes it.
 pub struct Row<'a> {

@@ -3,11 +3,42 @@
 //! forced row security it would pass by (a table that lacks something gets the
 //! SQL path instead).
 
-use super::direct::DirectError;
 use crate::pg::rel::Rel;
 use crate::store::partition::band::Table;
 use pgrx::pg_sys;
 use std::ffi::CStr;
+
+/// Errors of the direct path.
+#[derive(Debug, thiserror::Error)]
+pub enum DirectError {
+    #[error("could not serialize access due to concurrent update")]
+    Serialization,
+    #[error("the table access method of {0} lacks a routine the direct write path needs")]
+    AccessMethod(&'static str),
+    #[error("table {0} has an INSERT rule, which the insert functions cannot apply")]
+    Rule(String),
+}
+
+impl crate::error::SqlError for DirectError {
+    fn sqlstate(&self) -> crate::error::PgSqlErrorCode {
+        use crate::error::PgSqlErrorCode::*;
+        match self {
+            DirectError::Serialization => ERRCODE_T_R_SERIALIZATION_FAILURE,
+            DirectError::AccessMethod(_) | DirectError::Rule(_) => ERRCODE_FEATURE_NOT_SUPPORTED,
+        }
+    }
+
+    fn hint(&self) -> Option<String> {
+        match self {
+            DirectError::Rule(_) => Some(
+                "Drop the rule, or do what it does in a trigger: the insert functions \
+                 honour row triggers on the roots (they then insert with SQL)."
+                    .into(),
+            ),
+            _ => None,
+        }
+    }
+}
 
 /// The columns each table must have, in order, for the direct path to form its
 /// tuples positionally: (name, type, may the direct path leave it NULL). A column
