@@ -66,21 +66,30 @@ impl std::fmt::Debug for NatsAuth {
 }
 
 /// Subjects the server refused a publish to (`-ERR 'Permissions Violation for
-/// Publish to "SUBJECT"'`), as the client's event callback reports them. The
-/// server says so only in that asynchronous error: the publish itself gets no
-/// acknowledgement and would wait for its timeout.
+/// Publish to "SUBJECT"'`), as the client's event callback reports them, each
+/// with when. The server says so only in that asynchronous error: the publish
+/// itself gets no acknowledgement and would wait for its timeout. A refusal
+/// stands for [`VIOLATION_MEMORY`]; after that the server is asked again, so a
+/// permission granted meanwhile is heard (a row set aside for it and retried
+/// goes through).
 #[derive(Default)]
 pub struct Violations {
-    subjects: std::sync::Mutex<std::collections::HashSet<String>>,
+    subjects: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
     reported: tokio::sync::Notify,
 }
 
+/// How long a permissions violation stands for its subject.
+pub const VIOLATION_MEMORY: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl Violations {
-    /// Whether a publish to `subject` was refused for permissions.
+    /// Whether a publish to `subject` was refused for permissions lately.
     pub fn contains(&self, subject: &str) -> bool {
         self.subjects
             .lock()
-            .map(|s| s.contains(subject))
+            .map(|s| {
+                s.get(subject)
+                    .is_some_and(|at| at.elapsed() < VIOLATION_MEMORY)
+            })
             .unwrap_or(false)
     }
 
@@ -104,7 +113,8 @@ impl Violations {
         };
         let subject = rest.trim().trim_matches(|c| c == '"' || c == '\'').trim();
         if let Ok(mut subjects) = self.subjects.lock() {
-            subjects.insert(subject.to_owned());
+            subjects.retain(|_, at| at.elapsed() < VIOLATION_MEMORY);
+            subjects.insert(subject.to_owned(), std::time::Instant::now());
         }
         self.reported.notify_waiters();
     }

@@ -24,8 +24,8 @@
 //!   outbox subject of more than about 240 bytes under the default prefix),
 //!   found before sending;
 //! - a message over the broker's `max_message_size`: RabbitMQ closes the channel
-//!   with 406 PRECONDITION_FAILED, naming its limit, which the sink remembers to
-//!   refuse larger messages before sending them.
+//!   with 406 PRECONDITION_FAILED, naming its limit, which the sink remembers
+//!   for a minute to refuse larger messages before sending them.
 //!
 //! A broker whose `frame_max` is below 8192 (the protocol allows 4096) cannot
 //! be connected to with lapin's own negotiation, which rounds the broker's value
@@ -33,6 +33,7 @@
 //! it is tried again at once asking for 4096, which every broker takes.
 
 use super::error::SinkError;
+use super::memory::SizeLimit;
 use super::wire::Wire;
 use crate::message::Message;
 use crate::metrics::Metrics;
@@ -66,8 +67,9 @@ pub struct Amqp {
     exchange: ShortString,
     wire: Wire,
     session: Option<Session>,
-    /// The broker's `max_message_size`, once a refusal named it.
-    max_message_size: Option<usize>,
+    /// The broker's `max_message_size`, once a refusal named it (for a while:
+    /// see [`super::memory`]).
+    max_message_size: SizeLimit,
     /// How long a batch may wait while the broker blocks publishing.
     blocked_timeout: Duration,
     metrics: Arc<Metrics>,
@@ -229,7 +231,7 @@ impl Amqp {
             exchange,
             wire: wire.clone(),
             session: None,
-            max_message_size: None,
+            max_message_size: SizeLimit::default(),
             blocked_timeout: Duration::from_secs(args.amqp_blocked_timeout),
             metrics,
         };
@@ -322,7 +324,7 @@ impl Amqp {
                 if let lapin::ErrorKind::ProtocolError(amqp) = e.kind() {
                     if amqp.get_id() == 406 {
                         if let Some(max) = max_size_named(amqp.get_message().as_str()) {
-                            self.max_message_size = Some(max);
+                            self.max_message_size.named(max);
                             return Some(max as u64);
                         }
                     }
@@ -468,7 +470,7 @@ impl Amqp {
     async fn try_publish(&mut self, batch: &[Message]) -> Result<(), Failed> {
         let exchange = self.exchange.clone();
         let wire = self.wire.clone();
-        let max_message_size = self.max_message_size;
+        let max_message_size = self.max_message_size.get();
         // What the broker would refuse is found before sending: the batch goes up
         // to that message, and the refusal is reported after the rest is confirmed.
         let mut local = None;
@@ -581,7 +583,7 @@ impl Amqp {
                             let text = amqp.get_message().as_str().to_owned();
                             let max = max_size_named(&text);
                             if let Some(max) = max {
-                                self.max_message_size = Some(max);
+                                self.max_message_size.named(max);
                             }
                             if max.is_none_or(|max| payload.len() > max) {
                                 return Err(Failed::Sink(SinkError::refused(

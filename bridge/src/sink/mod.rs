@@ -16,6 +16,7 @@
 mod amqp;
 mod error;
 mod file;
+mod memory;
 mod mqtt;
 mod nats;
 mod redis;

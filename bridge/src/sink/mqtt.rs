@@ -13,11 +13,13 @@
 //!   `message_size_limit` although the protocol has no such PUBACK code: the
 //!   client cannot parse that PUBACK and drops the connection, so the refused
 //!   message is found as the first one the broker had not acknowledged; after
-//!   one, messages at least that large are refused before sending;
+//!   one, messages at least that large are refused before sending, for a
+//!   minute (then the broker is asked again);
 //! - a topic with a wildcard, and a message larger than the maximum packet size
 //!   the broker announced in its CONNACK (if it did), found before sending.
 
 use super::error::SinkError;
+use super::memory::SizeLimit;
 use super::subject::mqtt_topic_problem;
 use super::wire::Wire;
 use crate::message::Message;
@@ -75,7 +77,7 @@ pub struct Mqtt {
     /// The smallest payload the broker refused as too large (0x95): larger ones
     /// are refused before sending (each 0x95 costs the connection). Learned anew
     /// with a new sink.
-    refused_size: Option<usize>,
+    refused_size: SizeLimit,
 }
 
 /// What the event loop task tells the publisher, by the message's sequence
@@ -266,7 +268,7 @@ impl Mqtt {
             client_id,
             wire: wire.clone(),
             session: None,
-            refused_size: None,
+            refused_size: SizeLimit::default(),
         };
         mqtt.session = Some(mqtt.open().await?);
         Ok(mqtt)
@@ -372,7 +374,7 @@ impl Mqtt {
     /// connection broke meanwhile.
     async fn publish_on_session(&mut self, batch: &[Message]) -> (Result<(), SinkError>, bool) {
         let wire = self.wire.clone();
-        let refused_size = self.refused_size;
+        let refused_size = self.refused_size.get();
         let Some(session) = self.session.as_mut() else {
             return (Err(SinkError::new(SINK, "not connected")), true);
         };
@@ -483,7 +485,7 @@ impl Mqtt {
             if accepted_before(index) {
                 if code == 0x95 {
                     let size = sizes[index];
-                    self.refused_size = Some(self.refused_size.map_or(size, |r| r.min(size)));
+                    self.refused_size.refused(size);
                 }
                 let id = batch[index].dedup_id();
                 let text = match reason {

@@ -18,7 +18,8 @@
 //! A 413 (the body is over the receiver's limit) refuses the request as too
 //! large: the batch is sent again in halves, and a single row still refused is
 //! set aside as a dead letter. After one, bodies at least that large are refused
-//! so without sending them. A 429, a 5xx, a timeout or a failed connection is
+//! so without sending them for a minute, then asked about again (a receiver
+//! whose limit was raised meanwhile takes them). A 429, a 5xx, a timeout or a failed connection is
 //! the receiver being unavailable: the batch is sent again with backoff, no
 //! sooner than a `Retry-After` the answer gave. Any other status is a permanent
 //! error (the request itself is wrong for this receiver): logged with the status
@@ -26,6 +27,7 @@
 //! fixes it; nothing is skipped.
 
 use super::error::SinkError;
+use super::memory::SizeLimit;
 use crate::message::Message;
 use clap::Args;
 use hmac::{Hmac, Mac};
@@ -100,9 +102,9 @@ pub struct Webhook {
     /// How long a connection may take (`--webhook-timeout-ms`).
     connect_timeout: Duration,
     /// The smallest body the receiver answered 413: bodies at least that large
-    /// are refused as too large without sending them (learned anew with a new
-    /// sink).
-    refused_body: Option<usize>,
+    /// are refused as too large without sending them, for a while (see
+    /// [`super::memory`]).
+    refused_body: SizeLimit,
 }
 
 impl Webhook {
@@ -120,7 +122,7 @@ impl Webhook {
             format: args.webhook_format,
             secret: args.webhook_secret.as_ref().map(|s| s.as_bytes().to_vec()),
             connect_timeout: timeout,
-            refused_body: None,
+            refused_body: SizeLimit::default(),
         })
     }
 
@@ -190,7 +192,7 @@ impl Webhook {
             return Ok(());
         };
         let body = self.body(batch);
-        if let Some(refused) = self.refused_body.filter(|r| body.len() >= *r) {
+        if let Some(refused) = self.refused_body.get().filter(|r| body.len() >= *r) {
             return Err(SinkError::too_large(
                 SINK,
                 "HTTP_413",
@@ -258,7 +260,7 @@ impl Webhook {
         let shown: String = text.chars().take(BODY_SHOWN).collect();
         let message = format!("HTTP {status}: {shown}");
         if status == reqwest::StatusCode::PAYLOAD_TOO_LARGE {
-            self.refused_body = Some(self.refused_body.map_or(size, |r| r.min(size)));
+            self.refused_body.refused(size);
             Err(SinkError::too_large(SINK, "HTTP_413", message))
         } else if status.as_u16() == 429 || status.is_server_error() {
             Err(SinkError::unavailable_for(SINK, message, retry_after))
