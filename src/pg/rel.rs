@@ -102,6 +102,116 @@ impl Rel {
         }
     }
 
+    /// Whether the relation has any trigger.
+    pub fn has_triggers(&self) -> bool {
+        // SAFETY: the relation is open while self lives.
+        unsafe { !(*self.rel).trigdesc.is_null() }
+    }
+
+    /// Whether row security is enabled on the table, and whether it is forced
+    /// on its owner too.
+    pub fn row_security(&self) -> (bool, bool) {
+        // SAFETY: the relation is open while self lives.
+        unsafe {
+            let form = (*self.rel).rd_rel;
+            ((*form).relrowsecurity, (*form).relforcerowsecurity)
+        }
+    }
+
+    /// Whether the table has a CHECK constraint or a stored generated column.
+    pub fn has_checks_or_generated(&self) -> bool {
+        // SAFETY: the relation is open while self lives; constr may be NULL.
+        unsafe {
+            let constr = (*(*self.rel).rd_att).constr;
+            !constr.is_null() && ((*constr).num_check > 0 || (*constr).has_generated_stored)
+        }
+    }
+
+    /// Whether the table's columns are exactly `expected`, in order: `(name,
+    /// type, may be NULL)`, none dropped, and a column that may be NULL not
+    /// declared NOT NULL.
+    pub fn columns_are(&self, expected: &[(&str, Oid, bool)]) -> bool {
+        // SAFETY: the relation is open while self lives; its descriptor has
+        // natts attributes, and each name is NUL-terminated.
+        unsafe {
+            let desc = (*self.rel).rd_att;
+            if usize::try_from((*desc).natts).ok() != Some(expected.len()) {
+                return false;
+            }
+            (*desc)
+                .attrs
+                .as_slice(expected.len())
+                .iter()
+                .zip(expected)
+                .all(|(attr, (name, typid, nullable))| {
+                    !attr.attisdropped
+                        && attr.atttypid == *typid
+                        && !(*nullable && attr.attnotnull)
+                        && std::ffi::CStr::from_ptr(attr.attname.data.as_ptr()).to_bytes()
+                            == name.as_bytes()
+                })
+        }
+    }
+
+    /// Calls `f` with each trigger's name, `tgtype` and `tgenabled`.
+    pub fn for_each_trigger(&self, mut f: impl FnMut(&std::ffi::CStr, i16, u8)) {
+        // SAFETY: the trigger descriptor belongs to the relcache entry, read
+        // while the relation is open; it holds numtriggers triggers, each with
+        // a NUL-terminated name.
+        unsafe {
+            let desc = (*self.rel).trigdesc;
+            if desc.is_null() {
+                return;
+            }
+            let count = usize::try_from((*desc).numtriggers).unwrap_or(0);
+            for trigger in std::slice::from_raw_parts((*desc).triggers, count) {
+                f(
+                    std::ffi::CStr::from_ptr(trigger.tgname),
+                    trigger.tgtype,
+                    trigger.tgenabled as u8,
+                );
+            }
+        }
+    }
+
+    /// Calls `f` with the `ev_enabled` of each INSERT rule of the relation.
+    pub fn for_each_insert_rule(&self, mut f: impl FnMut(u8)) {
+        // SAFETY: rd_rules belongs to the relcache entry, read while the
+        // relation is open, and holds numLocks rules.
+        unsafe {
+            let rules = (*self.rel).rd_rules;
+            if rules.is_null() {
+                return;
+            }
+            let count = usize::try_from((*rules).numLocks).unwrap_or(0);
+            for &rule in std::slice::from_raw_parts((*rules).rules, count) {
+                if (*rule).event == pg_sys::CmdType::CMD_INSERT {
+                    f((*rule).enabled as u8);
+                }
+            }
+        }
+    }
+
+    /// The relation's name (unqualified).
+    pub fn name(&self) -> String {
+        // SAFETY: the relation is open while self lives; relname is
+        // NUL-terminated.
+        unsafe {
+            std::ffi::CStr::from_ptr((*(*self.rel).rd_rel).relname.data.as_ptr())
+                .to_string_lossy()
+                .into_owned()
+        }
+    }
+
+    /// Gives the open relation up without closing it: the caller closes it
+    /// (`table_close` with the same lock mode) or leaves it to the end of the
+    /// transaction.
+    pub fn into_raw(self) -> pg_sys::Relation {
+        let rel = self.rel;
+        std::mem::forget(self);
+        rel
+    }
+
     /// The relation's owner.
     pub fn owner(&self) -> Oid {
         // SAFETY: the relation is open while self lives.

@@ -163,3 +163,10 @@ pub fn command_counter_increment() {
     // SAFETY: a plain call, allowed anywhere in a transaction.
     unsafe { pg_sys::CommandCounterIncrement() }
 }
+
+/// Whether `session_replication_role` is `replica` (triggers and rules then
+/// fire only when enabled for replicas or always).
+pub fn replication_role_is_replica() -> bool {
+    // SAFETY: reads a backend-global setting.
+    unsafe { pg_sys::SessionReplicationRole == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32 }
+}

@@ -198,12 +198,11 @@ impl Writer {
     /// Opens a leaf (already locked by the caller) and its indexes; false if the
     /// leaf is not one the direct path can write.
     fn open_leaf(&mut self, table: Table, oid: pg_sys::Oid) -> bool {
+        // What the catalog found when it loaded the band is checked again where
+        // it is dereferenced (the kind and access method, cheap to read), in
+        // case the band changed under a route taken before its lock.
         self.open_relation(oid, |rel| {
-            // SAFETY: rel is the relation just opened. What the catalog found
-            // when it loaded the band is checked again where it is dereferenced
-            // (the kind and access method, cheap to read), in case the band
-            // changed under a route taken before its lock.
-            unsafe { heap_table(rel) && leaf_is_plain(rel, columns_of(table)) }
+            heap_table(rel) && leaf_is_plain(rel, columns_of(table))
         })
     }
 
@@ -232,17 +231,14 @@ impl Writer {
         // columns (one row per entry).
         let mut layout = late::Layout::Ranges;
         let opened = self.open_relation(table, |rel| {
-            // SAFETY: rel is the relation just opened.
-            unsafe {
-                if !heap_table(rel) {
-                    return false;
-                }
-                if leaf_is_plain(rel, &LATE_COLUMNS) {
-                    return true;
-                }
-                layout = late::Layout::Rows;
-                leaf_is_plain(rel, &LATE_COLUMNS[..4])
+            if !heap_table(rel) {
+                return false;
             }
+            if leaf_is_plain(rel, &LATE_COLUMNS) {
+                return true;
+            }
+            layout = late::Layout::Rows;
+            leaf_is_plain(rel, &LATE_COLUMNS[..4])
         });
         if opened {
             self.late = Some((self.leaves.len() - 1, sequence, layout));
@@ -305,17 +301,19 @@ impl Writer {
     fn open_relation(
         &mut self,
         oid: pg_sys::Oid,
-        plain: impl FnOnce(pg_sys::Relation) -> bool,
+        plain: impl FnOnce(&crate::pg::rel::Rel) -> bool,
     ) -> bool {
-        // SAFETY: the caller holds ROW EXCLUSIVE on the leaf (partition::route), so
-        // table_open only takes the relcache reference. Everything allocated here
-        // lives in the executor state's memory context.
+        // The caller holds ROW EXCLUSIVE on the leaf (partition::route), so
+        // opening it only takes the relcache reference.
+        let opened = crate::pg::rel::Rel::open(oid, pg_sys::NoLock as pg_sys::LOCKMODE);
+        if !plain(&opened) {
+            return false; // closed by the guard
+        }
+        // Closed in close() with table_close (NoLock), as the guard would have.
+        let rel = opened.into_raw();
+        // SAFETY: rel is open. Everything allocated here lives in the executor
+        // state's memory context.
         unsafe {
-            let rel = pg_sys::table_open(oid, pg_sys::NoLock as pg_sys::LOCKMODE);
-            if !plain(rel) {
-                pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
-                return false;
-            }
             let old = pg_sys::MemoryContextSwitchTo((*self.estate).es_query_cxt);
             let info = pg_sys::palloc0(std::mem::size_of::<pg_sys::ResultRelInfo>())
                 .cast::<pg_sys::ResultRelInfo>();

@@ -84,48 +84,17 @@ pub const DOORBELL_TRIGGER: &CStr = c"notify_envelopes";
 
 /// Whether a leaf is what the extension created: the expected columns in order,
 /// no triggers, no row security forced on its owner, no CHECK constraints.
-///
-/// # Safety
-/// `rel` is an open relation.
-pub unsafe fn leaf_is_plain(rel: pg_sys::Relation, expected: &Columns) -> bool {
-    // SAFETY: the caller upholds this function's # Safety contract.
-    unsafe {
-        let form = (*rel).rd_rel;
-        if !(*rel).trigdesc.is_null() || (*form).relforcerowsecurity {
-            return false;
-        }
-        let desc = (*rel).rd_att;
-        let constr = (*desc).constr;
-        if !constr.is_null() && ((*constr).num_check > 0 || (*constr).has_generated_stored) {
-            return false;
-        }
-        if usize::try_from((*desc).natts).ok() != Some(expected.len()) {
-            return false;
-        }
-        let attrs = (*desc).attrs.as_slice(expected.len());
-        attrs
-            .iter()
-            .zip(expected)
-            .all(|(attr, (name, typid, nullable))| {
-                !attr.attisdropped
-                    && attr.atttypid == *typid
-                    && !(*nullable && attr.attnotnull)
-                    && CStr::from_ptr(attr.attname.data.as_ptr()).to_bytes() == name.as_bytes()
-            })
-    }
+pub fn leaf_is_plain(rel: &Rel, expected: &Columns) -> bool {
+    !rel.has_triggers()
+        && !rel.row_security().1
+        && !rel.has_checks_or_generated()
+        && rel.columns_are(expected)
 }
 
 /// Whether an open relation is a plain heap table (what the direct path's table
 /// access method calls need; a partitioned or foreign table has none).
-///
-/// # Safety
-/// `rel` is an open relation.
-pub unsafe fn heap_table(rel: pg_sys::Relation) -> bool {
-    // SAFETY: the caller's promise.
-    unsafe {
-        crate::pg::scan::index_path_can_read(rel)
-            && (*(*rel).rd_rel).relam == pg_sys::HEAP_TABLE_AM_OID
-    }
+pub fn heap_table(rel: &Rel) -> bool {
+    crate::pg::scan::can_read(rel) && rel.table_facts().access_method == pg_sys::HEAP_TABLE_AM_OID
 }
 
 /// Refuses a table with an INSERT rule that fires in this session: the direct
@@ -136,35 +105,18 @@ pub fn refuse_insert_rules(relid: pg_sys::Oid) -> Result<(), DirectError> {
     let Some(rel) = Rel::reference(relid) else {
         return Ok(());
     };
-    // SAFETY: the reference is held while the guard lives.
-    unsafe { insert_rule(rel.as_ptr()) }
+    insert_rule(&rel)
 }
 
-/// [`DirectError::Rule`] when the open relation has an INSERT rule that fires in
+/// [`DirectError::Rule`] when the relation has an INSERT rule that fires in
 /// this session (as the rewriter decides with `session_replication_role`).
-///
-/// # Safety
-/// `rel` is an open relation (a reference held).
-unsafe fn insert_rule(rel: pg_sys::Relation) -> Result<(), DirectError> {
-    // SAFETY: the caller's promise; rd_rules belongs to the relcache entry and
-    // holds numLocks rules.
-    unsafe {
-        let rules = (*rel).rd_rules;
-        if rules.is_null() {
-            return Ok(());
-        }
-        let count = usize::try_from((*rules).numLocks).unwrap_or(0);
-        let fires = std::slice::from_raw_parts((*rules).rules, count)
-            .iter()
-            .any(|&rule| {
-                (*rule).event == pg_sys::CmdType::CMD_INSERT && trigger_fires((*rule).enabled as u8)
-            });
-        if !fires {
-            return Ok(());
-        }
-        let name = CStr::from_ptr((*(*rel).rd_rel).relname.data.as_ptr());
-        Err(DirectError::Rule(name.to_string_lossy().into_owned()))
+fn insert_rule(rel: &Rel) -> Result<(), DirectError> {
+    let mut fires = false;
+    rel.for_each_insert_rule(|enabled| fires |= trigger_fires(enabled));
+    if fires {
+        return Err(DirectError::Rule(rel.name()));
     }
+    Ok(())
 }
 
 /// Checks the insert rules (an error: [`insert_rule`]) and triggers of a root
@@ -176,48 +128,34 @@ pub fn root_triggers_allow(
     doorbell_allowed: bool,
 ) -> Result<Option<bool>, DirectError> {
     // The root is locked (partition::route).
-    let Some(guard) = Rel::reference(root) else {
+    let Some(rel) = Rel::reference(root) else {
         return Ok(None);
     };
-    let rel = guard.as_ptr();
-    // SAFETY: the rules and the trigger descriptor belong to the relcache entry
-    // and are read while the guard holds the reference.
-    unsafe {
-        insert_rule(rel)?;
-        let form = (*rel).rd_rel;
-        let mut answer = if (*form).relrowsecurity && (*form).relforcerowsecurity {
-            None // row security forced on the owner: the SQL path applies it
-        } else {
-            Some(false)
-        };
-        let desc = (*rel).trigdesc;
-        if !desc.is_null() {
-            let count = usize::try_from((*desc).numtriggers).unwrap_or(0);
-            for trigger in std::slice::from_raw_parts((*desc).triggers, count) {
-                if trigger.tgtype & pg_sys::TRIGGER_TYPE_INSERT as i16 == 0 {
-                    continue;
-                }
-                let name = CStr::from_ptr(trigger.tgname);
-                if doorbell_allowed
-                    && name == DOORBELL_TRIGGER
-                    && trigger.tgtype & pg_sys::TRIGGER_TYPE_ROW as i16 == 0
-                {
-                    answer = answer.map(|_| trigger_fires(trigger.tgenabled as u8));
-                } else {
-                    answer = None;
-                }
-            }
+    insert_rule(&rel)?;
+    let mut answer = match rel.row_security() {
+        (true, true) => None, // row security forced on the owner: the SQL path applies it
+        _ => Some(false),
+    };
+    rel.for_each_trigger(|name, tgtype, enabled| {
+        if tgtype & pg_sys::TRIGGER_TYPE_INSERT as i16 == 0 {
+            return;
         }
-        Ok(answer)
-    }
+        if doorbell_allowed
+            && name == DOORBELL_TRIGGER
+            && tgtype & pg_sys::TRIGGER_TYPE_ROW as i16 == 0
+        {
+            answer = answer.map(|_| trigger_fires(enabled));
+        } else {
+            answer = None;
+        }
+    });
+    Ok(answer)
 }
 
-/// Whether a trigger with this `tgenabled` fires under the session's replication
-/// role (as `TriggerEnabled` decides in trigger.c).
+/// Whether a trigger (or rule) with this `tgenabled` fires under the session's
+/// replication role (as `TriggerEnabled` decides in trigger.c).
 fn trigger_fires(enabled: u8) -> bool {
-    // SAFETY: reads a backend-global setting.
-    let replica = unsafe { pg_sys::SessionReplicationRole }
-        == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32;
+    let replica = crate::pg::xact::replication_role_is_replica();
     match enabled {
         b'D' => false,
         b'A' => true,

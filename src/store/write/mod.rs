@@ -23,7 +23,6 @@
 
 #[allow(unsafe_code)] // still to move behind src/pg (issue 44)
 mod direct;
-#[allow(unsafe_code)] // still to move behind src/pg (issue 44)
 mod leaf;
 
 use crate::error::{PgSqlErrorCode, SqlError};
