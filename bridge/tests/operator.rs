@@ -1,9 +1,15 @@
 //! What the bridge tells an operator (issue 43): a configuration file checked as
 //! a file (its errors name the file, the line and the key, exit 78), read alike
 //! by `status` and `register`; sink URLs as users write them; a role the
-//! database refuses named at start with the server's hint; lag counted in rows.
-//! Each test failed on 211056c (run with ENVELOPES_TEST_BRIDGE_BIN set to that
-//! build to see it).
+//! database refuses named at start with the server's hint; lag counted in rows;
+//! every bus' refusal of the bridge at start ending it with 78 and the fix;
+//! readiness that follows the sink (or ingress' source) while idle; a bus that
+//! refuses every row after a good start (a revoked NATS permission, a
+//! read-only MQTT ACL, a receiver's 413) stalling and alerting instead of
+//! dead-lettering, then resuming by itself; the sinks' size limits compared
+//! with the store's at start. Each test failed on 211056c (run with
+//! ENVELOPES_TEST_BRIDGE_BIN set to that build to see it). The tests that
+//! stop, reload or reconfigure a bus start a private one.
 
 mod common;
 
