@@ -134,6 +134,13 @@ static PARTITION_WORKER_TIMEOUT: GucSetting<i32> = GucSetting::<i32>::new(30_000
 /// tests, which use it to make a commit land inside that window on purpose.
 static GATE_PAUSE: GucSetting<i32> = GucSetting::<i32>::new(0);
 
+/// How long, in milliseconds, the holder of a lease may stay silent (idle, or
+/// idle in a transaction) before a session asking for the same lease ends it
+/// and takes the lease; 0 (the default) waits for the holder's session to end
+/// by itself. Read from the session asking for the lease: the bridge sets it
+/// from `--session-timeout`.
+static LEASE_TIMEOUT: GucSetting<i32> = GucSetting::<i32>::new(0);
+
 /// Seconds between two runs of the maintenance worker (pruning and band
 /// pre-creation) in each of `envelopes.maintenance_databases`; 0 turns it off.
 /// Only a server with pg_envelopes in `shared_preload_libraries` has the worker.
@@ -239,7 +246,7 @@ struct IntSetting {
     flags: GucFlags,
 }
 
-fn int_settings() -> [IntSetting; 12] {
+fn int_settings() -> [IntSetting; 13] {
     use GucContext::{Sighup, Suset, Userset};
     [
         IntSetting {
@@ -360,6 +367,20 @@ fn int_settings() -> [IntSetting; 12] {
             max: 7 * 24 * 3600,
             context: Sighup,
             flags: GucFlags::UNIT_S,
+        },
+        IntSetting {
+            name: c"envelopes.lease_timeout",
+            short: c"Silence after which a lease's holder is ended by a session asking for it.",
+            long: c"Read in the session that asks for a consumer's or ingress stream's lease: a \
+                    holder idle (or idle in a transaction) for longer is terminated and the \
+                    lease taken. The session that takes a lease with it set gets \
+                    idle_session_timeout and idle_in_transaction_session_timeout no longer \
+                    than it.",
+            setting: &LEASE_TIMEOUT,
+            min: 0,
+            max: 24 * 3_600_000,
+            context: Userset,
+            flags: GucFlags::UNIT_MS,
         },
         IntSetting {
             name: c"envelopes.test_gate_pause",
@@ -703,6 +724,12 @@ pub fn partition_worker_timeout() -> std::time::Duration {
 /// `envelopes.notify_interval`.
 pub fn notify_interval() -> std::time::Duration {
     std::time::Duration::from_millis(u64::try_from(NOTIFY_INTERVAL.get()).unwrap_or(0))
+}
+
+/// `envelopes.lease_timeout`; `None` when off.
+pub fn lease_timeout() -> Option<std::time::Duration> {
+    let ms = u64::try_from(LEASE_TIMEOUT.get()).unwrap_or(0);
+    (ms > 0).then(|| std::time::Duration::from_millis(ms))
 }
 
 /// `envelopes.test_gate_pause`.

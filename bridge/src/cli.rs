@@ -75,7 +75,10 @@ pub struct DatabaseArgs {
     /// standby. Set on each session (idle_session_timeout,
     /// idle_in_transaction_session_timeout, tcp_user_timeout, TCP keepalives);
     /// a working bridge is never silent that long (it sends a heartbeat while it
-    /// waits for a bus). 0 leaves the server's settings.
+    /// waits for a bus). A standby also ends an active session silent for
+    /// longer (envelopes.lease_timeout: a stopped bridge, a lease left on a
+    /// pooled server connection) and takes the lease; give every instance of a
+    /// name the same value. 0 leaves the server's settings.
     #[arg(long, env = "ENVELOPES_SESSION_TIMEOUT", default_value_t = 15)]
     pub session_timeout: u64,
 }

@@ -120,6 +120,19 @@ pub async fn connect(url: &str, application_name: &str) -> Result<Db, DbError> {
             .batch_execute(&session_settings(timeout))
             .await
             .map_err(DbError::Connect)?;
+        // The same bound for the holder of a lease this session waits for: a
+        // holder silent for longer is ended and the lease taken (an extension
+        // from before envelopes.lease_timeout refuses the setting: the standby
+        // then waits for the holder's session to end, as it did).
+        if let Err(e) = client
+            .execute(
+                "SELECT pg_catalog.set_config('envelopes.lease_timeout', $1, false)",
+                &[&timeout.as_millis().to_string()],
+            )
+            .await
+        {
+            tracing::debug!(error = %chain(&e), "envelopes.lease_timeout not set");
+        }
     }
     Ok(Db {
         client,

@@ -5,6 +5,12 @@
 //! On 211056c bridges behind a transaction-mode PgBouncer flipped between
 //! active and standby, failed their own acknowledgements (55006) and hit
 //! prepared-statement errors.
+//!
+//! A lease taken through a transaction-mode pool stays on the pooled server
+//! connection after its client has gone (PgBouncer keeps that connection for
+//! server_idle_timeout, 600 s by default): a bridge connected straight to
+//! Postgres ends that silent holder after its --session-timeout
+//! (envelopes.lease_timeout) and takes over. On 211056c it stood by.
 
 mod common;
 
@@ -133,5 +139,73 @@ fn a_session_mode_pooler_works() {
         || jsonl_ids(&path).len() >= 20,
     );
     bridge.terminate();
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn a_lease_left_on_a_pooled_connection_does_not_block_a_direct_bridge() {
+    let bouncer = Bouncer::start("transaction");
+    let db = TestDb::new("poolleft");
+    let mut direct = db.client();
+    direct
+        .execute("SELECT envelopes.consumer_register('left')", &[])
+        .unwrap();
+    // A client takes the lease through the pool and goes away; PgBouncer keeps
+    // the server connection, and the lease with it.
+    {
+        let mut pooled = postgres::Client::connect(&bouncer.url(&db), postgres::NoTls).unwrap();
+        let acquired: bool = pooled
+            .simple_query("SELECT acquired FROM envelopes.consumer_lease('left')")
+            .unwrap()
+            .iter()
+            .find_map(|m| match m {
+                postgres::SimpleQueryMessage::Row(r) => r.get(0).map(|v| v == "t"),
+                _ => None,
+            })
+            .unwrap_or(false);
+        assert!(acquired, "the lease was not taken through the pool");
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let held: bool = direct
+        .query_one(
+            "SELECT NOT acquired FROM envelopes.consumer_lease('left')",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(
+        held,
+        "the lease did not stay on the pooled server connection"
+    );
+    for seq in 1..=20 {
+        insert(&mut direct, 1, seq);
+    }
+    let path = std::env::temp_dir().join(format!("{}.jsonl", unique("leftover")));
+    let started = std::time::Instant::now();
+    let mut bridge = Bridge::egress(
+        &db,
+        "left",
+        &format!("jsonl:{}", path.display()),
+        &["--session-timeout", "3"],
+        &[],
+    );
+    wait_for_bridge(
+        &bridge,
+        "20 rows from a direct bridge while a pooled connection held the lease",
+        Duration::from_secs(30),
+        || jsonl_ids(&path).len() >= 20,
+    );
+    let took = started.elapsed();
+    let log = bridge.log_text();
+    bridge.terminate();
+    println!("the direct bridge delivered after {took:?}");
+    assert!(
+        took < Duration::from_secs(15),
+        "the direct bridge waited {took:?} behind the pooled connection's lease:\n{log}"
+    );
+    assert!(
+        log.contains("takes over"),
+        "the bridge did not stand by first, so the test did not test the takeover:\n{log}"
+    );
     let _ = std::fs::remove_file(&path);
 }

@@ -118,7 +118,102 @@ pub fn key(kind: Kind, name: &str, stream: &str) -> u64 {
 /// `None` when this session holds it now (taken, or already held), or the pid of
 /// the session that holds it (0 when it cannot be told, e.g. a transaction that
 /// moves positions without a lease holds it in share mode for a moment).
+///
+/// With `envelopes.lease_timeout` set in this session, a holder that has been
+/// silent for longer (idle, or idle in a transaction, by `pg_stat_activity`:
+/// the heartbeat every session shows the server) is ended with
+/// `pg_terminate_backend` and the lease taken: a bridge that stopped, or a
+/// lease left on a pooled server connection, no longer blocks its standby
+/// until the server's own timeouts (or the pooler's) end that session. The
+/// lease's own lock still decides who may acknowledge: the ended holder's
+/// session is gone before this one gets the lock, so no acknowledgement of
+/// the old holder can commit after it. The session that takes the lease with
+/// the setting on gets `idle_session_timeout` and
+/// `idle_in_transaction_session_timeout` no longer than it, so that the
+/// server itself ends a holder that falls silent (fencing it) even where no
+/// standby asks.
 pub fn take(kind: Kind, name: &str, stream: &str) -> Result<Option<i32>, LeaseError> {
+    let timeout = crate::gucs::lease_timeout();
+    let holder = try_take(kind, name, stream)?;
+    let Some(timeout) = timeout else {
+        return Ok(holder);
+    };
+    let holder = match holder {
+        Some(pid) if pid > 0 && lapsed(pid, timeout)? => {
+            end_lapsed_holder(kind, name, pid, timeout)?;
+            try_take(kind, name, stream)?
+        }
+        other => other,
+    };
+    if holder.is_none() {
+        bound_silence(timeout)?;
+    }
+    Ok(holder)
+}
+
+/// Whether the session `pid` has been idle (or idle in a transaction) for
+/// longer than `timeout`. False when it cannot be seen (`track_activities`
+/// off, or a caller without the right to see other sessions).
+fn lapsed(pid: i32, timeout: std::time::Duration) -> Result<bool, LeaseError> {
+    let ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
+    Ok(Spi::get_one_with_args::<bool>(
+        "SELECT a.state IN ('idle', 'idle in transaction', 'idle in transaction (aborted)')
+                AND a.state_change < pg_catalog.clock_timestamp()
+                                     - pg_catalog.make_interval(secs => $2 / 1000.0)
+           FROM pg_catalog.pg_stat_activity a
+          WHERE a.pid = $1",
+        &[DatumWithOid::from(pid), DatumWithOid::from(ms)],
+    )?
+    .unwrap_or(false))
+}
+
+/// Ends the session `pid`, whose hold on the lease lapsed, and waits (up to 5
+/// s) until it is gone, which releases its locks.
+fn end_lapsed_holder(
+    kind: Kind,
+    name: &str,
+    pid: i32,
+    timeout: std::time::Duration,
+) -> Result<(), LeaseError> {
+    pgrx::log!(
+        "pg_envelopes: {} \"{name}\": its holder (backend pid {pid}) has been silent for more \
+         than envelopes.lease_timeout ({} ms): ending that session to take the lease",
+        kind.label(),
+        timeout.as_millis()
+    );
+    let gone = Spi::get_one_with_args::<bool>(
+        "SELECT pg_catalog.pg_terminate_backend($1, 5000)",
+        &[DatumWithOid::from(pid)],
+    )?;
+    if gone != Some(true) {
+        pgrx::log!("pg_envelopes: backend pid {pid} was not ended within 5 s");
+    }
+    Ok(())
+}
+
+/// Lowers this session's `idle_session_timeout` and
+/// `idle_in_transaction_session_timeout` to `timeout` where they are off or
+/// longer, for as long as the session lives.
+fn bound_silence(timeout: std::time::Duration) -> Result<(), LeaseError> {
+    let ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
+    for setting in [
+        "idle_session_timeout",
+        "idle_in_transaction_session_timeout",
+    ] {
+        Spi::run_with_args(
+            "SELECT pg_catalog.set_config($1, $2::text, false)
+              WHERE pg_catalog.current_setting($1)::pg_catalog.interval
+                    OPERATOR(pg_catalog.=) '0'::pg_catalog.interval
+                 OR pg_catalog.current_setting($1)::pg_catalog.interval
+                    OPERATOR(pg_catalog.>) pg_catalog.make_interval(secs => $2 / 1000.0)",
+            &[DatumWithOid::from(setting), DatumWithOid::from(ms)],
+        )?;
+    }
+    Ok(())
+}
+
+/// [`take`] without looking at the holder's health.
+fn try_take(kind: Kind, name: &str, stream: &str) -> Result<Option<i32>, LeaseError> {
     let key = key(kind, name, stream);
     let tag = locks::lease_tag(key);
     let mode = pg_sys::ExclusiveLock as pg_sys::LOCKMODE;
