@@ -418,6 +418,20 @@ fn judged_by_the_row(code: &str) -> bool {
     )
 }
 
+/// Whether a failed request or connect is the bus refusing the bridge itself
+/// (its credentials, its permissions, the request as such: an HTTP 4xx, Redis
+/// NOPERM), which waiting does not cure: `sink_refusing` says so.
+fn refuses_the_bridge(error: &SinkError) -> bool {
+    matches!(
+        error,
+        SinkError::Config { .. }
+            | SinkError::Unavailable {
+                permanent: true,
+                ..
+            }
+    )
+}
+
 /// How many rounds in a row refused rows with nothing delivered after them are
 /// read again before they are set aside (about 1.75 s of refusal delays).
 const DEFER_ROUNDS: u32 = 3;
@@ -530,9 +544,17 @@ async fn ensure_sink(
                 }
                 state.sink = Some(sink);
                 metrics.sink_stalled.set(0);
+                if state.breaker.is_none() {
+                    // The bus took the bridge's credentials again; a breaker
+                    // waits for a row to go through.
+                    metrics.sink_refusing.set(0);
+                }
             }
             Err(error) => {
                 metrics.sink_stalled.set(1);
+                if refuses_the_bridge(&error) {
+                    metrics.sink_refusing.set(1);
+                }
                 let failure = SinkFailure::Connecting {
                     error,
                     sink: &config.sink.sink,
@@ -847,6 +869,9 @@ async fn deliver(
                 Ok(s) => state.sink = Some(s),
                 Err(error) => {
                     metrics.sink_stalled.set(1);
+                    if refuses_the_bridge(&error) {
+                        metrics.sink_refusing.set(1);
+                    }
                     let failure = SinkFailure::Connecting {
                         error,
                         sink: &config.sink.sink,
@@ -903,8 +928,8 @@ async fn deliver(
                 state.deferrals = 0;
                 if let Some(code) = state.breaker.take() {
                     tracing::info!(code = %code, "the bus takes the bridge's rows again: delivery resumes");
-                    metrics.sink_refusing.set(0);
                 }
+                metrics.sink_refusing.set(0);
                 metrics.published(part);
                 metrics.sink_stalled.set(0);
                 state.sink_checked = Some(Instant::now());
@@ -979,6 +1004,9 @@ async fn deliver(
             Err(error) => {
                 state.sink = None;
                 metrics.sink_stalled.set(1);
+                if refuses_the_bridge(&error) {
+                    metrics.sink_refusing.set(1);
+                }
                 wait_out(
                     driver,
                     &SinkFailure::Publishing { error, part },
@@ -1005,8 +1033,8 @@ async fn deliver(
                 state.deferrals = 0;
                 if let Some(code) = state.breaker.take() {
                     tracing::info!(code = %code, "the bus takes the bridge's rows again: delivery resumes");
-                    metrics.sink_refusing.set(0);
                 }
+                metrics.sink_refusing.set(0);
             }
             if judged_by_the_row(&code) {
                 // The sink measured this row itself against a limit the bus

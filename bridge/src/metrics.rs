@@ -46,8 +46,9 @@ pub struct Metrics {
     /// away or blocking publishers) and tries it again, 0 once the sink takes it.
     pub sink_stalled: Gauge,
     /// 1 while the bus refuses the bridge rather than its rows (the breaker:
-    /// different rows refused with the same code and none taken between them),
-    /// 0 once it takes a row again.
+    /// different rows refused with the same code and none taken between them;
+    /// or its credentials, its permissions, the request as such), 0 once it
+    /// takes a row again.
     pub sink_refusing: Gauge,
     /// 1 while the broker blocks the bridge's publishing (RabbitMQ
     /// `connection.blocked`, a memory or disk alarm).
@@ -99,9 +100,10 @@ impl Metrics {
             "sink_refusing",
             "1 while the bus refuses the bridge rather than its rows (different rows refused \
              with the same code and none taken between them: revoked permissions or \
-             credentials, an ACL for every subject, a limit below every message); egress \
-             stalls at its position, sets nothing aside and asks again at the longest \
-             backoff; 0 once the bus takes a row",
+             credentials, an ACL for every subject, a limit below every message; or the \
+             bridge's credentials, or the request as such: an HTTP 4xx, Redis NOPERM); \
+             egress stalls at its position, sets nothing aside and asks again at the \
+             longest backoff; 0 once the bus takes a row",
             sink_refusing.clone(),
         );
         registry.register(

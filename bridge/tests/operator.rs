@@ -1758,3 +1758,51 @@ fn watch_with_refused_credentials_ends_with_78() {
     assert_eq!(exit, Some(78), "{stderr}");
     assert!(!stderr.contains("AMQPError {"), "{stderr}");
 }
+
+/// Item 7: a receiver that starts answering 403 to every request after a good
+/// start refuses the bridge itself: nothing set aside, the position kept,
+/// `sink_refusing` 1 and /readyz 503 until it answers 200 again, then
+/// `sink_refusing` 0 and every row delivered. 211056c had no such gauge.
+#[test]
+fn a_receiver_refusing_every_request_shows_as_refusing() {
+    use std::sync::atomic::Ordering;
+    let db = TestDb::new("forbidden");
+    let receiver = common::buses::Receiver::start();
+    let metrics_port = free_port();
+    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+    let mut bridge = Bridge::egress(
+        &db,
+        "forbidden",
+        &receiver.url(),
+        &["--metrics-addr", &metrics_addr],
+        &[],
+    );
+    let mut c = db.client();
+    insert(&mut c, 1, 1);
+    wait_for_bridge(&bridge, "a good start", Duration::from_secs(20), || {
+        lag(&db, "forbidden") == 0
+    });
+    receiver.status.store(403, Ordering::Relaxed);
+    for seq in 2..=6 {
+        insert(&mut c, 1, seq);
+    }
+    wait_for_bridge(
+        &bridge,
+        "refusing while the receiver answers 403",
+        Duration::from_secs(20),
+        || metric(&try_scrape(metrics_port), "envelopes_bridge_sink_refusing") == 1.0,
+    );
+    assert_eq!(http_get(metrics_port, "/readyz").0, 503);
+    assert_eq!(db.int8("SELECT count(*) FROM envelopes.dead_letters"), 0);
+    assert_eq!(lag(&db, "forbidden"), 5);
+    receiver.status.store(200, Ordering::Relaxed);
+    wait_for_bridge(&bridge, "delivery", Duration::from_secs(30), || {
+        lag(&db, "forbidden") == 0
+    });
+    assert_eq!(
+        metric(&scrape(metrics_port), "envelopes_bridge_sink_refusing"),
+        0.0
+    );
+    assert_eq!(db.int8("SELECT count(*) FROM envelopes.dead_letters"), 0);
+    assert_eq!(bridge.terminate().code(), Some(0));
+}
