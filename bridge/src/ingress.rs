@@ -145,6 +145,11 @@ pub async fn run(
                 // works again.
                 driver.metrics().sink_stalled.set(1);
             }
+            if let Err(Failure::BusConfig(..)) = &result {
+                // The source refuses ingress itself (its credentials, its
+                // stream or subject).
+                driver.metrics().sink_refusing.set(1);
+            }
             result
         })
         .await?;
@@ -349,6 +354,7 @@ async fn session(config: &IngressConfig, driver: &mut Driver) -> Result<(), Fail
                 )));
             }
             metrics.sink_stalled.set(0);
+            metrics.sink_refusing.set(0);
             driver.worked(); // a whole round worked
             continue;
         }
@@ -425,6 +431,7 @@ async fn session(config: &IngressConfig, driver: &mut Driver) -> Result<(), Fail
         }
         metrics.ingested.inc_by(stored as u64);
         metrics.sink_stalled.set(0);
+        metrics.sink_refusing.set(0);
         driver.worked();
         crash::reached("after_commit");
         // The position is committed: now the bus may forget the batch's messages

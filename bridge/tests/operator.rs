@@ -1806,3 +1806,123 @@ fn a_receiver_refusing_every_request_shows_as_refusing() {
     assert_eq!(db.int8("SELECT count(*) FROM envelopes.dead_letters"), 0);
     assert_eq!(bridge.terminate().code(), Some(0));
 }
+
+/// Item 1, ingress: credentials revoked after a good start (the server's
+/// configuration reloaded with another password for ingress' user) make
+/// ingress not ready and `sink_refusing` 1, retried at the longest backoff
+/// (it worked before: no exit); the old password restored, it is ready again
+/// by itself.
+#[test]
+fn ingress_credentials_revoked_after_a_good_start_show_and_heal() {
+    let dir = std::env::temp_dir().join(unique("revoke_in"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("nats.conf");
+    let store = dir.join("store");
+    let write_conf = |password: &str| {
+        std::fs::write(
+            &conf,
+            format!(
+                "jetstream {{ store_dir: {store:?} }}
+                 authorization {{ users: [ {{ user: ingress, password: {password} }} ] }}\n"
+            ),
+        )
+        .unwrap();
+    };
+    write_conf("rightpw");
+    let port = free_port();
+    let server = Killed(
+        std::process::Command::new("nats-server")
+            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-c"])
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("nats.log")).unwrap())
+            .spawn()
+            .expect("start nats-server"),
+    );
+    wait_for_port(port);
+    let reload = || {
+        let status = std::process::Command::new("kill")
+            .args(["-HUP", &server.0.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    let url = format!("nats://127.0.0.1:{port}");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let client =
+            async_nats::ConnectOptions::with_user_and_password("ingress".into(), "rightpw".into())
+                .connect(&url)
+                .await
+                .unwrap();
+        async_nats::jetstream::new(client)
+            .create_stream(async_nats::jetstream::stream::Config {
+                name: "REVOKEIN".into(),
+                subjects: vec!["revokein.>".into()],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    });
+    let db = TestDb::new("revokein2");
+    let metrics_port = free_port();
+    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+    let log = std::env::temp_dir().join(format!("{}.log", unique("ingress")));
+    let mut cmd = bridge_command(&[
+        "ingress",
+        "--database-url",
+        &db.url(),
+        "--name",
+        "in",
+        "--source",
+        &url,
+        "--nats-stream",
+        "REVOKEIN",
+        "--subject-prefix",
+        "revokein",
+        "--nats-user",
+        "ingress",
+        "--nats-password",
+        "rightpw",
+        "--metrics-addr",
+        &metrics_addr,
+    ]);
+    cmd.stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    let mut bridge = Bridge {
+        child: cmd.spawn().unwrap(),
+        log,
+    };
+    let ready = || http_get(metrics_port, "/readyz").0;
+    wait_for_bridge(&bridge, "ingress ready", Duration::from_secs(20), || {
+        ready() == 200
+    });
+    write_conf("otherpw");
+    reload();
+    wait_for_bridge(
+        &bridge,
+        "refusing once the password is revoked",
+        Duration::from_secs(30),
+        || metric(&try_scrape(metrics_port), "envelopes_bridge_sink_refusing") == 1.0,
+    );
+    assert_eq!(ready(), 503);
+    assert!(
+        bridge.child.try_wait().unwrap().is_none(),
+        "it worked before: no exit"
+    );
+    write_conf("rightpw");
+    reload();
+    wait_for_bridge(
+        &bridge,
+        "ready again once the password is back",
+        Duration::from_secs(30),
+        || ready() == 200,
+    );
+    assert_eq!(
+        metric(&scrape(metrics_port), "envelopes_bridge_sink_refusing"),
+        0.0
+    );
+    assert_eq!(bridge.terminate().code(), Some(0));
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
