@@ -15,6 +15,7 @@ pub mod acl;
 pub mod catalog;
 pub mod definer;
 pub mod executor;
+pub mod heap_writer;
 pub mod invalidation;
 pub mod locks;
 pub mod rel;

@@ -21,7 +21,6 @@
 //! the SQL statements below, a data-modifying CTE per call, with its own plans
 //! for late rows.
 
-#[allow(unsafe_code)] // still to move behind src/pg (issue 44)
 mod direct;
 mod leaf;
 
