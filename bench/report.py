@@ -83,6 +83,16 @@ ABSOLUTE = [
 
 # (comparison, numerator variant, denominator variant, goal, "higher"/"lower", what)
 RATIOS = [
+    # Issue 42: the acknowledging sinks against the JSONL file, side by side in
+    # one run (bench/run.sh sinks).
+    *[(comparison, sink, "jsonl", goal, direction, f"{what}, {label} / JSONL file")
+      for sink, label in (("mqtt", "MQTT QoS 1 (mosquitto's defaults: 20 in flight, Nagle on)"),
+                          ("mqtt_nodelay", "MQTT QoS 1 (mosquitto set_tcp_nodelay true)"),
+                          ("mqtt_tuned", "MQTT QoS 1 (mosquitto set_tcp_nodelay true, 1,000 in flight)"),
+                          ("rabbitmq", "RabbitMQ with publisher confirms"))
+      for comparison, goal, direction, what in (
+          ("sinks_drain", 0.7, "higher", "drain rate of a 1,000-row-batch backlog"),
+          ("sinks_p50_ms", 1.5, "lower", "commit -> consumer p50 at 1,000 commits/s"))],
     ("lagquery_drain", "on", "off", 0.97, "higher",
      "bridge drain rate with its lag query after every round / every 5 s (200,000 rows, 100 originators, jsonl:/dev/null)"),
     # What refused rows cost the rest: an unrelated originator's p99 with refused

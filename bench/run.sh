@@ -607,7 +607,29 @@ for durability in off on; do
         # envelopes/s; (2) commit -> consumer latency at 1,000 single-row commits a
         # second. A fresh database per sink and run; the sinks' order rotates.
         if $quick; then backlog=20000; else backlog=100000; fi
-        sinks=(jetstream redis mqtt rabbitmq webhook jsonl)
+        # mqtt is the shared mosquitto with its defaults: max_inflight_messages
+        # 20, announced as the Receive Maximum (at most 20 QoS 1 PUBLISHes
+        # await their PUBACK), and set_tcp_nodelay false (its PUBACKs and
+        # deliveries wait behind Nagle's algorithm for the peer's delayed ACK).
+        # Two private mosquittos show what each costs: mqtt_nodelay sets
+        # set_tcp_nodelay true only; mqtt_tuned also raises max_inflight_messages
+        # to 1,000 (and max_queued_messages, so that the probe's own QoS 1
+        # subscription drops nothing).
+        mqtt_pids=() mqtt_dirs=()
+        for variant in nodelay tuned; do
+            mport=$(free_port) mdir="$ENVELOPES_TMP/mqtt-$variant"
+            rm -rf "$mdir"; install -d "$mdir"
+            {
+                printf 'listener %s 127.0.0.1\nallow_anonymous true\nuser root\npersistence false\n' "$mport"
+                echo "set_tcp_nodelay true"
+                if [ "$variant" = tuned ]; then printf 'max_inflight_messages 1000\nmax_queued_messages 200000\n'; fi
+            } >"$mdir/m.conf"
+            mosquitto -c "$mdir/m.conf" >"$mdir/log" 2>&1 &
+            mqtt_pids+=($!) mqtt_dirs+=("$mdir")
+            for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$mport") 2>/dev/null && break; sleep 0.1; done
+            if [ "$variant" = nodelay ]; then mqtt_nodelay_port=$mport; else mqtt_tuned_port=$mport; fi
+        done
+        sinks=(jetstream redis mqtt mqtt_nodelay mqtt_tuned rabbitmq webhook jsonl)
         for run in $(seq "$RUNS"); do
             for i in "${!sinks[@]}"; do
                 sink_name=${sinks[$(((i + run) % ${#sinks[@]}))]}
@@ -618,6 +640,8 @@ for durability in off on; do
                     redis) sink=redis://127.0.0.1:6379; sink_args+=(--redis-stream "$name")
                         probe_args=(--redis-stream "$name"); leftover=$name ;;
                     mqtt) sink=mqtt://127.0.0.1:1883 ;;
+                    mqtt_nodelay) sink=mqtt://127.0.0.1:$mqtt_nodelay_port ;;
+                    mqtt_tuned) sink=mqtt://127.0.0.1:$mqtt_tuned_port ;;
                     rabbitmq) sink="amqp://guest:guest@127.0.0.1:5672/%2f"
                         sink_args+=(--amqp-exchange "$name"); probe_args=(--amqp-exchange "$name")
                         leftover=$name ;;
@@ -669,6 +693,8 @@ for durability in off on; do
                 sql postgres -q -c "DROP DATABASE $db WITH (FORCE)"
             done
         done
+        kill "${mqtt_pids[@]}" 2>/dev/null; wait "${mqtt_pids[@]}" 2>/dev/null || true
+        rm -rf "${mqtt_dirs[@]}"
     fi
 
     if selected refusals && [ "$durability" = off ]; then

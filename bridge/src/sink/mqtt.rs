@@ -29,6 +29,7 @@ use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::{
     AsyncClient, ConnectionError, Event, EventLoop, MqttOptions, Request, StateError,
 };
+use rumqttc::NetworkOptions;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -277,6 +278,15 @@ impl Mqtt {
     async fn open(&self) -> Result<Session, SinkError> {
         let mut options = MqttOptions::new(&self.client_id, &self.host, self.port);
         options.set_keep_alive(KEEP_ALIVE);
+        // Each PUBLISH leaves at once (TCP_NODELAY): with Nagle's algorithm,
+        // the client's default, a PUBLISH written while an earlier segment is
+        // unacknowledged waits for that ACK, and with the broker's Receive
+        // Maximum (mosquitto: 20) the next PUBLISHes of a batch are written
+        // exactly then, one per PUBACK (bench/RESULTS.md, run `sinks`).
+        let mut network = NetworkOptions::new();
+        network.set_tcp_nodelay(true);
+        network.set_connection_timeout(CONNECT_TIMEOUT.as_secs());
+        options.set_network_options(network);
         if let Some(user) = &self.username {
             options.set_credentials(user.clone(), self.password.clone().unwrap_or_default());
         }
