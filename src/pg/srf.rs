@@ -106,7 +106,15 @@ pub struct Materialized {
     /// Forms the rows itself when the result type allows it (see [`Former`]);
     /// otherwise `tuplestore_putvalues` does.
     former: Option<Former>,
+    /// The result's column types (the first [`MAX_CHECKED`]), read once, and
+    /// its number of columns: what [`Materialized::put_cells`] checks each row
+    /// against.
+    types: [pg_sys::Oid; MAX_CHECKED],
+    natts: usize,
 }
+
+/// Result columns whose types `put_cells` checks (the widest result here has 7).
+const MAX_CHECKED: usize = 8;
 
 impl Materialized {
     /// Sets the call up to return a tuplestore of the function's result type.
@@ -133,11 +141,19 @@ impl Materialized {
             pg_sys::InitMaterializedSRF(fcinfo, flags as pg_sys::bits32);
             let rsinfo: *mut pg_sys::ReturnSetInfo = (*fcinfo).resultinfo.cast();
             use_kept_result(rsinfo);
+            let desc = (*rsinfo).setDesc;
+            let natts = (*desc).natts as usize;
+            let mut types = [pg_sys::InvalidOid; MAX_CHECKED];
+            for (i, typ) in types.iter_mut().enumerate().take(natts) {
+                *typ = (*(*desc).attrs.as_ptr().add(i)).atttypid;
+            }
             Materialized {
                 rsinfo,
                 len: 0,
                 scratch: None,
-                former: Former::for_desc((*rsinfo).setDesc),
+                former: Former::for_desc(desc),
+                types,
+                natts,
             }
         }
     }
@@ -209,19 +225,17 @@ impl Materialized {
     /// error (XX000): the code and the function's definition disagree.
     /// Scanned values are stored as they are (no copy but the tuplestore's
     /// own); bytes and times are made into datums in a scratch context first.
+    #[inline]
     pub fn put_cells<const N: usize>(&mut self, cells: [Field<'_>; N]) {
         let mut values = [Datum::from(0); N];
         let mut nulls = [false; N];
         let mut built = false;
-        // SAFETY: rsinfo and its descriptor were set up in begin() and live for
-        // the whole query; attrs has natts entries.
-        let natts = unsafe { (*(*self.rsinfo).setDesc).natts as usize };
-        if natts != N {
+        if self.natts != N || N > MAX_CHECKED {
+            let natts = self.natts;
             self.mismatch(format!("a row of {N} columns for a result of {natts}"));
         }
         for (i, cell) in cells.iter().enumerate() {
-            // SAFETY: as above; i < natts.
-            let column = unsafe { (*(*(*self.rsinfo).setDesc).attrs.as_ptr().add(i)).atttypid };
+            let column = self.types[i];
             let wanted = match cell {
                 Field::Null => {
                     nulls[i] = true;

@@ -509,6 +509,7 @@ impl Scan {
     /// The datum of column `attno` of the current row as it sits in the slot
     /// (`None` for NULL), deforming the row if needed: no copy, valid until the
     /// next call to [`Scan::next`].
+    #[inline]
     pub fn value(&self, attno: i32) -> Option<Datum> {
         // SAFETY: the slot holds the row returned by the last successful next();
         // attno came from attno() and is within the slot's descriptor, so after
@@ -529,6 +530,7 @@ impl Scan {
     /// Like [`Scan::value`] for a varlena column, detoasted (fetched from TOAST
     /// or decompressed, into this scan's scratch context) when it is not stored
     /// plainly in the row: valid until the next call to [`Scan::next`].
+    #[inline]
     fn flat_value(&self, attno: i32) -> Option<Datum> {
         let datum = self.value(attno)?;
         let ptr = datum.cast_mut_ptr::<pg_sys::varlena>();
@@ -573,6 +575,7 @@ impl Scan {
     /// Column `attno` of the current row as a [`Value`] that borrows the scan
     /// (so it cannot outlive the row), `None` for NULL. A varlena column is
     /// detoasted first (see [`Scan::flat_value`]): a value is always flat.
+    #[inline]
     pub fn cell(&self, attno: i32) -> Option<Value<'_>> {
         // SAFETY: attno came from attno() and is within the slot's descriptor
         // (value() relies on the same); the attribute's type and length are
