@@ -1231,3 +1231,77 @@ fn pruning_inside_a_partly_read_entry_skips_nothing() {
     let expected: BTreeSet<(i32, i64)> = (6..=20).chain([1_000]).map(|s| (14, s)).collect();
     assert_once(&rest, &expected, "after pruning");
 }
+
+/// consumer_lag counts rows: gaps between ids, a rolled-back insert's ids and a
+/// first id far above 1 count nothing, late rows count once (in the late feed,
+/// not again in order), over many originators (most caught up, a few behind) and
+/// after a partial acknowledgement; each time it equals the rows the consumer
+/// then drains, and 0 once it has drained them.
+#[test]
+fn consumer_lag_counts_the_rows_it_will_hand_out() {
+    let db = TestDb::new("lag_rows");
+    let mut c = db.connect();
+    register(&mut c, "lag");
+    // 300 originators, one row each (100 new ones a call: the partitions a
+    // call may create), and the consumer catches up with them.
+    for first in [1, 101, 201] {
+        c.execute(
+            "SELECT envelopes.insert_gateway_envelopes(array_agg(g::int), array_agg(1::bigint),
+                 array_agg('\\x01'::bytea), array_agg('\\x02'::bytea))
+               FROM generate_series($1::int, $1::int + 99) g",
+            &[&first],
+        )
+        .unwrap();
+    }
+    let lag = |c: &mut Client| -> i64 {
+        c.query_one("SELECT envelopes.consumer_lag('lag')", &[])
+            .unwrap()
+            .get(0)
+    };
+    assert_eq!(lag(&mut c), 300);
+    let drained = drain_envelopes(&mut c, "lag");
+    assert_eq!(drained.len(), 300);
+    assert_eq!(lag(&mut c), 0);
+    // Gaps: every third id of originator 7 from 10 to 3,000; a first id of
+    // 1,500,000 on 8; a rolled-back batch on 9; late rows below 7's highest.
+    c.execute(
+        "SELECT envelopes.insert_gateway_envelopes(array_agg(7), array_agg(s::bigint),
+             array_agg('\\x01'::bytea), array_agg('\\x02'::bytea))
+           FROM generate_series(10, 3000, 3) s",
+        &[],
+    )
+    .unwrap();
+    insert(&mut c, 8, 1_500_000);
+    let mut t = c.transaction().unwrap();
+    t.execute(
+        "SELECT envelopes.insert_gateway_envelopes(array_agg(9), array_agg(s::bigint),
+             array_agg('\\x01'::bytea), array_agg('\\x02'::bytea))
+           FROM generate_series(2, 500) s",
+        &[],
+    )
+    .unwrap();
+    t.rollback().unwrap();
+    c.execute(
+        "SELECT envelopes.insert_gateway_envelopes(array_agg(7), array_agg(s::bigint),
+             array_agg('\\x01'::bytea), array_agg('\\x02'::bytea))
+           FROM generate_series(11, 200, 3) s",
+        &[],
+    )
+    .unwrap();
+    let gaps = (10..=3000).step_by(3).count() as i64;
+    let late = (11..=200).step_by(3).count() as i64;
+    let expected = gaps + 1 + late;
+    assert_eq!(lag(&mut c), expected);
+    // A partial acknowledgement: the lag is what is left.
+    let batch = envelope_batch(&mut c, "lag", 250).expect("envelope batch");
+    envelope_ack(&mut c, "lag", &batch).expect("envelope ack");
+    let left = lag(&mut c);
+    assert_eq!(left, expected - batch.len() as i64);
+    let rest = drain_envelopes_in(&mut c, "lag", 100);
+    assert_eq!(rest.len() as i64, left);
+    assert_eq!(lag(&mut c), 0);
+    // Outbox rows add to it.
+    c.execute("SELECT envelopes.publish('s', '\\x01')", &[])
+        .unwrap();
+    assert_eq!(lag(&mut c), 1);
+}

@@ -8,7 +8,7 @@ use crate::store::feed::clock;
 use crate::store::feed::late::Positions;
 use crate::store::feed::markers::Drawn;
 use crate::store::feed::{Gate, Sample};
-use crate::store::partition;
+use crate::store::partition::{self, PartitionError};
 use crate::store::read::{self, Blobs, EnvelopeRow, Flow};
 use pgrx::datum::{DatumWithOid, TimestampWithTimeZone};
 use pgrx::pg_sys;
@@ -289,15 +289,11 @@ fn count_pending(
 ) -> Result<(i64, Option<TimestampWithTimeZone>), ConsumerError> {
     let mut pending = 0i64;
     let mut oldest: Option<TimestampWithTimeZone> = None;
-    let mut older = |t: TimestampWithTimeZone| {
-        if oldest.is_none_or(|o| t < o) {
-            oldest = Some(t);
-        }
-    };
     let ceiling = gate.drawn_ceiling(Drawn::Late);
     late::late_rows(known.late_id, ceiling, gate.rows(), Blobs::None, |late| {
         pending += 1;
-        older(late.recorded_at.unwrap_or(late.row.gateway_time));
+        let t = late.recorded_at.unwrap_or(late.row.gateway_time);
+        oldest = Some(oldest.map_or(t, |o| o.min(t)));
         true
     })?;
     for &node in nodes {
@@ -306,25 +302,74 @@ fn count_pending(
                 continue;
             }
         }
-        let Some(ceiling) = gate.envelope_ceiling(node)? else {
-            continue;
-        };
-        read::originator_rows(
-            node,
-            known.cursor_of(node),
-            ceiling,
-            gate.rows(),
-            Blobs::None,
-            |row| {
-                if !row.late {
-                    pending += 1;
-                    older(row.gateway_time);
-                }
-                Flow::Continue
-            },
-        )?;
+        let (rows, first) = count_in_order(node, known.cursor_of(node), gate)?;
+        pending += rows;
+        if let Some(t) = first {
+            oldest = Some(oldest.map_or(t, |o| o.min(t)));
+        }
     }
     Ok((pending, oldest))
+}
+
+/// What a count of one originator's in-order rows has seen up to some row.
+#[derive(Clone, Copy, Default)]
+struct Tally {
+    rows: i64,
+    /// The oldest `gateway_time` counted, as kept (see [`read::At::gateway_time_raw`]).
+    oldest: Option<i64>,
+}
+
+/// `node`'s in-order rows after `after` up to its ceiling through `gate` (as
+/// [`Gate::envelope_ceiling`] sets it), and the oldest one's time, in one read
+/// of its meta bands without their blobs: the ceiling is the last row read
+/// whose transaction had ended before the markers were listed (the highest
+/// committed row [`Gate::envelope_ceiling`] looks for with the snapshot taken
+/// then), below every marker of the originator and at most what the high-water
+/// marks covered ([`Gate::cap`], which raises the marks when it holds rows
+/// back). One index range per originator, its locks and no second read.
+fn count_in_order(
+    node: i32,
+    after: i64,
+    gate: &Gate,
+) -> Result<(i64, Option<TimestampWithTimeZone>), ConsumerError> {
+    let upto = gate.markers.envelope_limit(node).unwrap_or(i64::MAX);
+    let covered = gate.covered(node);
+    let mut seen = Tally::default();
+    // Up to the last settled row read; and up to the last row at or below
+    // what the marks covered.
+    let mut at_settled = Tally::default();
+    let mut last_settled: Option<i64> = None;
+    let mut at_covered = Tally::default();
+    read::walk_originator(node, after, upto, gate.rows(), Blobs::None, |mut at| {
+        if !at.late() {
+            seen.rows += 1;
+            let t = at.gateway_time_raw()?;
+            seen.oldest = Some(seen.oldest.map_or(t, |o| o.min(t)));
+        }
+        if at.seq <= covered {
+            at_covered = seen;
+        }
+        if gate.settled(at.inserted_xid()?) {
+            at_settled = seen;
+            last_settled = Some(at.seq);
+        }
+        Ok(Flow::Continue)
+    })?;
+    let Some(last) = last_settled else {
+        return Ok((0, None));
+    };
+    let counted = if gate.cap(node, last) < last {
+        // Rows above the marks wait for the next gate (which counts them).
+        at_covered
+    } else {
+        at_settled
+    };
+    let oldest = counted
+        .oldest
+        .map(TimestampWithTimeZone::try_from)
+        .transpose()
+        .map_err(|_| PartitionError::Catalog("a gateway_time out of range"))?;
+    Ok((counted.rows, oldest))
 }
 
 /// What an acknowledgement moved: rows acknowledged, and their first and last

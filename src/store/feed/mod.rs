@@ -276,6 +276,12 @@ impl Gate {
         covered
     }
 
+    /// The highest sequence id of `node` the high-water marks covered when the
+    /// gate was opened: [`Gate::cap`] hands out nothing above it.
+    pub fn covered(&self, node: i32) -> i64 {
+        self.coverage.of(node)
+    }
+
     /// Whether [`Gate::cap`] held a row back: a gate opened now hands it out.
     pub fn held(&self) -> bool {
         self.held.get()

@@ -142,6 +142,28 @@ pub struct At<'a> {
 }
 
 impl At<'_> {
+    /// Whether the row was recorded in the late-envelope feed.
+    pub fn late(&self) -> bool {
+        self.cols
+            .late
+            .and_then(|c| self.meta.raw(c))
+            .is_some_and(|d| d.value() != 0)
+    }
+
+    /// The inserting top-level transaction (`inserted_xid`).
+    pub fn inserted_xid(&mut self) -> Result<u64, PartitionError> {
+        xid8(self.meta, self.cols.inserted_xid)
+    }
+
+    /// The row's `gateway_time` as Postgres keeps it (microseconds since
+    /// 2000-01-01 UTC, ordered as the times are), read without a copy.
+    pub fn gateway_time_raw(&self) -> Result<i64, PartitionError> {
+        self.meta
+            .raw(self.cols.gateway_time)
+            .map(|d| d.value() as i64)
+            .ok_or_else(missing)
+    }
+
     /// The row copied out as an [`EnvelopeRow`].
     pub fn copy_out(&mut self) -> Result<EnvelopeRow, PartitionError> {
         let mut row = meta_row(self.meta, self.cols, self.node)?;
@@ -196,8 +218,13 @@ pub fn walk_originator(
     let Some(meta) = partition::originator_parts(Table::Meta, node)? else {
         return Ok(true);
     };
-    let Some(blob) = partition::originator_parts(Table::Blob, node)? else {
-        return Ok(true);
+    // A count reads no bytes: no blob band is opened (nor locked) at all.
+    let blob = match blobs_wanted {
+        Blobs::None => None,
+        _ => match partition::originator_parts(Table::Blob, node)? {
+            Some(blob) => Some(blob),
+            None => return Ok(true),
+        },
     };
     for (bound, leaf) in &meta.bands {
         if bound
@@ -215,8 +242,10 @@ pub fn walk_originator(
             continue; // dropped (by prune_expired) after it was listed: it was empty
         };
         let cols = MetaColumns::of(&metas)?;
-        let mut blobs = aligned(&blob.bands, bound)
-            .and_then(|b| Scan::open_band(b, reading, range, false, blob.path(b)))
+        let mut blobs = blob
+            .as_ref()
+            .and_then(|blob| aligned(&blob.bands, bound).map(|b| (blob, b)))
+            .and_then(|(blob, b)| Scan::open_band(b, reading, range, false, blob.path(b)))
             .and_then(|scan| {
                 let envelope = scan.attno("originator_envelope")?;
                 let seq = scan.attno("originator_sequence_id")?;
@@ -271,7 +300,10 @@ pub fn walk_originator(
                     found
                 }
                 None => {
-                    fallback = blob_of(&blob, node, seq, reading);
+                    let Some(blob) = &blob else {
+                        continue; // not reached: Blobs::None skipped every blob above
+                    };
+                    fallback = blob_of(blob, node, seq, reading);
                     fallback.as_mut().and_then(|(scan, col)| scan.cell(*col))
                 }
             };
