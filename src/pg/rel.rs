@@ -73,31 +73,36 @@ impl Rel {
 pub struct TableFacts {
     /// `pg_class.relkind`.
     pub kind: u8,
-    /// Its table access method's oid and name.
+    /// Its table access method.
     pub access_method: Oid,
-    pub access_method_name: String,
 }
 
 impl Rel {
     /// The relation's kind and access method.
     pub fn table_facts(&self) -> TableFacts {
         // SAFETY: the relation is open (or referenced) while self lives; its
-        // pg_class form is read, and the access method's name copied.
+        // pg_class form is read.
         unsafe {
             let form = (*self.rel).rd_rel;
-            let access_method = (*form).relam;
-            let name = pg_sys::get_am_name(access_method);
-            let access_method_name = if name.is_null() {
-                access_method.to_u32().to_string()
-            } else {
-                std::ffi::CStr::from_ptr(name)
-                    .to_string_lossy()
-                    .into_owned()
-            };
             TableFacts {
                 kind: (*form).relkind as u8,
-                access_method,
-                access_method_name,
+                access_method: (*form).relam,
+            }
+        }
+    }
+
+    /// The name of the relation's table access method (its oid when it has
+    /// none), from the syscache.
+    pub fn access_method_name(&self) -> String {
+        let access_method = self.table_facts().access_method;
+        // SAFETY: get_am_name returns a palloc'd copy of the name, or NULL; it
+        // is copied here.
+        unsafe {
+            let name = pg_sys::get_am_name(access_method);
+            if name.is_null() {
+                access_method.to_u32().to_string()
+            } else {
+                std::ffi::CStr::from_ptr(name).to_string_lossy().into_owned()
             }
         }
     }

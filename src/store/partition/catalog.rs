@@ -195,7 +195,7 @@ pub fn direct_lacks(rel: &Rel, table: Table) -> Option<Lacks> {
         other => return Some(Lacks::NotATable(other as char)),
     }
     if facts.access_method != pg_sys::HEAP_TABLE_AM_OID || !scan::can_read(rel) {
-        return Some(Lacks::AccessMethod(facts.access_method_name));
+        return Some(Lacks::AccessMethod(rel.access_method_name()));
     }
     if !scan::primary_key_serves(rel, scan::ENVELOPE_KEY) {
         return Some(Lacks::PrimaryKey);
