@@ -102,7 +102,9 @@ impl Rel {
             if name.is_null() {
                 access_method.to_u32().to_string()
             } else {
-                std::ffi::CStr::from_ptr(name).to_string_lossy().into_owned()
+                std::ffi::CStr::from_ptr(name)
+                    .to_string_lossy()
+                    .into_owned()
             }
         }
     }
