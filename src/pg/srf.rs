@@ -225,7 +225,7 @@ impl Materialized {
     /// error (XX000): the code and the function's definition disagree.
     /// Scanned values are stored as they are (no copy but the tuplestore's
     /// own); bytes and times are made into datums in a scratch context first.
-    #[inline]
+    #[inline(always)]
     pub fn put_cells<const N: usize>(&mut self, cells: [Field<'_>; N]) {
         let mut values = [Datum::from(0); N];
         let mut nulls = [false; N];

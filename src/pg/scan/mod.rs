@@ -575,7 +575,7 @@ impl Scan {
     /// Column `attno` of the current row as a [`Value`] that borrows the scan
     /// (so it cannot outlive the row), `None` for NULL. A varlena column is
     /// detoasted first (see [`Scan::flat_value`]): a value is always flat.
-    #[inline]
+    #[inline(always)]
     pub fn cell(&self, attno: i32) -> Option<Value<'_>> {
         // SAFETY: attno came from attno() and is within the slot's descriptor
         // (value() relies on the same); the attribute's type and length are
