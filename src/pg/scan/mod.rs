@@ -530,7 +530,7 @@ impl Scan {
     /// Like [`Scan::value`] for a varlena column, detoasted (fetched from TOAST
     /// or decompressed, into this scan's scratch context) when it is not stored
     /// plainly in the row: valid until the next call to [`Scan::next`].
-    #[inline]
+    #[inline(always)]
     fn flat_value(&self, attno: i32) -> Option<Datum> {
         let datum = self.value(attno)?;
         let ptr = datum.cast_mut_ptr::<pg_sys::varlena>();
