@@ -67,6 +67,14 @@ const BUFFERED_BYTES: usize = 65535;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Table(usize);
 
+impl Table {
+    /// Its position among the inserter's tables (0, 1, ...), for a caller's own
+    /// per-table state.
+    pub fn index(self) -> usize {
+        self.0
+    }
+}
+
 /// One table opened for inserting.
 struct Open {
     oid: pg_sys::Oid,

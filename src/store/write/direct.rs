@@ -41,7 +41,6 @@ use crate::store::partition::band::Table;
 use crate::store::partition::cache::Route;
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
-use std::collections::HashMap;
 
 impl From<WriteError> for DirectError {
     fn from(error: WriteError) -> DirectError {
@@ -81,9 +80,9 @@ pub struct Writer {
     /// `late_envelopes`, its id sequence and its layout, opened on the first
     /// late row.
     late: Option<(Opened, pg_sys::Oid, late::Layout)>,
-    /// Per blob leaf, the keys of one originator it held from some sequence id
-    /// on, see [`Writer::blob_taken`].
-    taken: HashMap<Opened, Taken>,
+    /// Per opened table (by its index), the keys of one originator a blob leaf
+    /// held from some sequence id on, see [`Writer::blob_taken`].
+    taken: Vec<Option<Taken>>,
 }
 
 impl Writer {
@@ -141,7 +140,7 @@ impl Writer {
             inserter,
             doorbell,
             late: None,
-            taken: HashMap::new(),
+            taken: Vec::new(),
         }))
     }
 
@@ -265,9 +264,12 @@ impl Writer {
     /// usually finds nothing: a blob row above every meta row written through
     /// the functions comes from a write around them.
     fn blob_taken(&mut self, table: Opened, leaf: pg_sys::Oid, node: i32, seq: i64) -> bool {
-        let known = self
-            .taken
-            .get(&table)
+        let slot = table.index();
+        if self.taken.len() <= slot {
+            self.taken.resize_with(slot + 1, || None);
+        }
+        let known = self.taken[slot]
+            .as_ref()
             .is_some_and(|t| t.node == node && t.from <= seq);
         if !known {
             let mut dirty = DirtySnapshot::new();
@@ -280,7 +282,7 @@ impl Writer {
             // is then the safe answer.
             let Some(mut scan) = crate::pg::scan::Scan::open(leaf, dirty.as_ptr(), range, false)
             else {
-                self.taken.remove(&table);
+                self.taken[slot] = None;
                 return true;
             };
             let mut seqs = Vec::new();
@@ -289,17 +291,14 @@ impl Writer {
                 seqs.extend(scan.raw(2).map(|d| d.value() as i64));
             }
             drop(scan);
-            self.taken.insert(
-                table,
-                Taken {
-                    node,
-                    from: seq,
-                    seqs,
-                },
-            );
+            self.taken[slot] = Some(Taken {
+                node,
+                from: seq,
+                seqs,
+            });
         }
-        self.taken
-            .get(&table)
+        self.taken[slot]
+            .as_ref()
             .is_none_or(|t| t.seqs.binary_search(&seq).is_ok())
     }
 
