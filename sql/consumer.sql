@@ -415,9 +415,10 @@ $$;
 -- consumer's cursor up to its ceiling, and the late arrivals after its late-feed
 -- position, each row once: ids never used, such as a rolled-back insert's or the
 -- gap below a first id of 1,500,000, count nothing) plus the outbox rows after its
--- outbox position. Originators the consumer has caught up with cost nothing
--- (their high-water marks say so); the others cost one index range each and the
--- rows pending, read without their blobs. (Before 0.4.0 was released this
+-- outbox position. Each originator costs one read of its meta bands from the
+-- consumer's cursor (an index probe when nothing is pending; those a batch of
+-- this backend found settled are skipped), up to the last row whose transaction
+-- had ended, without the blobs. (Before 0.4.0 was released this
 -- counted ids, which a gap made count rows that never existed.)
 CREATE FUNCTION consumer_lag(consumer text) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER
