@@ -487,7 +487,12 @@ static STATIC_HANDLERS: std::sync::RwLock<Vec<(u32, StaticHandler)>> =
 /// every process that loads the library, workers included, before their entry
 /// point.
 pub fn on_job(kind: u32, handler: JobHandler) {
-    if let Ok(mut handlers) = JOB_HANDLERS.write() {
+    set_handler(&JOB_HANDLERS, kind, handler);
+}
+
+/// Registers `handler` for `kind`, replacing an earlier one.
+fn set_handler<H>(handlers: &std::sync::RwLock<Vec<(u32, H)>>, kind: u32, handler: H) {
+    if let Ok(mut handlers) = handlers.write() {
         handlers.retain(|(k, _)| *k != kind);
         handlers.push((kind, handler));
     }
@@ -690,10 +695,7 @@ pub fn register_static(name: &str, kind: u32, handler: StaticHandler, restart: D
     if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         return false;
     }
-    if let Ok(mut handlers) = STATIC_HANDLERS.write() {
-        handlers.retain(|(k, _)| *k != kind);
-        handlers.push((kind, handler));
-    }
+    set_handler(&STATIC_HANDLERS, kind, handler);
     BackgroundWorkerBuilder::new(name)
         .set_type(name)
         .set_library("pg_envelopes")
