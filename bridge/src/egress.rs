@@ -374,6 +374,11 @@ const STAND_ASIDE: Duration = Duration::from_secs(3);
 /// which is the consumer's pace anyway while the queue is full.
 const PUSHBACK_CAREFUL: Duration = Duration::from_secs(5);
 
+// After that, requests grow again from one message, doubling with each the
+// bus takes, across batches (see `State::pushback_window`): a queue that was
+// full a moment ago is sent no whole batch at once, where any room freed while
+// the request is under way lets more of its later messages overtake.
+
 /// What the bridge keeps between batches: the sink connection.
 #[derive(Default)]
 struct State {
@@ -383,6 +388,9 @@ struct State {
     stand_aside_until: Option<Instant>,
     /// When the bus last pushed back on a message (a nack).
     pushed_back_at: Option<Instant>,
+    /// Messages per request since the bus last pushed back: 1 then, doubled
+    /// with each request it takes, forgotten once it reaches a whole batch.
+    pushback_window: Option<usize>,
     /// Whether `synchronous_standby_names` was set at the last batch (see
     /// [`standby::wait_until_flushed`]).
     standby_names_seen: bool,
@@ -848,6 +856,8 @@ async fn deliver(
     };
     if careful(state) {
         window = 1;
+    } else if let Some(grown) = state.pushback_window {
+        window = grown.clamp(1, window);
     }
     let mut refused_again = Vec::new();
     // Refused rows of this batch not judged yet: (index, code, reason).
@@ -943,6 +953,11 @@ async fn deliver(
                 } else {
                     (window * 2).min(batch.len())
                 };
+                if let Some(grown) = state.pushback_window {
+                    let grown = grown.saturating_mul(2);
+                    state.pushback_window =
+                        (grown < config.batch_size.max(1) as usize).then_some(grown);
+                }
                 None
             }
             Err(SinkError::TooLarge { code, reason, .. }) if part.len() > 1 => {
@@ -956,6 +971,7 @@ async fn deliver(
             Err(SinkError::Backpressure {
                 sink,
                 delivered,
+                overtaken,
                 message,
             }) => {
                 // What the bus took counts and is not published again; the
@@ -971,10 +987,13 @@ async fn deliver(
                 // up after an earlier one was pushed back, ahead of it.
                 window = 1;
                 state.pushed_back_at = Some(Instant::now());
+                state.pushback_window = Some(1);
                 metrics.sink_stalled.set(1);
+                metrics.republished.inc_by(overtaken as u64);
                 let error = SinkError::Backpressure {
                     sink,
                     delivered,
+                    overtaken,
                     message,
                 };
                 let failure = SinkFailure::Publishing { error, part };

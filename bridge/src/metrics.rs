@@ -26,6 +26,10 @@ pub struct Metrics {
     registry: Registry,
     pub published: Family<KindLabel, Counter>,
     pub retried: Counter,
+    /// Messages the bus took after pushing back on an earlier one of the same
+    /// request (ahead of it), published again in order: each is a duplicate a
+    /// consumer sees under the same dedup id.
+    pub republished: Counter,
     pub lag_rows: Gauge,
     pub lag_seconds: Gauge<f64, AtomicU64>,
     pub batch_latency: Histogram,
@@ -81,6 +85,7 @@ impl Metrics {
         let mut registry = Registry::with_prefix("envelopes_bridge");
         let published = Family::<KindLabel, Counter>::default();
         let retried = Counter::default();
+        let republished = Counter::default();
         let lag_rows = Gauge::default();
         let lag_seconds = Gauge::<f64, AtomicU64>::default();
         let batch_latency = Histogram::new(exponential_buckets(0.001, 2.0, 16));
@@ -142,6 +147,12 @@ impl Metrics {
             retried.clone(),
         );
         registry.register(
+            "republished",
+            "Messages the bus took ahead of an earlier one it pushed back on, published again \
+             in order (consumers see them twice, under the same dedup id)",
+            republished.clone(),
+        );
+        registry.register(
             "lag_rows",
             "Rows committed but not yet acknowledged",
             lag_rows.clone(),
@@ -200,6 +211,7 @@ impl Metrics {
             registry,
             published,
             retried,
+            republished,
             lag_rows,
             lag_seconds,
             batch_latency,

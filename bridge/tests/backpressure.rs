@@ -186,11 +186,19 @@ fn rabbitmq_reject_publish_delivers_each_row_once_at_the_brokers_pace() {
     );
     // A message the broker took after an earlier one of the same request was
     // refused (room freed up meanwhile) is ahead of it, and comes again in
-    // order: those are the only duplicates, a handful, and with their early
-    // copies set aside the order holds.
+    // order: those are the only duplicates, each counted by the bridge as it
+    // happens (how many depends on where the consumer's takes fall while a
+    // request is under way), and with their early copies set aside the order
+    // holds.
+    let republished = metric(&text, "envelopes_bridge_republished_total") as usize;
+    assert_eq!(
+        total.duplicates, republished,
+        "what the broker confirmed was published again beyond the overtaking messages \
+         the bridge counted:\n{table}"
+    );
     assert!(
-        total.duplicates <= 20,
-        "what the broker confirmed was published again:\n{table}"
+        total.duplicates < 300,
+        "more duplicates than the queue holds:\n{table}"
     );
     let twice: BTreeSet<&String> = {
         let mut seen = BTreeSet::new();

@@ -434,11 +434,13 @@ impl Amqp {
                 Err(Failed::Sink(SinkError::Backpressure {
                     sink,
                     delivered,
+                    overtaken,
                     message,
                 })) => {
                     break Err(SinkError::Backpressure {
                         sink,
                         delivered: from + delivered,
+                        overtaken,
                         message,
                     })
                 }
@@ -643,6 +645,7 @@ impl Amqp {
             return Err(Failed::Sink(SinkError::Backpressure {
                 sink: SINK,
                 delivered,
+                overtaken: overtaking,
                 message,
             }));
         }

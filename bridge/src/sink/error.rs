@@ -35,13 +35,17 @@ pub enum SinkError {
     /// back on the next (a publisher nack: a queue full with `reject-publish`, a
     /// message returned as unroutable): the delivered ones count and are never
     /// published again; the rest goes again after a backoff, in smaller requests
-    /// that grow while the bus takes them.
+    /// that grow while the bus takes them. `overtaken` counts the later
+    /// messages of the request the bus took anyway (room freed up meanwhile):
+    /// they are ahead of the pushed-back one and go again in their place, the
+    /// only messages published twice.
     #[error(
         "{sink} took {delivered} messages of the request and pushes back on the next: {message}"
     )]
     Backpressure {
         sink: &'static str,
         delivered: usize,
+        overtaken: usize,
         message: String,
     },
     /// The broker has blocked the bridge's publishing (RabbitMQ
