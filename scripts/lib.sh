@@ -5,9 +5,31 @@
 # $ENVELOPES_TMP (default /var/tmp/pg_envelopes), one directory each, listening on
 # 127.0.0.1 and on a socket inside that directory.
 
-PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
-PG_CONFIG=${PG_CONFIG:-$PG_BIN/pg_config}
-PGXS_TEST=${PGXS_TEST:-/usr/lib/postgresql/15/lib/pgxs/src/test}
+# The Postgres major the scripts work against: ENVELOPES_PG_MAJOR=15 (the
+# default: Debian's package), 17, or 18 (built from Debian's source packages into
+# ENVELOPES_PG_CACHE by scripts/postgres_build.sh; the 18 the tests use has
+# assertions on). PG_BIN or PG_CONFIG, when set, name another installation.
+ENVELOPES_PG_MAJOR=${ENVELOPES_PG_MAJOR:-15}
+ENVELOPES_PG_CACHE=${ENVELOPES_PG_CACHE:-/var/cache/pg_envelopes}
+pg_config_of() {
+    case "$1" in
+        15) echo /usr/lib/postgresql/15/bin/pg_config ;;
+        17) echo "$ENVELOPES_PG_CACHE/pg17/bin/pg_config" ;;
+        18) echo "$ENVELOPES_PG_CACHE/pg18-cassert/bin/pg_config" ;;
+        *) echo "no Postgres $1 here (15, 17 or 18)" >&2; return 1 ;;
+    esac
+}
+if [ -n "${PG_BIN:-}" ]; then
+    PG_CONFIG=${PG_CONFIG:-$PG_BIN/pg_config}
+else
+    PG_CONFIG=${PG_CONFIG:-$(pg_config_of "$ENVELOPES_PG_MAJOR")}
+    PG_BIN=$(dirname "$PG_CONFIG")
+fi
+# pg_regress and the isolation tester: Debian's server-dev package and a
+# source build's install both keep them beside pgxs.mk.
+PGXS_TEST=${PGXS_TEST:-$(dirname "$(dirname "$("$PG_CONFIG" --pgxs 2>/dev/null || echo /nonexistent/x/y)")")/test}
+# The major PG_CONFIG is of ("15", "17", "18").
+pg_major() { "$PG_CONFIG" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/'; }
 ENVELOPES_TMP=${ENVELOPES_TMP:-/var/tmp/pg_envelopes}
 export PATH="$HOME/.cargo/bin:$PATH"
 
@@ -252,7 +274,7 @@ install_extension() {
     env "${env[@]}" cargo pgrx package --pg-config "$PG_CONFIG" "${flags[@]}" >/dev/null || return 1
     (
         { flock -w 900 9 || { log "waited 15 minutes for $INSTALL_LOCK"; false; }; } \
-            && cp -R --remove-destination "$target/$profile/pg_envelopes-pg15/." / \
+            && cp -R --remove-destination "$target/$profile/pg_envelopes-pg$(pg_major)/." / \
             && cp sql/releases/pg_envelopes--*.sql "$("$PG_CONFIG" --sharedir)/extension/" \
             && make -s -C router install PG_CONFIG="$PG_CONFIG" >/dev/null
     ) 9>"$INSTALL_LOCK"

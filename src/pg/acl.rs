@@ -98,7 +98,7 @@ pub fn statement() -> Statement {
     unsafe {
         (
             pg_sys::GetUserId(),
-            (*pg_sys::MyProc).lxid,
+            crate::pg::compat::my_local_xid(),
             pg_sys::GetCurrentCommandId(false),
             pg_sys::GetCurrentStatementStartTimestamp(),
         )

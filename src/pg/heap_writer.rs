@@ -336,11 +336,10 @@ impl Inserter {
                     let token = self.token();
                     insert(rel, slot, cid, 0, bulk, token);
                     let mut spec_conflict = false;
-                    let recheck = pg_sys::ExecInsertIndexTuples(
+                    let recheck = crate::pg::compat::insert_index_tuples(
                         info,
                         slot,
                         estate,
-                        false,
                         true,
                         &mut spec_conflict,
                         ptr::null_mut(),

@@ -173,8 +173,7 @@ pub fn unlock_prune_guard(node: i32, band_start: i64) {
 /// Whether this transaction holds the creation lock.
 pub fn holds_partition_creation_lock() -> bool {
     let tag = creation_tag();
-    // SAFETY: LockHeldByMe only looks the tag up in this backend's lock table.
-    unsafe { pg_sys::LockHeldByMe(&tag, pg_sys::ExclusiveLock as pg_sys::LOCKMODE) }
+    crate::pg::compat::lock_held_by_me(&tag, pg_sys::ExclusiveLock as pg_sys::LOCKMODE)
 }
 
 /// Releases the creation lock before the end of the transaction. Only for a
@@ -311,8 +310,7 @@ pub fn release(tag: &pg_sys::LOCKTAG, mode: pg_sys::LOCKMODE, hold: Hold) -> boo
 
 /// Whether this backend holds the lock `tag` in `mode`.
 pub fn held_by_me(tag: &pg_sys::LOCKTAG, mode: pg_sys::LOCKMODE) -> bool {
-    // SAFETY: LockHeldByMe only looks the tag up in this backend's lock table.
-    unsafe { pg_sys::LockHeldByMe(tag, mode) }
+    crate::pg::compat::lock_held_by_me(tag, mode)
 }
 
 /// The current database's oid.

@@ -13,6 +13,7 @@
 
 pub mod acl;
 pub mod catalog;
+pub mod compat;
 pub mod definer;
 pub mod executor;
 pub mod heap_writer;

@@ -277,7 +277,7 @@ pub fn range_partitions(parent: pg_sys::Oid) -> Vec<(Option<i64>, Option<i64>, p
             return out;
         }
         let info = &*(*desc).boundinfo;
-        if info.strategy as u8 != pg_sys::PARTITION_STRATEGY_RANGE {
+        if !crate::pg::compat::is_range_strategy(info) {
             return out;
         }
         let oids = crate::pg::snapshot::raw_slice((*desc).oids, (*desc).nparts as usize);

@@ -26,11 +26,10 @@ pub unsafe fn index_entries(
 ) {
     // SAFETY: the caller upholds this function's # Safety contract.
     unsafe {
-        let recheck = pg_sys::ExecInsertIndexTuples(
+        let recheck = crate::pg::compat::insert_index_tuples(
             info,
             slot,
             estate,
-            false,
             false,
             ptr::null_mut(),
             ptr::null_mut(),

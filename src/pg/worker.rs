@@ -103,8 +103,8 @@ impl Header {
             Header {
                 database: pg_sys::MyDatabaseId,
                 role: pg_sys::GetUserId(),
-                caller_backend: pg_sys::MyBackendId,
-                caller_lxid: (*pg_sys::MyProc).lxid,
+                caller_backend: crate::pg::compat::my_proc_number(),
+                caller_lxid: crate::pg::compat::my_local_xid(),
                 database_name: [0; pg_sys::NAMEDATALEN as usize],
                 outcome: Outcome::new(),
             }
@@ -158,10 +158,7 @@ impl Header {
         if self.caller_backend < 0 {
             return false;
         }
-        let caller = pg_sys::VirtualTransactionId {
-            backendId: self.caller_backend,
-            localTransactionId: self.caller_lxid,
-        };
+        let caller = crate::pg::compat::virtual_xid(self.caller_backend, self.caller_lxid);
         // SAFETY: VirtualXactLock with wait = false only checks whether that
         // virtual transaction still runs; false means it does.
         unsafe { pg_sys::VirtualXactLock(caller, false) }

@@ -75,8 +75,7 @@ pub fn check_writable(what: &'static str) -> Result<(), NotWritable> {
 /// per-transaction state kept in a backend (a thread-local) can tell whether it
 /// belongs to the current one.
 pub fn local_xid() -> u32 {
-    // SAFETY: MyProc is this backend's PGPROC, valid for the backend's life.
-    unsafe { (*pg_sys::MyProc).lxid }
+    crate::pg::compat::my_local_xid()
 }
 
 /// The local transaction id and the current subtransaction's id.
