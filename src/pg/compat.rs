@@ -11,6 +11,12 @@
 //!   `ProcNumber` (`MyProcNumber`) instead of a `BackendId`, and a
 //!   `VirtualTransactionId` carries that; `LockHeldByMe` takes `orstronger`
 //!   (false here: the exact mode, as before).
+//! - 18: a tuple descriptor's full attributes follow its compact ones (no
+//!   `attrs` field: [`attributes`]); `ExecCheckIndexConstraints` takes the
+//!   tuple id of an updated row (none here); `RelationGetPrimaryKeyIndex` takes
+//!   `deferrable_ok` (false: the deferrable key of 15 and 17 is no key here
+//!   either); `index_beginscan` takes instrumentation (none); the backend's
+//!   `pqsignal` is `pqsignal_be`.
 
 use pgrx::pg_sys;
 
@@ -131,5 +137,129 @@ pub unsafe fn insert_index_tuples(
             arbiter_indexes,
             false,
         )
+    }
+}
+
+/// The attributes (columns, dropped ones included) of a tuple descriptor.
+///
+/// # Safety
+/// `desc` is a valid tuple descriptor that outlives the slice.
+pub unsafe fn attributes<'a>(desc: pg_sys::TupleDesc) -> &'a [pg_sys::FormData_pg_attribute] {
+    #[cfg(any(feature = "pg15", feature = "pg17"))]
+    // SAFETY: the caller's promise; attrs has natts entries.
+    unsafe {
+        (*desc).attrs.as_slice((*desc).natts as usize)
+    }
+    #[cfg(feature = "pg18")]
+    // SAFETY: the caller's promise; in 18 the natts full attributes are laid
+    // out right after the natts compact ones (TupleDescAttr in tupdesc.h).
+    unsafe {
+        let natts = (*desc).natts as usize;
+        let first = (*desc)
+            .compact_attrs
+            .as_ptr()
+            .add(natts)
+            .cast::<pg_sys::FormData_pg_attribute>();
+        std::slice::from_raw_parts(first, natts)
+    }
+}
+
+/// `ExecCheckIndexConstraints` for a row about to be inserted: false (and the
+/// conflicting row's tid in `conflict`) when an arbiter index already holds its
+/// key.
+///
+/// # Safety
+/// As `ExecCheckIndexConstraints`: `info` has its indexes open in `estate` and
+/// `slot` holds the row.
+pub unsafe fn check_index_constraints(
+    info: *mut pg_sys::ResultRelInfo,
+    slot: *mut pg_sys::TupleTableSlot,
+    estate: *mut pg_sys::EState,
+    conflict: *mut pg_sys::ItemPointerData,
+    arbiter_indexes: *mut pg_sys::List,
+) -> bool {
+    #[cfg(any(feature = "pg15", feature = "pg17"))]
+    // SAFETY: the caller upholds this function's # Safety contract.
+    unsafe {
+        pg_sys::ExecCheckIndexConstraints(info, slot, estate, conflict, arbiter_indexes)
+    }
+    #[cfg(feature = "pg18")]
+    // SAFETY: the caller upholds this function's # Safety contract; no updated
+    // row's tid.
+    unsafe {
+        pg_sys::ExecCheckIndexConstraints(
+            info,
+            slot,
+            estate,
+            conflict,
+            std::ptr::null_mut(),
+            arbiter_indexes,
+        )
+    }
+}
+
+/// The oid of `rel`'s primary key index (not a deferrable one), or InvalidOid.
+///
+/// # Safety
+/// `rel` is an open relation.
+pub unsafe fn primary_key_index(rel: pg_sys::Relation) -> pg_sys::Oid {
+    #[cfg(any(feature = "pg15", feature = "pg17"))]
+    // SAFETY: the caller's promise.
+    unsafe {
+        pg_sys::RelationGetPrimaryKeyIndex(rel)
+    }
+    #[cfg(feature = "pg18")]
+    // SAFETY: the caller's promise.
+    unsafe {
+        pg_sys::RelationGetPrimaryKeyIndex(rel, false)
+    }
+}
+
+/// `index_beginscan` with no instrumentation.
+///
+/// # Safety
+/// As `index_beginscan`: both relations open and locked, `snapshot` registered
+/// or active for the scan's life.
+pub unsafe fn index_beginscan(
+    heap: pg_sys::Relation,
+    index: pg_sys::Relation,
+    snapshot: pg_sys::Snapshot,
+    nkeys: i32,
+    norderbys: i32,
+) -> pg_sys::IndexScanDesc {
+    #[cfg(any(feature = "pg15", feature = "pg17"))]
+    // SAFETY: the caller upholds this function's # Safety contract.
+    unsafe {
+        pg_sys::index_beginscan(heap, index, snapshot, nkeys, norderbys)
+    }
+    #[cfg(feature = "pg18")]
+    // SAFETY: the caller upholds this function's # Safety contract.
+    unsafe {
+        pg_sys::index_beginscan(
+            heap,
+            index,
+            snapshot,
+            std::ptr::null_mut(),
+            nkeys,
+            norderbys,
+        )
+    }
+}
+
+/// Installs `handler` for `signal` in this backend (`pqsignal`).
+///
+/// # Safety
+/// Runs on the backend's main thread; `handler` is safe to run as a signal
+/// handler.
+pub unsafe fn set_signal_handler(signal: u32, handler: unsafe extern "C-unwind" fn(i32)) {
+    #[cfg(any(feature = "pg15", feature = "pg17"))]
+    // SAFETY: the caller upholds this function's # Safety contract.
+    unsafe {
+        pg_sys::pqsignal(signal as i32, Some(handler));
+    }
+    #[cfg(feature = "pg18")]
+    // SAFETY: the caller upholds this function's # Safety contract.
+    unsafe {
+        pg_sys::pqsignal_be(signal as i32, Some(handler));
     }
 }

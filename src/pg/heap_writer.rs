@@ -233,7 +233,7 @@ impl Inserter {
         unsafe {
             let old = pg_sys::MemoryContextSwitchTo(cxt);
             for (i, field) in fields.iter().enumerate() {
-                let column = (*(*desc).attrs.as_ptr().add(i)).atttypid;
+                let column = crate::pg::compat::attributes(desc)[i].atttypid;
                 let (datum, typ) = match *field {
                     Field::Null => {
                         nulls[i] = true;
@@ -322,7 +322,7 @@ impl Inserter {
                     if probe {
                         self.release_token();
                         let mut conflict = pg_sys::ItemPointerData::default();
-                        if !pg_sys::ExecCheckIndexConstraints(
+                        if !crate::pg::compat::check_index_constraints(
                             info,
                             slot,
                             estate,
@@ -412,7 +412,7 @@ impl Inserter {
             self.form(table, fields, cxt, slot);
             let mut conflict = pg_sys::ItemPointerData::default();
             if probe
-                && !pg_sys::ExecCheckIndexConstraints(
+                && !crate::pg::compat::check_index_constraints(
                     info,
                     slot,
                     estate,

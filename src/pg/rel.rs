@@ -145,9 +145,7 @@ impl Rel {
             if usize::try_from((*desc).natts).ok() != Some(expected.len()) {
                 return false;
             }
-            (*desc)
-                .attrs
-                .as_slice(expected.len())
+            crate::pg::compat::attributes(desc)
                 .iter()
                 .zip(expected)
                 .all(|(attr, (name, typid, nullable))| {

@@ -145,7 +145,7 @@ impl Materialized {
             let natts = (*desc).natts as usize;
             let mut types = [pg_sys::InvalidOid; MAX_CHECKED];
             for (i, typ) in types.iter_mut().enumerate().take(natts) {
-                *typ = (*(*desc).attrs.as_ptr().add(i)).atttypid;
+                *typ = crate::pg::compat::attributes(desc)[i].atttypid;
             }
             Materialized {
                 rsinfo,

@@ -57,8 +57,7 @@ pub unsafe fn layouts(desc: pg_sys::TupleDesc) -> Option<Vec<Layout>> {
         return None;
     }
     // SAFETY: desc is valid (the caller's promise); attrs has natts entries.
-    let attrs =
-        unsafe { std::slice::from_raw_parts((*desc).attrs.as_ptr(), (*desc).natts as usize) };
+    let attrs = unsafe { crate::pg::compat::attributes(desc) };
     attrs
         .iter()
         .map(|att| {

@@ -641,7 +641,7 @@ fn latch_wait(duration: Duration) {
 pub fn install_sigterm() {
     // SAFETY: runs once at worker start on the main thread.
     unsafe {
-        pg_sys::pqsignal(pg_sys::SIGTERM as i32, Some(postgres_die));
+        crate::pg::compat::set_signal_handler(pg_sys::SIGTERM, postgres_die);
         pg_sys::BackgroundWorkerUnblockSignals();
     }
 }

@@ -94,7 +94,7 @@ pub unsafe fn primary_key_on(heap: pg_sys::Relation, columns: &[&str]) -> Oid {
     // SAFETY: the caller's promise; the primary key (if any) belongs to the open
     // table, is opened with the lock the scan takes anyway and closed again.
     unsafe {
-        let oid = pg_sys::RelationGetPrimaryKeyIndex(heap);
+        let oid = crate::pg::compat::primary_key_index(heap);
         if oid == pg_sys::InvalidOid {
             return oid;
         }
@@ -179,7 +179,7 @@ pub fn can_read(rel: &Rel) -> bool {
 /// index path may read.
 pub fn primary_key_serves(rel: &Rel, columns: &[&str]) -> bool {
     // SAFETY: the relation is open while the guard lives.
-    let pk = unsafe { pg_sys::RelationGetPrimaryKeyIndex(rel.as_ptr()) };
+    let pk = unsafe { crate::pg::compat::primary_key_index(rel.as_ptr()) };
     pk != pg_sys::InvalidOid && index_serves_rel(rel, pk, columns)
 }
 

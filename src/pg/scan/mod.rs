@@ -271,7 +271,13 @@ impl Scan {
                 }
                 index = pg_sys::index_open(again, lock);
             }
-            let desc = pg_sys::index_beginscan(heap, index, reading.snapshot, keys.len() as i32, 0);
+            let desc = crate::pg::compat::index_beginscan(
+                heap,
+                index,
+                reading.snapshot,
+                keys.len() as i32,
+                0,
+            );
             // Before the first rescan: btree sets up its copy of the tuples then.
             (*desc).xs_want_itup = want_itup;
             pg_sys::index_rescan(
@@ -582,8 +588,8 @@ impl Scan {
         // read from that descriptor.
         let (typ, len) = unsafe {
             let desc = (*self.slot).tts_tupleDescriptor;
-            let attr = (*desc).attrs.as_ptr().add((attno - 1) as usize);
-            ((*attr).atttypid, (*attr).attlen)
+            let attr = &crate::pg::compat::attributes(desc)[(attno - 1) as usize];
+            (attr.atttypid, attr.attlen)
         };
         let datum = if len == -1 {
             self.flat_value(attno)?
@@ -745,7 +751,7 @@ fn column_number(rel: pg_sys::Relation, name: &str) -> Option<i32> {
 unsafe fn desc_column(desc: pg_sys::TupleDesc, name: &str) -> Option<i32> {
     // SAFETY: the caller's promise; attrs has natts entries.
     unsafe {
-        let attrs = (*desc).attrs.as_slice((*desc).natts as usize);
+        let attrs = crate::pg::compat::attributes(desc);
         attrs.iter().position(|a| {
             !a.attisdropped && CStr::from_ptr(a.attname.data.as_ptr()).to_bytes() == name.as_bytes()
         })
@@ -761,7 +767,7 @@ unsafe fn desc_column(desc: pg_sys::TupleDesc, name: &str) -> Option<i32> {
 unsafe fn live_column_number(desc: pg_sys::TupleDesc, name: &str) -> Option<i32> {
     // SAFETY: the caller's promise; attrs has natts entries.
     unsafe {
-        let attrs = (*desc).attrs.as_slice((*desc).natts as usize);
+        let attrs = crate::pg::compat::attributes(desc);
         attrs
             .iter()
             .filter(|a| !a.attisdropped)
