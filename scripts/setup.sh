@@ -9,10 +9,16 @@
 #     retention schedule's test (scripts/cron_test.sh), and dpkg-dev and lintian
 #     to build and check the Debian packages (scripts/package.sh).
 #   - cargo-pgrx, the exact version the crates pin.
-#   - `cargo pgrx init` pointed at the system pg_config, only when missing
-#     (re-running it makes pgrx regenerate bindings and rebuild everything).
+#   - Postgres 17 and 18 built from Debian's source packages into
+#     /var/cache/pg_envelopes (scripts/postgres_build.sh; once, then cached):
+#     17 as released, 18 with assertions on (--enable-cassert --enable-debug).
+#     ENVELOPES_PG_MAJORS="15" skips them for a quick local setup.
+#   - `cargo pgrx init` pointed at the three pg_configs, only when its config
+#     lacks one of them (re-running it makes pgrx regenerate bindings and rebuild
+#     everything).
 #   - The message buses the bridge tests use, started when not already running.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 PGRX_VERSION=0.18.1
 PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
@@ -28,7 +34,7 @@ fi
 packages=(postgresql-15 postgresql-server-dev-15 postgresql-contrib libclang-dev clang sudo
           spin nats-server redis-server mosquitto mosquitto-clients rabbitmq-server python3
           postgresql-15-partman postgresql-15-plproxy postgresql-15-cron dpkg-dev lintian
-          pgbouncer)
+          pgbouncer bison flex libssl-dev zlib1g-dev curl bzip2 make gcc)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -46,10 +52,26 @@ if ! cargo pgrx --version 2>/dev/null | grep -q " ${PGRX_VERSION}\$"; then
     cargo install --locked cargo-pgrx --version "${PGRX_VERSION}"
 fi
 
-if ! grep -qs "^pg15 = \"${PG_CONFIG}\"" "$HOME/.pgrx/config.toml"; then
-    log "cargo pgrx init --pg15 ${PG_CONFIG}"
-    cargo pgrx init --pg15 "${PG_CONFIG}"
-fi
+majors=${ENVELOPES_PG_MAJORS:-15 17 18}
+init=(--pg15 "$PG_CONFIG")
+wanted=("pg15 = \"$PG_CONFIG\"")
+for major in $majors; do
+    case "$major" in
+        15) continue ;;
+        17) config=$(scripts/postgres_build.sh 17) ;;
+        18) config=$(scripts/postgres_build.sh 18 cassert) ;;
+        *) log "no Postgres $major here (15, 17, 18)"; exit 1 ;;
+    esac
+    init+=("--pg$major" "$config")
+    wanted+=("pg$major = \"$config\"")
+done
+for line in "${wanted[@]}"; do
+    if ! grep -qsxF "$line" "$HOME/.pgrx/config.toml"; then
+        log "cargo pgrx init ${init[*]}"
+        cargo pgrx init "${init[@]}"
+        break
+    fi
+done
 
 # Message buses for the bridge tests. Where one already answers on its default port
 # it is reused; otherwise it is started here the way this machine's image starts it.

@@ -5,6 +5,8 @@
 //! Each test creates its own database with a unique name, so tests can run in
 //! parallel and never see each other's rows, and drops it when done.
 
+pub mod whole_store;
+
 use postgres::{Client, NoTls};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
