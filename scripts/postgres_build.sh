@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds Postgres 17 or 18 from Debian's source package into a cache, once:
-#   scripts/postgres_build.sh 17|18 [cassert]
+# Builds Postgres 17 or 18 (or 15.18, see below) from Debian's source package
+# into a cache, once:
+#   scripts/postgres_build.sh 15|17|18 [cassert]
 # prints the pg_config of the result. Debian 12 packages only Postgres 15; the
 # orig tarballs of Debian's own postgresql-17 (trixie) and postgresql-18 (sid)
 # source packages are fetched from the Debian archive by URL (the pool), checked
@@ -12,15 +13,21 @@
 # and index writes, shared memory and workers use Postgres as it does itself).
 # A second run finds the marker file and only prints the path.
 set -euo pipefail
-major=${1:?usage: postgres_build.sh 17|18 [cassert]}
+major=${1:?usage: postgres_build.sh 15|17|18 [cassert]}
 flavour=${2:-}
 cache=${ENVELOPES_PG_CACHE:-/var/cache/pg_envelopes}
 archive=${ENVELOPES_DEBIAN_ARCHIVE:-http://deb.debian.org/debian}
 
 case "$major" in
+    # 15.18 (bookworm's own source package): the old side of the pg_upgrade
+    # test. Debian's 15.20 package stamps every column with an attribute option
+    # (pg_attver) that the 17 and 18 releases reachable here do not know, so
+    # pg_upgrade from it fails for any table; a 15 from before that release
+    # upgrades as a user's 15 does to the matching 17 and 18 minors.
+    15) version=15.18; sha=11df0df97fe3ea4ba9a791faaf39cee1d2fe571e78885b5b55d8517d27c323b4 ;;
     17) version=17.11; sha=dd27f2b3c59e73ed14aa3324901242bf69a032a6347805f274e6260322d42979 ;;
     18) version=18.6; sha=555610c24d53e4316da5b7d3fc25c279d96856d5e0e23ee308c328c5fa881d9f ;;
-    *) echo "postgres_build.sh: major $major is not built here (17 or 18)" >&2; exit 64 ;;
+    *) echo "postgres_build.sh: major $major is not built here (15, 17 or 18)" >&2; exit 64 ;;
 esac
 options=(--without-icu --with-openssl --without-readline)
 name=pg$major
@@ -42,7 +49,7 @@ for tool in bison flex make gcc; do
 done
 mkdir -p "$cache/src"
 tarball=$cache/src/postgresql-${major}_$version.orig.tar.bz2
-if ! echo "$sha  $tarball" | sha256sum --quiet -c - 2>/dev/null; then
+if ! echo "$sha  $tarball" | sha256sum --quiet -c - >/dev/null 2>&1; then
     url=$archive/pool/main/p/postgresql-$major/postgresql-${major}_$version.orig.tar.bz2
     echo "postgres_build.sh: fetching $url" >&2
     curl -fsSL --retry 3 -o "$tarball.part" "$url"

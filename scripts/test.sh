@@ -16,7 +16,13 @@
 #      (scripts/maintenance_test.sh)
 #   7. the integrity tier (scripts/integrity.sh: racing writers, amcheck,
 #      decoding, a standby, crash rounds) against a server of its own
-#   8. the Debian packages, installed, used and removed (scripts/package_test.sh)
+#   8. Postgres 17 and 18 (the 18 with assertions on): the same tiers 3 to 5
+#      for each (scripts/major_test.sh), then pg_upgrade from 15 to each, --copy
+#      and --link, with the extension in use (tests/tests/pg_upgrade.rs)
+#   9. the Debian packages, installed, used and removed (scripts/package_test.sh)
+#
+# ENVELOPES_PG_MAJORS="15" (default "15 17 18") leaves out step 8 for a quick
+# local run; .ci/run runs everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -95,6 +101,29 @@ scripts/maintenance_test.sh
 
 step "integrity tier (races, amcheck, decoding, standby, crashes)"
 scripts/integrity.sh
+
+newer=()
+for major in ${ENVELOPES_PG_MAJORS:-15 17 18}; do
+    [ "$major" = 15 ] || newer+=("$major")
+done
+for major in "${newer[@]}"; do
+    step "Postgres $major: in-backend tests, pg_regress and isolation, integration tests"
+    scripts/major_test.sh "$major"
+done
+if [ "${#newer[@]}" -gt 0 ]; then
+    step "pg_upgrade from 15 to ${newer[*]} (--copy and --link) with the extension in use"
+    # The old side is a 15.18 built from bookworm's source package (see
+    # scripts/postgres_build.sh for why not Debian's 15.20), with this build of
+    # the extension installed; the new sides got theirs from major_test.sh.
+    old_config=$(scripts/postgres_build.sh 15)
+    PG_CONFIG=$old_config install_extension debug
+    upgrade_to=()
+    for major in "${newer[@]}"; do upgrade_to+=("$(dirname "$(pg_config_of "$major")")"); done
+    install -d -o postgres -g postgres "$ENVELOPES_TMP/upgrade"
+    ENVELOPES_TEST_UPGRADE_FROM=$(dirname "$old_config") ENVELOPES_TEST_UPGRADE_TO="${upgrade_to[*]}" \
+        ENVELOPES_TEST_UPGRADE_DIR="$ENVELOPES_TMP/upgrade" \
+        cargo test -p pg_envelopes_tests --test pg_upgrade -- --test-threads=1
+fi
 
 step "Debian packages: build, install, create and upgrade, router, bridge, remove"
 # From the debug builds the steps above made: the packaging is what is tested,

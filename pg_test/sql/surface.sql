@@ -42,6 +42,7 @@ SELECT indexrelid::regclass AS index, pg_get_indexdef(indexrelid) AS definition
 SELECT conrelid::regclass AS "table", conname, contype, pg_get_constraintdef(oid) AS definition
   FROM pg_constraint
  WHERE connamespace = 'envelopes'::regnamespace
+   AND contype <> 'n' -- NOT NULL as a constraint: Postgres 18 lists those here too
  ORDER BY 1, 2;
 
 -- Settings, with their defaults (registered when the library loads).

@@ -685,11 +685,18 @@ pub fn in_own_transaction(work: impl FnOnce()) -> Result<(), (i32, String)> {
 /// `handler` (known as `kind`) for the life of the server (which should connect
 /// to no database, [`connect_to_no_database`]), and starts again `restart` after
 /// it exits with an error. Only possible while `shared_preload_libraries` is
-/// being loaded; `false` otherwise.
+/// being loaded, and not in binary-upgrade mode (pg_upgrade); `false` otherwise.
 pub fn register_static(name: &str, kind: u32, handler: StaticHandler, restart: Duration) -> bool {
     // SAFETY: reads a flag the postmaster sets while it loads the preloaded
     // libraries.
     if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        return false;
+    }
+    // Not while pg_upgrade runs the server (binary-upgrade mode): the databases
+    // are being restored, and a worker acting on them would get in the way.
+    // SAFETY: the postmaster sets this from its command line before it loads
+    // the preloaded libraries.
+    if unsafe { pg_sys::IsBinaryUpgrade } {
         return false;
     }
     set_handler(&STATIC_HANDLERS, kind, handler);

@@ -303,3 +303,16 @@ pub const WRITING_CALLS: [&str; 10] = [
          ARRAY['\\x01']::bytea[], ARRAY[0], NULL, NULL, ARRAY['\\x02']::bytea[])",
     "SELECT count(*) FROM envelopes.prune_expired_below(ARRAY[39], ARRAY[10]::bigint[], as_of => 200)",
 ];
+
+/// The setting that runs every query through a parallel worker:
+/// `force_parallel_mode` up to Postgres 15, `debug_parallel_query` since 16.
+pub fn force_parallel_setting(client: &mut Client) -> String {
+    client
+        .query_one(
+            "SELECT name FROM pg_catalog.pg_settings
+              WHERE name IN ('force_parallel_mode', 'debug_parallel_query')",
+            &[],
+        )
+        .expect("pg_settings")
+        .get(0)
+}

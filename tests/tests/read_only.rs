@@ -99,7 +99,7 @@ fn read_only_transactions_are_refused_at_once() {
 }
 
 /// In parallel mode (a PARALLEL SAFE function run by a parallel worker under
-/// `force_parallel_mode`): 25006 from every writing function, the insert
+/// `force_parallel_mode`, `debug_parallel_query` since 16): 25006 from every writing function, the insert
 /// functions for a band that exists (the direct path) and one that does not.
 #[test]
 fn parallel_mode_is_refused() {
@@ -110,10 +110,11 @@ fn parallel_mode_is_refused() {
              LANGUAGE plpgsql PARALLEL SAFE AS $$ BEGIN EXECUTE q; END $$;",
     )
     .unwrap();
-    c.batch_execute(
-        "SET force_parallel_mode = on; SET parallel_setup_cost = 0;
-         SET parallel_tuple_cost = 0; SET max_parallel_workers_per_gather = 2;",
-    )
+    let setting = pg_envelopes_tests::force_parallel_setting(&mut c);
+    c.batch_execute(&format!(
+        "SET {setting} = on; SET parallel_setup_cost = 0;
+         SET parallel_tuple_cost = 0; SET max_parallel_workers_per_gather = 2;"
+    ))
     .unwrap();
     for sql in ["SELECT envelopes.insert_gateway_envelope(39, 5, '\\x01', '\\x02')"]
         .into_iter()

@@ -186,12 +186,13 @@ fn the_view_reads_under_parallel_query() {
         (r.get(0), r.get(1))
     };
     let expected = pair(&mut setup, join);
+    let force = pg_envelopes_tests::force_parallel_setting(&mut setup);
     assert_eq!(expected.0, 30000 / 7 + 1);
     for (label, settings, new_band) in [
         ("parallel plans", parallel.to_owned(), 5_000_005i64),
         (
             "force_parallel_mode",
-            format!("{parallel} SET force_parallel_mode = on;"),
+            format!("{parallel} SET {force} = on;"),
             6_000_004,
         ),
     ] {

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The extension on one newer Postgres major, built for it from the same source:
+#   scripts/major_test.sh 17|18
+# (18 is the build with assertions on, see scripts/postgres_build.sh). Runs, as
+# scripts/test.sh does on 15: the in-backend tests (cargo pgrx test pgNN), the
+# pg_regress golden files and isolation specs, and the client integration tests
+# (tests/: the direct write path, the feed, concurrency, crashes of backends,
+# restores into a fresh server, a standby, a server without worker slots, a
+# small lock table) against throwaway clusters of that major. The router's
+# tests need PL/Proxy, which is packaged for Debian's 15 only: they run on 15.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export ENVELOPES_PG_MAJOR=${1:?usage: major_test.sh 17|18}
+case "$ENVELOPES_PG_MAJOR" in 17|18) ;; *) echo "major_test.sh: 17 or 18" >&2; exit 64 ;; esac
+export ENVELOPES_TMP=${ENVELOPES_TMP:-/var/tmp/pg_envelopes}/pg$ENVELOPES_PG_MAJOR
+source scripts/lib.sh
+[ -x "$PG_CONFIG" ] || { log "$PG_CONFIG is missing: scripts/setup.sh builds it"; exit 1; }
+M=$ENVELOPES_PG_MAJOR
+install -d -o postgres -g postgres "$ENVELOPES_TMP" "$ENVELOPES_TMP/pgrx"
+
+log "cargo pgrx test pg$M ($("$PG_CONFIG" --version), configured $("$PG_CONFIG" --configure | grep -o -- '--enable-cassert' || echo 'without assertions'))"
+cargo pgrx test "pg$M" --runas postgres --pgdata "$ENVELOPES_TMP/pgrx"
+
+install_extension debug
+
+log "pg_regress and isolation specs on $M"
+scripts/run_pg_test.sh
+
+log "integration tests on $M"
+names=(itest itest_standby noworkers fresh few_locks)
+trap 'for n in "${names[@]}"; do cluster_stop "$n"; done' EXIT
+port=$(free_port)
+cluster_start itest "$port" "wal_level = logical" "max_replication_slots = 10"
+cluster_enable_tls itest
+export ENVELOPES_TEST_PG="host=127.0.0.1 port=$port user=postgres"
+export ENVELOPES_TEST_PG_CA="$ENVELOPES_TMP/itest/ca.crt"
+port_sb=$(free_port)
+cluster_start_standby itest_standby "$port" "$port_sb"
+export ENVELOPES_TEST_PG_STANDBY="host=127.0.0.1 port=$port_sb user=postgres"
+port_nw=$(free_port)
+cluster_start noworkers "$port_nw" "max_worker_processes = 0"
+export ENVELOPES_TEST_PG_NO_WORKERS="host=127.0.0.1 port=$port_nw user=postgres"
+port_fresh=$(free_port)
+cluster_start fresh "$port_fresh"
+export ENVELOPES_TEST_PG_FRESH="host=127.0.0.1 port=$port_fresh user=postgres"
+port_few=$(free_port)
+cluster_start few_locks "$port_few" "max_locks_per_transaction = 10" "max_connections = 20"
+export ENVELOPES_TEST_PG_FEW_LOCKS="host=127.0.0.1 port=$port_few user=postgres"
+export PG_BIN
+# Every test binary but the router's (PL/Proxy) and pg_upgrade's (scripts/test.sh
+# runs it once, across majors).
+tests=()
+for f in tests/tests/*.rs; do
+    t=$(basename "$f" .rs)
+    case "$t" in router|pg_upgrade) continue ;; esac
+    tests+=(--test "$t")
+done
+cargo test -p pg_envelopes_tests "${tests[@]}" -- --test-threads=4
+log "Postgres $M: all passed"
