@@ -105,12 +105,50 @@ pub fn statement() -> Statement {
     }
 }
 
-/// For a background worker, outside any transaction: acts as `role` from now on
-/// (each transaction starts and, when it aborts, ends as this role), as a
-/// `SECURITY DEFINER` function acts as its owner.
+/// The role a background worker acts as in its transactions ([`act_as`]);
+/// InvalidOid (0) for none. Per process: only worker processes set it.
+static ACTING_ROLE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// For a background worker, outside any transaction: from now on, each
+/// transaction it runs through `worker::in_own_transaction` acts as `role`, as a
+/// `SECURITY DEFINER` function acts as its owner ([`enter_acting_role`]).
+///
+/// Not by switching the user once for the whole process: Postgres wants every
+/// top-level transaction to start with no security context (an assertion in
+/// `StartTransaction`), so the switch is made inside each transaction and undone
+/// before it commits; an abort undoes it by itself.
 pub fn act_as(role: Oid) {
-    // SAFETY: sets the current user for the rest of the process; a transaction
-    // that aborts restores the user it started with, which is this one.
-    // SECURITY_LOCAL_USERID_CHANGE keeps SET ROLE from undoing it.
-    unsafe { pg_sys::SetUserIdAndSecContext(role, pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32) };
+    ACTING_ROLE.store(role.to_u32(), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The user and security context a transaction had before
+/// [`enter_acting_role`] switched them.
+pub struct Switched(Oid, i32);
+
+/// Inside a transaction just started: switches to the role of [`act_as`], if
+/// any (SECURITY_LOCAL_USERID_CHANGE keeps SET ROLE from undoing it); `None`
+/// when there is none.
+pub fn enter_acting_role() -> Option<Switched> {
+    let role = Oid::from(ACTING_ROLE.load(std::sync::atomic::Ordering::Relaxed));
+    if role == pg_sys::InvalidOid {
+        return None;
+    }
+    let mut user = pg_sys::InvalidOid;
+    let mut context = 0;
+    // SAFETY: reads and sets the current user inside a transaction, which
+    // saved the user it started with and restores it if it aborts.
+    unsafe {
+        pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
+        pg_sys::SetUserIdAndSecContext(role, context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32);
+    }
+    Some(Switched(user, context))
+}
+
+/// Before the transaction of [`enter_acting_role`] commits: back to the user
+/// and context it started with.
+pub fn leave_acting_role(switched: Option<Switched>) {
+    if let Some(Switched(user, context)) = switched {
+        // SAFETY: restores what enter_acting_role read in this transaction.
+        unsafe { pg_sys::SetUserIdAndSecContext(user, context) };
+    }
 }

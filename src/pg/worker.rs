@@ -657,7 +657,9 @@ pub fn in_own_transaction(work: impl FnOnce()) -> Result<(), (i32, String)> {
             pg_sys::StartTransactionCommand();
             pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
         }
+        let switched = crate::pg::acl::enter_acting_role();
         work();
+        crate::pg::acl::leave_acting_role(switched);
         // SAFETY: closes the bracket opened above.
         unsafe {
             pg_sys::PopActiveSnapshot();

@@ -76,14 +76,21 @@ struct Cluster {
 
 impl Cluster {
     fn init(bin: &Path, data: PathBuf) -> Cluster {
-        run(as_postgres(&bin.join("initdb")).arg("-D").arg(&data).args([
+        let mut initdb = as_postgres(&bin.join("initdb"));
+        initdb.arg("-D").arg(&data).args([
             "--auth=trust",
             "-U",
             "postgres",
             "-E",
             "UTF8",
             "--locale=C.UTF-8",
-        ]));
+        ]);
+        // From 18 initdb turns data checksums on unless told otherwise, and
+        // pg_upgrade wants the old cluster's setting (off here).
+        if major_of(bin).parse::<u32>().unwrap_or(0) >= 18 {
+            initdb.arg("--no-data-checksums");
+        }
+        run(&mut initdb);
         let conf = data.join("postgresql.conf");
         let mut text = std::fs::read_to_string(&conf).unwrap();
         text.push_str(SETTINGS);
@@ -127,7 +134,7 @@ impl Cluster {
 
     fn connect(&self, db: &str) -> Client {
         Client::connect(&format!("{} dbname={db}", self.server()), NoTls)
-            .unwrap_or_else(|e| panic!("connect to {} on {}: {e}", db, self.port))
+            .unwrap_or_else(|e| panic!("connect to {} on {}: {e:?}", db, self.port))
     }
 }
 
