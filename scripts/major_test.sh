@@ -56,4 +56,17 @@ for f in tests/tests/*.rs; do
     tests+=(--test "$t")
 done
 cargo test -p pg_envelopes_tests "${tests[@]}" -- --test-threads=4
+
+# The library built for 15 (installed by scripts/test.sh before this) is refused
+# by this major: Postgres names the library, and the reason (a symbol 15 has and
+# this major does not, or the magic block's version mismatch).
+other=/usr/lib/postgresql/15/lib/pg_envelopes.so
+if [ -f "$other" ]; then
+    out=$(cluster_psql itest "$port" postgres -c "LOAD '$other'" 2>&1 || true)
+    if ! grep -q "could not load library \"$other\"\|incompatible library \"$other\"" <<<"$out"; then
+        log "loading the library built for 15 into $M was not refused as expected: $out"
+        exit 1
+    fi
+    log "the library built for 15 is refused by $M: $out"
+fi
 log "Postgres $M: all passed"
