@@ -389,7 +389,8 @@ struct State {
     /// When the bus last pushed back on a message (a nack).
     pushed_back_at: Option<Instant>,
     /// Messages per request since the bus last pushed back: 1 then, doubled
-    /// with each request it takes, forgotten once it reaches a whole batch.
+    /// with each request it takes once the careful time is over
+    /// ([`PUSHBACK_CAREFUL`]), forgotten once it reaches a whole batch.
     pushback_window: Option<usize>,
     /// Whether `synchronous_standby_names` was set at the last batch (see
     /// [`standby::wait_until_flushed`]).
@@ -948,15 +949,16 @@ async fn deliver(
                     .observe(started.elapsed().as_secs_f64());
                 backoff.reset();
                 start = end;
-                window = if careful(state) {
-                    1
+                if careful(state) {
+                    window = 1;
                 } else {
-                    (window * 2).min(batch.len())
-                };
-                if let Some(grown) = state.pushback_window {
-                    let grown = grown.saturating_mul(2);
-                    state.pushback_window =
-                        (grown < config.batch_size.max(1) as usize).then_some(grown);
+                    window = (window * 2).min(batch.len());
+                    // After a push-back the next batch starts where this one
+                    // got to, until requests are whole batches again.
+                    if state.pushback_window.is_some() {
+                        state.pushback_window =
+                            (window < config.batch_size.max(1) as usize).then_some(window);
+                    }
                 }
                 None
             }
