@@ -232,6 +232,44 @@ shards_down() {
     rm -rf "$dir"
 }
 
+# The servers the client integration tests (tests/) use, of the major PG_BIN is
+# of, started with their connection strings exported; stop them with
+# stop_integration_clusters (set that as the EXIT trap first).
+INTEGRATION_CLUSTERS=(itest_standby itest noworkers fresh few_locks)
+start_integration_clusters() {
+    local port port_sb port_nw port_fresh port_few
+    port=$(free_port)
+    cluster_start itest "$port" "wal_level = logical" "max_replication_slots = 10" || return 1
+    cluster_enable_tls itest || return 1
+    export ENVELOPES_TEST_PG="host=127.0.0.1 port=$port user=postgres"
+    export ENVELOPES_TEST_PG_CA="$ENVELOPES_TMP/itest/ca.crt"
+    # A hot standby of it, for what the feed does during recovery (tests/tests/standby.rs).
+    port_sb=$(free_port)
+    cluster_start_standby itest_standby "$port" "$port_sb" || return 1
+    export ENVELOPES_TEST_PG_STANDBY="host=127.0.0.1 port=$port_sb user=postgres"
+    # A second server with no background-worker slots, for the fallback of partition
+    # creation into the inserting transaction (tests/tests/worker.rs).
+    port_nw=$(free_port)
+    cluster_start noworkers "$port_nw" "max_worker_processes = 0" || return 1
+    export ENVELOPES_TEST_PG_NO_WORKERS="host=127.0.0.1 port=$port_nw user=postgres"
+    # A fresh server whose transaction counter is far behind the first one's, to
+    # restore dumps into (tests/tests/restore.rs).
+    port_fresh=$(free_port)
+    cluster_start fresh "$port_fresh" || return 1
+    export ENVELOPES_TEST_PG_FRESH="host=127.0.0.1 port=$port_fresh user=postgres"
+    # A server with a small lock table, where 1,000 bands stand for 10,000 and more
+    # at the default max_locks_per_transaction (tests/tests/scale.rs).
+    port_few=$(free_port)
+    cluster_start few_locks "$port_few" "max_locks_per_transaction = 10" "max_connections = 20" || return 1
+    export ENVELOPES_TEST_PG_FEW_LOCKS="host=127.0.0.1 port=$port_few user=postgres"
+    # The client programs of the same major (pg_dump in tests/tests/restore.rs).
+    export PG_BIN
+}
+stop_integration_clusters() {
+    local name
+    for name in "${INTEGRATION_CLUSTERS[@]}"; do cluster_stop "$name"; done
+}
+
 # psql against a cluster started by cluster_start: cluster_psql NAME PORT DB args...
 cluster_psql() {
     local name=$1 port=$2 db=$3; shift 3

@@ -27,26 +27,8 @@ log "pg_regress and isolation specs on $M"
 scripts/run_pg_test.sh
 
 log "integration tests on $M"
-names=(itest itest_standby noworkers fresh few_locks)
-trap 'for n in "${names[@]}"; do cluster_stop "$n"; done' EXIT
-port=$(free_port)
-cluster_start itest "$port" "wal_level = logical" "max_replication_slots = 10"
-cluster_enable_tls itest
-export ENVELOPES_TEST_PG="host=127.0.0.1 port=$port user=postgres"
-export ENVELOPES_TEST_PG_CA="$ENVELOPES_TMP/itest/ca.crt"
-port_sb=$(free_port)
-cluster_start_standby itest_standby "$port" "$port_sb"
-export ENVELOPES_TEST_PG_STANDBY="host=127.0.0.1 port=$port_sb user=postgres"
-port_nw=$(free_port)
-cluster_start noworkers "$port_nw" "max_worker_processes = 0"
-export ENVELOPES_TEST_PG_NO_WORKERS="host=127.0.0.1 port=$port_nw user=postgres"
-port_fresh=$(free_port)
-cluster_start fresh "$port_fresh"
-export ENVELOPES_TEST_PG_FRESH="host=127.0.0.1 port=$port_fresh user=postgres"
-port_few=$(free_port)
-cluster_start few_locks "$port_few" "max_locks_per_transaction = 10" "max_connections = 20"
-export ENVELOPES_TEST_PG_FEW_LOCKS="host=127.0.0.1 port=$port_few user=postgres"
-export PG_BIN
+trap stop_integration_clusters EXIT
+start_integration_clusters
 # Every test binary but the router's (PL/Proxy) and pg_upgrade's (scripts/test.sh
 # runs it once, across majors).
 tests=()
@@ -62,6 +44,7 @@ cargo test -p pg_envelopes_tests "${tests[@]}" -- --test-threads=4
 # this major does not, or the magic block's version mismatch).
 other=/usr/lib/postgresql/15/lib/pg_envelopes.so
 if [ -f "$other" ]; then
+    port=${ENVELOPES_TEST_PG##*port=}; port=${port%% *}
     out=$(cluster_psql itest "$port" postgres -c "LOAD '$other'" 2>&1 || true)
     if ! grep -q "could not load library \"$other\"\|incompatible library \"$other\"" <<<"$out"; then
         log "loading the library built for 15 into $M was not refused as expected: $out"

@@ -58,32 +58,9 @@ step "documentation: every sql example of README.md and docs/ run, bridge comman
 scripts/docs_test.sh
 
 step "integration tests"
-port=$(free_port)
-cluster_start itest "$port" "wal_level = logical" "max_replication_slots = 10"
 shards_dir=""
-trap 'cluster_stop itest_standby; cluster_stop itest; cluster_stop noworkers; cluster_stop fresh; cluster_stop few_locks; [ -z "$shards_dir" ] || scripts/shards.sh down "$shards_dir" 2>/dev/null' EXIT
-cluster_enable_tls itest
-export ENVELOPES_TEST_PG="host=127.0.0.1 port=$port user=postgres"
-# A hot standby of it, for what the feed does during recovery (tests/tests/standby.rs).
-port_sb=$(free_port)
-cluster_start_standby itest_standby "$port" "$port_sb"
-export ENVELOPES_TEST_PG_STANDBY="host=127.0.0.1 port=$port_sb user=postgres"
-# A second server with no background-worker slots, for the fallback of partition
-# creation into the inserting transaction (tests/tests/worker.rs).
-port_nw=$(free_port)
-cluster_start noworkers "$port_nw" "max_worker_processes = 0"
-export ENVELOPES_TEST_PG_NO_WORKERS="host=127.0.0.1 port=$port_nw user=postgres"
-# A fresh server whose transaction counter is far behind the first one's, to
-# restore dumps into (tests/tests/restore.rs).
-port_fresh=$(free_port)
-cluster_start fresh "$port_fresh"
-export ENVELOPES_TEST_PG_FRESH="host=127.0.0.1 port=$port_fresh user=postgres"
-# A server with a small lock table, where 1,000 bands stand for 10,000 and more
-# at the default max_locks_per_transaction (tests/tests/scale.rs).
-port_few_locks=$(free_port)
-cluster_start few_locks "$port_few_locks" "max_locks_per_transaction = 10" "max_connections = 20"
-export ENVELOPES_TEST_PG_FEW_LOCKS="host=127.0.0.1 port=$port_few_locks user=postgres"
-export ENVELOPES_TEST_PG_CA="$ENVELOPES_TMP/itest/ca.crt"
+trap 'stop_integration_clusters; [ -z "$shards_dir" ] || scripts/shards.sh down "$shards_dir" 2>/dev/null' EXIT
+start_integration_clusters
 # Four shard servers, a proxy with pg_envelopes_router, and one spare shard for
 # the partition move (tests/tests/router.rs, bridge/tests/shards.rs).
 shards_dir=$(ENVELOPES_SHARDS_OWNER=$$ scripts/shards.sh up 4)
