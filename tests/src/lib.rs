@@ -316,3 +316,20 @@ pub fn force_parallel_setting(client: &mut Client) -> String {
         .expect("pg_settings")
         .get(0)
 }
+
+/// Runs a program to its end and returns what it printed (standard output, then
+/// standard error); panics with both when it fails.
+pub fn run(cmd: &mut std::process::Command) -> String {
+    let out = cmd.output().expect("run a program");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{text}",
+        out.status
+    );
+    text
+}

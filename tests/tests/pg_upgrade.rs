@@ -15,8 +15,8 @@
 //! the old binaries are `ENVELOPES_TEST_UPGRADE_FROM` (Debian's Postgres 15 by
 //! default). Clusters are made, started and stopped here as `postgres`.
 
-use pg_envelopes_tests::drain_envelopes;
 use pg_envelopes_tests::whole_store::{check_restored, fill, keys, outbox_drain, state};
+use pg_envelopes_tests::{drain_envelopes, run};
 use postgres::{Client, NoTls};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -37,21 +37,6 @@ fn as_postgres(program: &Path) -> Command {
     let mut cmd = Command::new("runuser");
     cmd.args(["-u", "postgres", "--"]).arg(program);
     cmd
-}
-
-fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().expect("run a program");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}):\n{text}",
-        out.status
-    );
-    text
 }
 
 /// A port below the ephemeral range nothing listens on now.

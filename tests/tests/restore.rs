@@ -13,7 +13,7 @@
 //! ids first.
 
 use pg_envelopes_tests::whole_store::{check_restored, fill, keys, outbox_drain, state};
-use pg_envelopes_tests::{drain_envelopes, TestDb};
+use pg_envelopes_tests::{drain_envelopes, run, TestDb};
 use postgres::{Client, NoTls};
 use std::path::PathBuf;
 use std::process::Command;
@@ -21,17 +21,6 @@ use std::process::Command;
 fn pg_bin(tool: &str) -> PathBuf {
     let dir = std::env::var("PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into());
     PathBuf::from(dir).join(tool)
-}
-
-fn run(cmd: &mut Command) {
-    let out = cmd.output().expect("run a client program");
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}):\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// A libpq connection string of `db` (with `dbname`).
@@ -82,7 +71,7 @@ fn dump_and_restore(form: Form, source: &str, target: &str, dir: &std::path::Pat
         }
     }
     run(&mut dump);
-    match form {
+    let _restored = match form {
         Form::Custom => run(Command::new(pg_bin("pg_restore"))
             .args(["--exit-on-error", "-d", target])
             .arg(&file)),
@@ -95,7 +84,7 @@ fn dump_and_restore(form: Form, source: &str, target: &str, dir: &std::path::Pat
         Form::Plain => run(Command::new(pg_bin("psql"))
             .args(["-q", "-X", "-v", "ON_ERROR_STOP=1", "-d", target, "-f"])
             .arg(&file)),
-    }
+    };
 }
 
 /// An empty database on `server`, dropped on drop.
