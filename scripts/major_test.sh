@@ -13,6 +13,9 @@ cd "$(dirname "$0")/.."
 export ENVELOPES_PG_MAJOR=${1:?usage: major_test.sh 17|18}
 case "$ENVELOPES_PG_MAJOR" in 17|18) ;; *) echo "major_test.sh: 17 or 18" >&2; exit 64 ;; esac
 export ENVELOPES_TMP=${ENVELOPES_TMP:-/var/tmp/pg_envelopes}/pg$ENVELOPES_PG_MAJOR
+# The major named above decides the installation, not one a caller exported
+# (scripts/test.sh exports PG_BIN for its 15 tiers).
+unset PG_BIN PG_CONFIG PGXS_TEST
 source scripts/lib.sh
 [ -x "$PG_CONFIG" ] || { log "$PG_CONFIG is missing: scripts/setup.sh builds it"; exit 1; }
 M=$ENVELOPES_PG_MAJOR
