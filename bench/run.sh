@@ -51,12 +51,16 @@
 # idle read after other databases wrote WAL, registering while a transaction runs
 # elsewhere, and the inserts' cost of wal_level = logical).
 #
-# usage: bench/run.sh [--quick] [--only NAME[,NAME...]] [--baseline REF]
+# usage: bench/run.sh [--quick] [--only NAME[,NAME...]] [--baseline REF] [--durability off|on]
 #   --quick     2 runs of 3 s per cell, durable variant only for insert and notify:
 #               under 5 minutes, a smoke test of the numbers
 #   --only      run only the named comparisons
 #   --baseline  git ref of the baseline build for feedcost and idle (default: the
 #               last commit before the change feed of 0.3.0)
+#   --durability  only this synchronous_commit setting (default: off, then on)
+# The Postgres is scripts/lib.sh's: ENVELOPES_PG_MAJOR=17 or 18 (or PG_CONFIG)
+# for another major; a partial run on another major than 15 gets a section of
+# its own in RESULTS.md.
 # ENVELOPES_BENCH_RUNS and ENVELOPES_BENCH_SECONDS override the runs per variant
 # and their length.
 set -euo pipefail
@@ -64,13 +68,16 @@ COMMAND="bench/run.sh $*"
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
-quick=false only="" baseline_ref=c3945bd
+quick=false only="" baseline_ref=c3945bd durabilities="off on"
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) quick=true ;;
         --only) only=$2; shift ;;
         --baseline) baseline_ref=$2; shift ;;
-        *) echo "usage: $0 [--quick] [--only NAME[,NAME...]] [--baseline REF]" >&2; exit 2 ;;
+        --durability)
+            case "${2:-}" in off|on) durabilities=$2 ;; *) echo "--durability: off or on" >&2; exit 2 ;; esac
+            shift ;;
+        *) echo "usage: $0 [--quick] [--only NAME[,NAME...]] [--baseline REF] [--durability off|on]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -173,7 +180,10 @@ interleave() {
 sql() { cluster_psql bench "$PORT" "$@"; }
 
 # reset_tables DB: empty tables, sequence back to 1, checkpoint (bench/sql/reset.sql).
-reset_tables() { sql "$1" -q -f bench/sql/reset.sql >/dev/null; }
+reset_tables() {
+    if $partman; then sql "$1" -q -c "TRUNCATE partman_meta, partman_blob"; fi
+    sql "$1" -q -f bench/sql/reset.sql >/dev/null
+}
 
 # On any exit: stop what this script started in the background (listener, bridge,
 # probe), remove the benchmark's JetStream stream, stop the cluster and delete its
@@ -259,7 +269,7 @@ start_baseline() {
     log "baseline cluster (pg_envelopes at $baseline_ref) on port $BASE_PORT"
 }
 
-for durability in off on; do
+for durability in $durabilities; do
     if $quick && [ "$durability" = on ]; then only_here=insert,notify; else only_here=""; fi
     PORT=$(free_port)
     cluster_start bench "$PORT" "${TUNING[@]}" "synchronous_commit = $durability"
@@ -268,6 +278,15 @@ for durability in off on; do
     for t in "${TUNING[@]}"; do log "  $t"; done
     sql postgres -q -c "CREATE DATABASE bench"
     sql bench -q -f bench/sql/setup.sql >/dev/null
+    # pg_partman, a peer in the insert comparison, where it is installed (Debian
+    # packages it for 15 here; the 17 and 18 built from source have none).
+    partman=false partman_variant=()
+    if [ "$(sql bench -At -c "SELECT count(*) FROM pg_catalog.pg_available_extensions WHERE name = 'pg_partman'")" = 1 ]; then
+        sql bench -q -f bench/sql/setup_partman.sql >/dev/null
+        partman=true partman_variant=(partman=bench/sql/insert_partman.sql)
+    else
+        log "pg_partman is not installed for $("$PG_BIN/postgres" --version): the insert comparison goes without it"
+    fi
 
     if selected insert; then
         # Single-row inserts, 2 clients: the extension's function; a plain INSERT of
@@ -278,7 +297,7 @@ for durability in off on; do
             extension=bench/sql/insert_extension.sql plain=bench/sql/insert_plain.sql \
             plain_idempotent=bench/sql/insert_plain_idempotent.sql \
             flat=bench/sql/insert_flat.sql savepoint=bench/sql/insert_savepoint.sql \
-            partman=bench/sql/insert_partman.sql
+            "${partman_variant[@]}"
         interleave insert8 "$durability" 8 bench \
             extension=bench/sql/insert_extension.sql plain=bench/sql/insert_plain.sql \
             plain_idempotent=bench/sql/insert_plain_idempotent.sql
@@ -1492,8 +1511,11 @@ done
     for t in "${TUNING[@]}"; do echo "setting	$t"; done
 } >"$OUT/meta.tsv"
 if [ -n "$only" ]; then
-    # A partial run updates its own section of RESULTS.md, leaving the full run's.
-    "$REPORT_PYTHON" bench/report.py "$OUT" bench/RESULTS.md --section "$only"
+    # A partial run updates its own section of RESULTS.md, leaving the full run's;
+    # on another major than 15, a section of its own for that major.
+    section=$only
+    [ "$(pg_major)" = 15 ] || section="$only on PostgreSQL $(pg_major)"
+    "$REPORT_PYTHON" bench/report.py "$OUT" bench/RESULTS.md --section "$section"
 else
     "$REPORT_PYTHON" bench/report.py "$OUT" bench/RESULTS.md
 fi

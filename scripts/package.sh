@@ -1,17 +1,29 @@
 #!/usr/bin/env bash
-# Builds the Debian packages of pg_envelopes for this machine's architecture:
+# Builds the Debian packages of pg_envelopes for this machine's architecture,
+# for each Postgres major M of 15, 17 and 18 (named as Debian and PGDG name
+# extension packages):
 #
-#   postgresql-15-pg-envelopes         the extension: library, control file, the
-#                                      install script of this version and of every
-#                                      released one (sql/releases/) and the upgrade
-#                                      scripts between them
-#   postgresql-15-pg-envelopes-router  pg_envelopes_router (router/), pure SQL over
-#                                      PL/Proxy
+#   postgresql-M-pg-envelopes          the extension built for M: library, control
+#                                      file, the install script of this version
+#                                      and of every released one (sql/releases/)
+#                                      and the upgrade scripts between them, in
+#                                      /usr/lib/postgresql/M/lib and
+#                                      /usr/share/postgresql/M/extension
+#   postgresql-M-pg-envelopes-router   pg_envelopes_router (router/), pure SQL over
+#                                      PL/Proxy (postgresql-M-plproxy)
 #   envelopes-bridge                   /usr/bin/envelopes-bridge, the systemd unit
 #                                      envelopes-bridge@.service, an example
 #                                      configuration and a man page made from --help
 #
-#   scripts/package.sh [--out DIR] [--debug] [--no-build] [--no-lintian]
+#   scripts/package.sh [--majors "15 17 18"] [--out DIR] [--debug] [--no-build] [--no-lintian]
+#
+# --majors defaults to ENVELOPES_PG_MAJORS, else all three. Each major's library
+# is compiled against that major's headers: 15 against Debian's
+# postgresql-server-dev-15, 17 and 18 against the trees scripts/postgres_build.sh
+# builds from Debian's source packages (release packages for 18 against the
+# build without assertions, built here on first use; --debug ones against the
+# tree the tests use, which has them on). Whatever the tree's prefix, the files
+# go where Debian's postgresql-M puts extensions.
 #
 # The extension is built with `cargo pgrx package` (release), the bridge with
 # `cargo build --release`; the packages are put together with dpkg-deb (no
@@ -33,14 +45,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
-out="" build=true lint=true profile=release
+out="" build=true lint=true profile=release majors=${ENVELOPES_PG_MAJORS:-15 17 18}
+usage="usage: $0 [--majors \"15 17 18\"] [--out DIR] [--debug] [--no-build] [--no-lintian]"
 while [ $# -gt 0 ]; do
     case "$1" in
+        --majors) majors=${2:?--majors needs a list such as \"15 17 18\"}; shift ;;
         --out) out=${2:?--out needs a directory}; shift ;;
         --debug) profile=debug ;;
         --no-build) build=false ;;
         --no-lintian) lint=false ;;
-        *) echo "usage: $0 [--out DIR] [--debug] [--no-build] [--no-lintian]" >&2; exit 2 ;;
+        *) echo "$usage" >&2; exit 2 ;;
     esac
     shift
 done
@@ -61,10 +75,19 @@ v = {p["name"]: p["version"] for p in json.load(sys.stdin)["packages"]}
 print(v["pg_envelopes"], v["envelopes-bridge"])')
 revision=1
 arch=$(dpkg --print-architecture)
-pg_major=$("$PG_CONFIG" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
-[ "$pg_major" = 15 ] || { log "pg_config $PG_CONFIG is PostgreSQL $pg_major, not 15"; exit 1; }
-pkglibdir=$("$PG_CONFIG" --pkglibdir)            # /usr/lib/postgresql/15/lib
-sharedir=$("$PG_CONFIG" --sharedir)/extension    # /usr/share/postgresql/15/extension
+# The pg_config each major's library is built with (see above).
+declare -A configs=()
+for m in $majors; do
+    case "$m" in
+        15|17) configs[$m]=$(pg_config_of "$m") ;;
+        18) if [ "$profile" = release ]; then configs[$m]=$(scripts/postgres_build.sh 18); else configs[$m]=$(pg_config_of 18); fi ;;
+        *) log "no packages for Postgres $m: 15, 17 or 18"; exit 2 ;;
+    esac
+    [ -x "${configs[$m]}" ] || { log "${configs[$m]} (Postgres $m) is missing: scripts/setup.sh builds it"; exit 1; }
+    v=$("${configs[$m]}" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
+    [ "$v" = "$m" ] || { log "${configs[$m]} is PostgreSQL $v, not $m"; exit 1; }
+done
+[ "${#configs[@]}" -gt 0 ] || { log "no major to package (--majors)"; exit 2; }
 maintainer=${ENVELOPES_DEB_MAINTAINER:-$(git log -1 --format='%an <%ae>' 2>/dev/null || echo 'pg_envelopes maintainers <maintainers@localhost>')}
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 # Timestamps in the packages and changelogs: the last commit's, so that the same
@@ -90,22 +113,31 @@ if [ "$profile" = release ]; then
 else
     ext_target=$PWD/target pgrx_flags=(--debug) cargo_flags=()
 fi
-pgrx_out="$ext_target/$profile/pg_envelopes-pg15-package"
+# pgrx_out M: where cargo pgrx package puts the build for major M (under the
+# absolute paths of that major's pg_config).
+pgrx_out() { echo "$ext_target/$profile/pg_envelopes-pg$1-package"; }
 # cargo puts the binary under CARGO_TARGET_DIR when that is set.
 bridge_bin=${CARGO_TARGET_DIR:-target}/$profile/envelopes-bridge
 if $build; then
     buildlog="$out/build.log"
-    log "building the extension (cargo pgrx package) and the bridge (cargo build), $profile; log in $buildlog"
-    { rm -rf "$pgrx_out" \
-        && CARGO_TARGET_DIR=$ext_target cargo pgrx package "${pgrx_flags[@]}" --pg-config "$PG_CONFIG" --out-dir "$pgrx_out" \
-        && cargo build "${cargo_flags[@]}" -p envelopes-bridge; } >"$buildlog" 2>&1 \
+    : >"$buildlog"
+    for m in $majors; do
+        log "building the extension for Postgres $m (cargo pgrx package, $profile; log in $buildlog)"
+        { rm -rf "$(pgrx_out "$m")" \
+            && CARGO_TARGET_DIR=$ext_target cargo pgrx package "${pgrx_flags[@]}" --pg-config "${configs[$m]}" \
+                --out-dir "$(pgrx_out "$m")"; } >>"$buildlog" 2>&1 \
+            || { tail -n 40 "$buildlog" >&2; log "build failed (whole log: $buildlog)"; exit 1; }
+    done
+    log "building the bridge (cargo build, $profile)"
+    cargo build "${cargo_flags[@]}" -p envelopes-bridge >>"$buildlog" 2>&1 \
         || { tail -n 40 "$buildlog" >&2; log "build failed (whole log: $buildlog)"; exit 1; }
 fi
-[ -f "$pgrx_out$pkglibdir/pg_envelopes.so" ] || { log "no extension built in $pgrx_out (run without --no-build)"; exit 1; }
+for m in $majors; do
+    [ -f "$(pgrx_out "$m")$("${configs[$m]}" --pkglibdir)/pg_envelopes.so" ] \
+        || { log "no extension for Postgres $m built in $(pgrx_out "$m") (run without --no-build)"; exit 1; }
+done
 [ -x "$bridge_bin" ] || { log "no $bridge_bin (run without --no-build)"; exit 1; }
 export SOURCE_DATE_EPOCH=$source_date_epoch
-cp -a "$pgrx_out" "$stage/pgrx"
-[ -x "$bridge_bin" ] || { log "no $bridge_bin: build the bridge first"; exit 1; }
 
 # --- helpers ---------------------------------------------------------------
 
@@ -150,11 +182,21 @@ $crates"
     chmod 644 "$doc/changelog.Debian.gz"
 }
 
-# lintian_overrides PKG: install packaging/debian/PKG.lintian-overrides if any.
+# lintian_overrides PKG [MAJOR]: install packaging/debian/PKG.lintian-overrides
+# if any; for a package of a Postgres major, the template named with MAJOR in
+# place of the number, @MAJOR@ replaced.
 lintian_overrides() {
-    local f="packaging/debian/$1.lintian-overrides"
+    local f="packaging/debian/$1.lintian-overrides" dest="$stage/$1/usr/share/lintian/overrides/$1"
+    if [ -n "${2:-}" ]; then
+        f="packaging/debian/${1/-$2-/-MAJOR-}.lintian-overrides"
+        [ -f "$f" ] || return 0
+        install -d "$(dirname "$dest")"
+        grep -v '^# Template:' "$f" | sed "s/@MAJOR@/$2/g" >"$dest"
+        chmod 644 "$dest"
+        return 0
+    fi
     [ -f "$f" ] || return 0
-    install -D -m 644 "$f" "$stage/$1/usr/share/lintian/overrides/$1"
+    install -D -m 644 "$f" "$dest"
 }
 
 # shlibs_depends FILE...: the Depends that dpkg-shlibdeps computes for ELF files.
@@ -205,20 +247,28 @@ finish() {
 
 debs=()
 
-# --- postgresql-15-pg-envelopes --------------------------------------------
+# --- postgresql-M-pg-envelopes and postgresql-M-pg-envelopes-router --------
 
-pkg=postgresql-15-pg-envelopes
+for m in $majors; do
+# Debian's postgresql-M layout, whatever prefix the tree built against has; the
+# build mirrors that tree's own paths.
+built="$(pgrx_out "$m")"
+built_lib="$built$("${configs[$m]}" --pkglibdir)"
+built_share="$built$("${configs[$m]}" --sharedir)/extension"
+pkglibdir=/usr/lib/postgresql/$m/lib
+sharedir=/usr/share/postgresql/$m/extension
+pkg=postgresql-$m-pg-envelopes
 root="$stage/$pkg"
 install -d "$root$pkglibdir" "$root$sharedir"
 # dh_strip's flags: symbols the server looks up (Pg_magic_func, the pg_finfo_*
 # and function entry points) are dynamic and stay.
 strip --remove-section=.comment --remove-section=.note --strip-unneeded \
-    -o "$root$pkglibdir/pg_envelopes.so" "$stage/pgrx$pkglibdir/pg_envelopes.so"
+    -o "$root$pkglibdir/pg_envelopes.so" "$built_lib/pg_envelopes.so"
 chmod 644 "$root$pkglibdir/pg_envelopes.so"   # as Debian's own extension packages have them
 # The control file, this version's install script and the upgrade scripts, as
 # cargo pgrx package wrote them; the released install scripts, so that
 # CREATE EXTENSION pg_envelopes VERSION '0.3.0' and ALTER EXTENSION ... UPDATE work.
-cp "$stage/pgrx$sharedir"/pg_envelopes* "$root$sharedir/"
+cp "$built_share"/pg_envelopes* "$root$sharedir/"
 for f in sql/releases/pg_envelopes--*.sql; do
     [ -e "$root$sharedir/$(basename "$f")" ] && { log "$(basename "$f") is both built and released"; exit 1; }
     install -m 644 "$f" "$root$sharedir/"
@@ -238,24 +288,22 @@ done
 install -d "$root/usr/share/doc/$pkg"
 gzip -9n <README.md >"$root/usr/share/doc/$pkg/README.md.gz"
 doc_files "$pkg" pg_envelopes "$ext_version"
-lintian_overrides "$pkg"
+lintian_overrides "$pkg" "$m"
 finish "$pkg" "$ext_version" "$arch" \
-    "postgresql-15, $(shlibs_depends "$root$pkglibdir/pg_envelopes.so")" database \
-    "partitioned message-envelope store for PostgreSQL 15
+    "postgresql-$m, $(shlibs_depends "$root$pkglibdir/pg_envelopes.so")" database \
+    "partitioned message-envelope store for PostgreSQL $m
  pg_envelopes stores message envelopes from many originator nodes in tables
  partitioned by originator and sequence band, and creates the partitions it
  needs on demand. It reads them back with vector-clock cursors, keeps a change
  feed in which every committed row reaches every consumer, and rings a NOTIFY
  doorbell for listeners.
  .
- This package holds the extension for PostgreSQL 15: CREATE EXTENSION
+ This package holds the extension for PostgreSQL $m: CREATE EXTENSION
  pg_envelopes in a database. The install scripts of released versions are
  included, so older versions can be created and upgraded with
  ALTER EXTENSION pg_envelopes UPDATE."
 
-# --- postgresql-15-pg-envelopes-router -------------------------------------
-
-pkg=postgresql-15-pg-envelopes-router
+pkg=postgresql-$m-pg-envelopes-router
 root="$stage/$pkg"
 install -d "$root$sharedir"
 # What `make -C router install` installs (router/Makefile: EXTENSION and DATA).
@@ -263,8 +311,8 @@ install -m 644 router/pg_envelopes_router.control router/pg_envelopes_router--*.
 install -d "$root/usr/share/doc/$pkg"
 gzip -9n <docs/operations/scaling.md >"$root/usr/share/doc/$pkg/SCALING.md.gz"
 doc_files "$pkg" "" "$ext_version"
-lintian_overrides "$pkg"
-finish "$pkg" "$ext_version" all "postgresql-15, postgresql-15-plproxy" database \
+lintian_overrides "$pkg" "$m"
+finish "$pkg" "$ext_version" all "postgresql-$m, postgresql-$m-plproxy" database \
     "routes pg_envelopes calls to shards by originator (PL/Proxy)
  pg_envelopes_router is installed into a proxy database in front of several
  PostgreSQL servers that each run pg_envelopes. It defines the writer's and
@@ -272,7 +320,8 @@ finish "$pkg" "$ext_version" all "postgresql-15, postgresql-15-plproxy" database
  runs each call on the shard that owns its originator (reads across shards
  are merged), so an application moves from one node to several by changing its
  connection string." \
-    "Suggests: postgresql-15-pg-envelopes"
+    "Suggests: postgresql-$m-pg-envelopes"
+done
 
 # --- envelopes-bridge ------------------------------------------------------
 
@@ -325,7 +374,7 @@ finish "$pkg" "$bridge_version" "$arch" "$(shlibs_depends "$root/usr/bin/envelop
  .
  The package holds the binary, a systemd unit template (envelopes-bridge@NAME
  runs /etc/envelopes-bridge/NAME.toml) and an example configuration." \
-    "Suggests: postgresql-15-pg-envelopes"
+    "Suggests: $(for m in $majors; do printf 'postgresql-%s-pg-envelopes | ' "$m"; done | sed 's/ | $//')"
 
 rm -rf "$stage"
 

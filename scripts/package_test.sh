@@ -12,6 +12,13 @@
 #     the rows are acknowledged: every row is in the file under its id;
 # then dpkg -r them, and check that nothing dpkg -L listed is left (files, and
 # directories the packages created), and purge what dpkg keeps in its database.
+# The packages for Postgres 17 and 18 (whose servers are not Debian 12 packages
+# here): their files in Debian's layout for that major and nothing else, their
+# dependencies named for it, then the files of the extension package copied
+# into the self-built tree of that major (scripts/postgres_build.sh) and the
+# same CREATE EXTENSION, insert and read, 0.3.0 and ALTER EXTENSION ... UPDATE
+# run from them in a cluster of that major. ENVELOPES_PG_MAJORS (default
+# "15 17 18") says which majors; 15 is always tested.
 #
 #   scripts/package_test.sh [scripts/package.sh options: --debug, --no-build]
 #
@@ -27,6 +34,10 @@ cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
 packages=(postgresql-15-pg-envelopes postgresql-15-pg-envelopes-router envelopes-bridge)
+others=()
+for m in ${ENVELOPES_PG_MAJORS:-15 17 18}; do
+    [ "$m" = 15 ] || others+=("$m")
+done
 for tool in dpkg-deb dpkg; do
     command -v "$tool" >/dev/null || { log "skipped: $tool is missing (not a Debian system)"; exit 0; }
 done
@@ -42,7 +53,7 @@ dpkg-query -W -f='${Status}' postgresql-15-plproxy 2>/dev/null | grep -q ' insta
 
 fail() { log "FAIL: $*"; exit 1; }
 
-debdir=$(scripts/package.sh "$@")
+debdir=$(scripts/package.sh --majors "15 ${others[*]}" "$@")
 ext_version=$(cargo metadata --no-deps --format-version 1 | python3 -c '
 import json, sys; print({p["name"]: p["version"] for p in json.load(sys.stdin)["packages"]}["pg_envelopes"])')
 bridge_version=$(cargo metadata --no-deps --format-version 1 | python3 -c '
@@ -91,6 +102,7 @@ restore() {
 finish() {
     restore
     cluster_stop pkgtest
+    for m in "${others[@]}"; do PG_BIN=$(dirname "$(pg_config_of "$m")") cluster_stop "pkgtest$m"; done
 }
 trap finish EXIT
 trap 'exit 130' INT TERM HUP
@@ -127,7 +139,10 @@ for p in "${packages[@]}"; do
     [ ! -s "$work/verify.log" ] || { cat "$work/verify.log" >&2; fail "dpkg -V $p: installed files differ"; }
 done
 
-# The extension, fresh and upgraded from the frozen 0.3.0 script.
+# exercise_extension: in the cluster sql() reaches, the packaged extension
+# created fresh (insert, read back), and 0.3.0 created from the frozen script,
+# written through, upgraded, and written through again.
+exercise_extension() {
 sql postgres -q -c "CREATE DATABASE fresh" -c "CREATE DATABASE upgraded" -c "CREATE DATABASE proxy"
 [ "$(sql fresh -qAt -c "CREATE EXTENSION pg_envelopes" -c "SELECT extversion FROM pg_extension WHERE extname = 'pg_envelopes'")" = "$ext_version" ] \
     || fail "CREATE EXTENSION pg_envelopes did not create version $ext_version"
@@ -141,6 +156,8 @@ sql upgraded -At -o /dev/null -c "ALTER EXTENSION pg_envelopes UPDATE"
 [ "$(sql upgraded -qAt -c "SELECT envelopes.insert_gateway_envelope(5, 2, '\\x05', '\\x0502')" \
        -c "SELECT string_agg(originator_sequence_id::text || '=' || encode(originator_envelope, 'hex'), ',' ORDER BY 1) FROM envelopes.gateway_envelopes_view")" \
    = $'1\n1=0501,2=0502' ] || fail "the row written by 0.3.0 and one written after the upgrade are not both there"
+}
+exercise_extension
 log "pg_envelopes $ext_version created, and 0.3.0 created and upgraded to it"
 
 # The router in another database, routing to "fresh".
@@ -210,5 +227,48 @@ log "dpkg -r left nothing of the $(wc -l <"$work/listed") paths dpkg -L listed; 
 while IFS= read -r path; do
     cmp -s "$path" "$backup$path" || fail "$path differs from the copy saved before the test"
 done <"$work/to_save"
+
+# --- Postgres 17 and 18 -----------------------------------------------------
+
+for m in "${others[@]}"; do
+    deb=$(ls "$debdir/postgresql-$m-pg-envelopes"_*.deb)
+    router=$(ls "$debdir/postgresql-$m-pg-envelopes-router"_*.deb)
+    [ "$(dpkg-deb -f "$deb" Version)" = "$ext_version-1" ] || fail "$deb: version $(dpkg-deb -f "$deb" Version), crate $ext_version"
+    dpkg-deb -f "$deb" Depends | grep -q "^postgresql-$m," || fail "$deb does not depend on postgresql-$m"
+    dpkg-deb -f "$router" Depends | grep -q "postgresql-$m-plproxy" || fail "$router does not depend on postgresql-$m-plproxy"
+    # Debian's layout for this major and nothing else: no path of the tree the
+    # library was compiled against, no other major's directories.
+    unexpected=$(for f in "$deb" "$router"; do dpkg-deb -c "$f"; done | awk '$1 !~ /^d/ { sub(/^\./, "", $6); print $6 }' \
+        | grep -v -E "^/usr/lib/postgresql/$m/lib/pg_envelopes\.so$|^/usr/share/postgresql/$m/extension/pg_envelopes(_router)?(--[0-9.]+(--[0-9.]+)?\.sql|\.control)$|^/usr/share/doc/postgresql-$m-pg-envelopes(-router)?/|^/usr/share/lintian/overrides/postgresql-$m-pg-envelopes(-router)?$" || true)
+    [ -z "$unexpected" ] || fail "files outside Postgres $m's extension layout in its packages: $unexpected"
+    x="$work/files$m"
+    dpkg-deb -x "$deb" "$x"
+    config=$(pg_config_of "$m")
+    tree_lib=$("$config" --pkglibdir) tree_share=$("$config" --sharedir)/extension
+    flock -w 900 9 || fail "waited 15 minutes for $INSTALL_LOCK"
+    for p in "$tree_lib"/pg_envelopes* "$tree_share"/pg_envelopes*; do
+        [ -f "$p" ] || continue
+        mkdir -p "$backup$(dirname "$p")"
+        cp -a "$p" "$backup$p"
+        echo "$p" >>"$work/saved.list"
+    done
+    # The tree keeps nothing of ours but what the package holds (a stale
+    # upgrade script or library of a build would make the test pass for it).
+    rm -f "$tree_lib"/pg_envelopes* "$tree_share"/pg_envelopes*
+    cp "$x/usr/lib/postgresql/$m/lib/pg_envelopes.so" "$tree_lib/"
+    cp "$x/usr/share/postgresql/$m/extension/"pg_envelopes* "$tree_share/"
+    port=$(free_port)
+    PG_BIN=$(dirname "$config") cluster_start "pkgtest$m" "$port"
+    sql() { PG_BIN=$(dirname "$config") cluster_psql "pkgtest$m" "$port" "$@"; }
+    exercise_extension
+    [ "$(sql fresh -At -c "SHOW server_version_num" | cut -c1-2)" = "$m" ] || fail "the cluster is not Postgres $m"
+    PG_BIN=$(dirname "$config") cluster_stop "pkgtest$m"
+    # Back as it was: what install_extension put there for the other tests.
+    rm -f "$tree_lib"/pg_envelopes* "$tree_share"/pg_envelopes*
+    restore
+    flock -u 9
+    log "postgresql-$m-pg-envelopes: Debian's layout for $m; its files in Postgres $m's tree create pg_envelopes $ext_version, and 0.3.0 upgrades to it"
+done
+
 rm -rf "$work"
 log "packages: ok"

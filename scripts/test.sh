@@ -19,7 +19,8 @@
 #   8. Postgres 17 and 18 (the 18 with assertions on): the same tiers 3 to 5
 #      for each (scripts/major_test.sh), then pg_upgrade from 15 to each, --copy
 #      and --link, with the extension in use (tests/tests/pg_upgrade.rs)
-#   9. the Debian packages, installed, used and removed (scripts/package_test.sh)
+#   9. the Debian packages, for 15 installed, used and removed, for 17 and 18
+#      their files used in those servers (scripts/package_test.sh)
 #
 # ENVELOPES_PG_MAJORS="15" (default "15 17 18") leaves out step 8 for a quick
 # local run; .ci/run runs everything.
@@ -102,7 +103,7 @@ if [ "${#newer[@]}" -gt 0 ]; then
         cargo test -p pg_envelopes_tests --test pg_upgrade -- --test-threads=1
 fi
 
-step "Debian packages: build, install, create and upgrade, router, bridge, remove"
+step "Debian packages for 15, 17 and 18: build, install, create and upgrade, router, bridge, remove"
 # From the debug builds the steps above made: the packaging is what is tested,
 # and release builds from cold would add a quarter of an hour
 # (scripts/package_test.sh without --debug tests the release packages).

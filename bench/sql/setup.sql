@@ -11,18 +11,3 @@ CREATE TABLE flat_blob (LIKE envelopes.gateway_envelopes_blob INCLUDING ALL);
 -- stays well below 30 million ids, so no variant ever creates a partition.
 SELECT envelopes.ensure_gateway_parts(n, b * 10000000 + 1, 10000000)
   FROM generate_series(1, 8) n, generate_series(0, 2) b;
--- pg_partman as a peer: one range-partitioned pair, the same 3 bands made ahead,
--- the same primary key.
-CREATE SCHEMA partman;
-CREATE EXTENSION pg_partman SCHEMA partman;
-CREATE TABLE partman_meta (LIKE envelopes.gateway_envelopes_meta INCLUDING DEFAULTS,
-                           PRIMARY KEY (originator_node_id, originator_sequence_id))
-    PARTITION BY RANGE (originator_sequence_id);
-CREATE TABLE partman_blob (LIKE envelopes.gateway_envelopes_blob INCLUDING DEFAULTS,
-                           PRIMARY KEY (originator_node_id, originator_sequence_id))
-    PARTITION BY RANGE (originator_sequence_id);
-CREATE INDEX ON partman_meta (topic, originator_sequence_id);
-SELECT partman.create_parent('public.partman_meta', 'originator_sequence_id', 'native', '10000000',
-                             p_premake => 3, p_start_partition => '0');
-SELECT partman.create_parent('public.partman_blob', 'originator_sequence_id', 'native', '10000000',
-                             p_premake => 3, p_start_partition => '0');
