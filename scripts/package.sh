@@ -249,6 +249,8 @@ debs=()
 
 # --- postgresql-M-pg-envelopes and postgresql-M-pg-envelopes-router --------
 
+# One pass per major. The body is not indented: the package descriptions in it
+# are multi-line strings whose leading spaces are Debian's control syntax.
 for m in $majors; do
 # Debian's postgresql-M layout, whatever prefix the tree built against has; the
 # build mirrors that tree's own paths.
