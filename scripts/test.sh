@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of pg_envelopes, from a fresh machine or a warm one:
 #   1. machine setup (scripts/setup.sh), and servers left by killed runs stopped
-#   2. cargo fmt --check and cargo clippy -D warnings
+#   2. the Promela models of the no-loss contracts (model/, spin), then
+#      cargo fmt --check and cargo clippy -D warnings
 #   3. cargo pgrx test: plain #[test]s and in-backend #[pg_test]s
 #   4. pg_regress golden files and isolation specs (pg_test/), then the
 #      documentation test (scripts/docs_test.sh: README.md's and docs/'s
@@ -12,8 +13,7 @@
 #   6. scripts beside the code: two scripts/shards.sh side by side
 #      (scripts/shards_test.sh), prune_expired on a pg_cron schedule
 #      (scripts/cron_test.sh), the extension's own maintenance worker
-#      (scripts/maintenance_test.sh), and beside them the Promela models of
-#      the no-loss contracts (model/, spin)
+#      (scripts/maintenance_test.sh)
 #   7. the integrity tier (scripts/integrity.sh: racing writers, amcheck,
 #      decoding, a standby, crash rounds) against a server of its own
 #   8. Postgres 17 and 18 (the 18 with assertions on): the same tiers 3 to 5
@@ -38,35 +38,8 @@ step "released SQL scripts are unchanged"
 # were built with it. New releases append their scripts' checksums.
 sha256sum --quiet -c sql/releases/SHA256SUMS
 
-# Work that only needs CPU runs beside the steps that mostly wait (the bridge
-# tests wait on buses and timeouts, the pg_cron test for the next minute), at
-# the lowest priority so the tests beside it keep the CPU they ask for: the
-# model checks, and the 15.18 the pg_upgrade test starts from (built once, see
-# scripts/postgres_build.sh). Each is waited for, and its log shown if it failed,
-# before what needs it.
-background_jobs=()
-background() {
-    local name=$1; shift
-    nice -n 19 "$@" >"$ENVELOPES_TMP/$name.log" 2>&1 &
-    background_jobs+=("$!:$name")
-}
-wait_background() {
-    local job
-    for job in "${background_jobs[@]}"; do
-        if ! wait "${job%%:*}"; then
-            cat "$ENVELOPES_TMP/${job#*:}.log" >&2
-            log "${job#*:} failed (log above)"
-            exit 1
-        fi
-        log "${job#*:}: done ($(tail -n 1 "$ENVELOPES_TMP/${job#*:}.log"))"
-    done
-    background_jobs=()
-}
-install -d -o postgres -g postgres "$ENVELOPES_TMP"
-newer=()
-for major in ${ENVELOPES_PG_MAJORS:-15 17 18}; do
-    [ "$major" = 15 ] || newer+=("$major")
-done
+step "model checks (spin)"
+model/check.sh
 
 step "format and lints"
 cargo fmt --all --check
@@ -97,21 +70,20 @@ export ENVELOPES_TEST_SHARDS="$shards_dir/env"
 cargo test -p pg_envelopes_tests -- --test-threads=4
 
 step "bridge tests (real NATS JetStream, Redis, Mosquitto, RabbitMQ, a webhook receiver, bridges per shard)"
-if [ "${#newer[@]}" -gt 0 ]; then
-    background postgres-15.18-build scripts/postgres_build.sh 15
-fi
 cargo test -p envelopes-bridge -- --test-threads=2
 
-step "shards.sh side by side; prune_expired on a pg_cron schedule (about 3 minutes: pg_cron 1.4 runs once a minute); the maintenance worker; beside them the model checks (spin)"
-background model-checks model/check.sh
+step "shards.sh side by side; prune_expired on a pg_cron schedule (about 3 minutes: pg_cron 1.4 runs once a minute); the maintenance worker"
 scripts/shards_test.sh
 scripts/cron_test.sh
 scripts/maintenance_test.sh
 
-wait_background
 step "integrity tier (races, amcheck, decoding, standby, crashes)"
 scripts/integrity.sh
 
+newer=()
+for major in ${ENVELOPES_PG_MAJORS:-15 17 18}; do
+    [ "$major" = 15 ] || newer+=("$major")
+done
 for major in "${newer[@]}"; do
     step "Postgres $major: in-backend tests, pg_regress and isolation, integration tests"
     scripts/major_test.sh "$major"
