@@ -82,6 +82,12 @@ backup="$work/saved"
 mkdir -p "$backup"
 : >"$work/saved.list"
 installed=false
+# save_aside PATH: copies PATH into the backup and lists it for restore.
+save_aside() {
+    mkdir -p "$backup$(dirname "$1")"
+    cp -a "$1" "$backup$1"
+    echo "$1" >>"$work/saved.list"
+}
 restore() {
     local path
     [ -f "$work/saved.list" ] || return 0
@@ -122,9 +128,7 @@ pkglibdir=$("$PG_CONFIG" --pkglibdir)
         | while read -r p; do if [ -f "$p" ]; then echo "$p"; fi; done
 } | sort -u >"$work/to_save"
 while IFS= read -r path; do
-    mkdir -p "$backup$(dirname "$path")"
-    cp -a "$path" "$backup$path"
-    echo "$path" >>"$work/saved.list"
+    save_aside "$path"
 done <"$work/to_save"
 # Directories that exist now stay after dpkg -r; the others must go.
 for f in "${debs[@]}"; do dpkg-deb -c "$f" | awk '$1 ~ /^d/ { sub(/^\./, "", $6); sub(/\/$/, "", $6); print $6 }'; done \
@@ -244,13 +248,11 @@ for m in "${others[@]}"; do
     x="$work/files$m"
     dpkg-deb -x "$deb" "$x"
     config=$(pg_config_of "$m")
+    bin=$(dirname "$config")
     tree_lib=$("$config" --pkglibdir) tree_share=$("$config" --sharedir)/extension
     flock -w 900 9 || fail "waited 15 minutes for $INSTALL_LOCK"
     for p in "$tree_lib"/pg_envelopes* "$tree_share"/pg_envelopes*; do
-        [ -f "$p" ] || continue
-        mkdir -p "$backup$(dirname "$p")"
-        cp -a "$p" "$backup$p"
-        echo "$p" >>"$work/saved.list"
+        if [ -f "$p" ]; then save_aside "$p"; fi
     done
     # The tree keeps nothing of ours but what the package holds (a stale
     # upgrade script or library of a build would make the test pass for it).
@@ -258,11 +260,11 @@ for m in "${others[@]}"; do
     cp "$x/usr/lib/postgresql/$m/lib/pg_envelopes.so" "$tree_lib/"
     cp "$x/usr/share/postgresql/$m/extension/"pg_envelopes* "$tree_share/"
     port=$(free_port)
-    PG_BIN=$(dirname "$config") cluster_start "pkgtest$m" "$port"
-    sql() { PG_BIN=$(dirname "$config") cluster_psql "pkgtest$m" "$port" "$@"; }
+    PG_BIN=$bin cluster_start "pkgtest$m" "$port"
+    sql() { PG_BIN=$bin cluster_psql "pkgtest$m" "$port" "$@"; }
     exercise_extension
     [ "$(sql fresh -At -c "SHOW server_version_num" | cut -c1-2)" = "$m" ] || fail "the cluster is not Postgres $m"
-    PG_BIN=$(dirname "$config") cluster_stop "pkgtest$m"
+    PG_BIN=$bin cluster_stop "pkgtest$m"
     # Back as it was: what install_extension put there for the other tests.
     rm -f "$tree_lib"/pg_envelopes* "$tree_share"/pg_envelopes*
     restore
