@@ -11,7 +11,7 @@
 //! will not change — larger than the server's maximum, a subject it does not
 //! take — in which case the messages before it were acknowledged and the caller
 //! decides what to do with it (after bounded attempts, set it aside as a dead
-//! letter: see `egress.rs`). [`SinkError`] says which.
+//! letter: see `egress/deliver.rs`). [`SinkError`] says which.
 
 mod amqp;
 mod error;
