@@ -28,13 +28,13 @@ if [ ${#models[@]} -eq 0 ]; then
 	exit 2
 fi
 
-failures=0
 report() {	# PASS|FAIL model text
 	printf '%-4s  %-52s  %s\n' "$1" "$2" "$3"
-	if [ "$1" = FAIL ]; then failures=$((failures + 1)); fi
 }
 
-for model in "${models[@]}"; do
+# One model: spin, gcc, pan, then one report line on stdout.
+check_one() {
+	model="$1"
 	file="$(basename "$model")"
 	dir="$work/${file%.pml}"
 	mkdir -p "$dir"
@@ -52,11 +52,11 @@ for model in "${models[@]}"; do
 
 	if ! (cd "$dir" && spin -a "$file") >"$dir/spin.log" 2>&1; then
 		report FAIL "$file" "spin -a failed: $(grep -m1 -i error "$dir/spin.log" || tail -n1 "$dir/spin.log")"
-		continue
+		return
 	fi
 	if ! (cd "$dir" && gcc -O2 -w "${cflags[@]}" -o pan pan.c) >"$dir/gcc.log" 2>&1; then
 		report FAIL "$file" "gcc failed: $(head -n1 "$dir/gcc.log")"
-		continue
+		return
 	fi
 	# Bounded by CPU time, not wall time: on a loaded machine the larger models
 	# take minutes of wall time for under two of CPU.
@@ -66,7 +66,7 @@ for model in "${models[@]}"; do
 	errors="$(sed -n 's/.*errors: \([0-9][0-9]*\).*/\1/p' "$log" | head -n1)"
 	if [ -z "$errors" ]; then
 		report FAIL "$file" "no verdict from pan: $(tail -n1 "$log")"
-		continue
+		return
 	fi
 	truncated=no
 	if grep -q 'depth too small' "$log"; then truncated=yes; fi
@@ -103,6 +103,27 @@ for model in "${models[@]}"; do
 			report PASS "$file" "verified ($kind): errors: 0, $states states, depth $reached"
 		fi
 	fi
+}
+
+# The models are independent: as many at a time as there are cores (pan is
+# single-threaded), the reports printed in the models' order.
+parallel="$(nproc 2>/dev/null || echo 1)"
+for model in "${models[@]}"; do
+	while [ "$(jobs -rp | wc -l)" -ge "$parallel" ]; do wait -n || true; done
+	check_one "$model" >"$work/$(basename "$model").report" 2>&1 &
+done
+wait
+
+failures=0
+for model in "${models[@]}"; do
+	out="$work/$(basename "$model").report"
+	if [ ! -s "$out" ]; then
+		report FAIL "$(basename "$model")" "no report (the check itself failed)"
+		failures=$((failures + 1))
+		continue
+	fi
+	cat "$out"
+	if grep -q '^FAIL' "$out"; then failures=$((failures + 1)); fi
 done
 
 echo "$(( ${#models[@]} - failures ))/${#models[@]} as expected, $((SECONDS - start))s"

@@ -455,14 +455,28 @@ pub async fn read_stream_messages(url: &str, stream: &str) -> Vec<Stored> {
     let js = async_nats::jetstream::new(client);
     let mut s = js.get_stream(stream).await.expect("stream exists");
     let total = s.info().await.expect("stream info").state.messages;
-    let consumer = s
-        .create_consumer(async_nats::jetstream::consumer::pull::Config {
-            deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::All,
-            ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
-            ..Default::default()
-        })
-        .await
-        .expect("consumer");
+    // A busy server answers a consumer create with 503 "JetStream system
+    // temporarily unavailable" (err 10008) now and then; the checker asks again
+    // for a while rather than failing the test that it reads for.
+    let mut attempts = 0;
+    let consumer = loop {
+        match s
+            .create_consumer(async_nats::jetstream::consumer::pull::Config {
+                deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::All,
+                ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
+                ..Default::default()
+            })
+            .await
+        {
+            Ok(consumer) => break consumer,
+            Err(e) if attempts < 60 => {
+                attempts += 1;
+                eprintln!("read_stream_messages: creating the checker's consumer: {e}; again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("consumer on {stream}: {e}"),
+        }
+    };
     let mut out = Vec::new();
     while (out.len() as u64) < total {
         let mut batch = consumer
