@@ -215,10 +215,10 @@ pub fn lock_routes(routes: &[Route; 2]) {
 /// used if a band has to be created.
 pub fn route(node: i32, seq: i64, width: i64) -> Result<[Route; 2], PartitionError> {
     for _ in 0..ROUTE_ATTEMPTS {
-        let Some(routes) = cached_routes(node, seq) else {
+        let routes = match cached_routes(node, seq) {
+            Some(routes) => routes,
             // The insert functions pin search_path only around what runs SQL.
-            crate::pg::definer::pinned(|| ensure_band(node, seq, width))?;
-            continue;
+            None => crate::pg::definer::pinned(|| ensure_band_routes(node, seq, width))?,
         };
         lock_routes(&routes);
         if cached_routes(node, seq) == Some(routes) {
@@ -227,9 +227,12 @@ pub fn route(node: i32, seq: i64, width: i64) -> Result<[Route; 2], PartitionErr
         // An invalidation arrived while locking: some partition of this originator
         // was attached, detached or dropped, and the cache forgot the originator.
         // The locks are held now, so the leaf cannot go away any more: if the
-        // catalog still routes the row to it, it is ours.
-        refresh(node, seq)?;
-        if cached_routes(node, seq) == Some(routes) {
+        // catalog still routes the row to it, it is ours. (What the catalog said,
+        // not what the cache holds afterwards: while other sessions attach bands,
+        // an invalidation taken in while reading the second table may already
+        // have cleared the first, which sent a busy writer round this loop until
+        // it gave up.)
+        if refresh(node, seq)?.map(|found| found.routes) == Some(routes) {
             return Ok(routes);
         }
     }
@@ -246,24 +249,52 @@ const ROUTE_ATTEMPTS: usize = 5;
 /// originator from the catalog: whether both tables now have a band for `seq`.
 fn catch_up(node: i32, seq: i64) -> Result<bool, PartitionError> {
     crate::pg::invalidation::accept();
-    refresh(node, seq)
+    Ok(refresh(node, seq)?.is_some())
 }
 
-/// Re-reads one originator's partitions from the catalog into the cache and tells
-/// whether both tables now have a band containing `seq`.
-fn refresh(node: i32, seq: i64) -> Result<bool, PartitionError> {
+/// Where the catalog routes a row, as [`refresh`] read it.
+struct Covered {
+    /// Meta, then blob.
+    routes: [Route; 2],
+    /// The lower bound of the meta band holding the row.
+    meta_start: i64,
+}
+
+/// Re-reads one originator's partitions from the catalog into the cache and
+/// tells where both tables route `seq`, if both have a band for it. The answer
+/// is what was read, which callers use rather than looking the row up in the
+/// cache again: reading the second table takes in invalidations, and one from
+/// another session's new band may already have cleared the first table's entry.
+fn refresh(node: i32, seq: i64) -> Result<Option<Covered>, PartitionError> {
     let roots = roots()?;
-    let mut covered = true;
+    let mut found: [Option<(Route, i64)>; 2] = [None, None];
     for table in Table::ALL {
-        match catalog::load_originator(table, node, roots[table as usize])? {
-            Some(parts) => {
-                covered &= parts.leaf_for(seq).is_some();
-                cache::store(table, node, parts);
-            }
-            None => covered = false,
-        }
+        let root = roots[table as usize];
+        let Some(parts) = catalog::load_originator(table, node, root)? else {
+            continue;
+        };
+        found[table as usize] = parts
+            .bands
+            .iter()
+            .find(|(bound, _)| bound.contains(seq))
+            .map(|&(bound, leaf)| {
+                let route = Route {
+                    root,
+                    parent: parts.parent,
+                    leaf,
+                    path: parts.path(leaf),
+                };
+                (route, bound.lower.unwrap_or(i64::MIN))
+            });
+        cache::store(table, node, parts);
     }
-    Ok(covered)
+    Ok(match found {
+        [Some((meta, meta_start)), Some((blob, _))] => Some(Covered {
+            routes: [meta, blob],
+            meta_start,
+        }),
+        _ => None,
+    })
 }
 
 /// Refuses a call that would create more than `envelopes.max_new_partitions_per_call`
@@ -312,11 +343,20 @@ pub fn check_new_bands(keys: &[(i32, i64)], width: i64) -> Result<(), PartitionE
 /// Makes sure both tables have a partition for `(node, seq)`, creating the
 /// originator level and the band when missing. Idempotent and safe to race.
 pub fn ensure_band(node: i32, seq: i64, width: i64) -> Result<(), PartitionError> {
+    ensure_band_routes(node, seq, width).map(|_| ())
+}
+
+/// [`ensure_band`], telling where the row goes (not yet locked: [`route`] locks
+/// and checks).
+fn ensure_band_routes(node: i32, seq: i64, width: i64) -> Result<[Route; 2], PartitionError> {
     Band::containing(seq, width)?;
     // Then a cached route names partitions that still exist.
     crate::pg::invalidation::accept();
-    if cached_routes(node, seq).is_some() || refresh(node, seq)? {
-        return Ok(());
+    if let Some(routes) = cached_routes(node, seq) {
+        return Ok(routes);
+    }
+    if let Some(found) = refresh(node, seq)? {
+        return Ok(found.routes);
     }
     // A band created (or found) here is empty until this session's insert
     // commits, and prune_expired drops empty bands. Guard the band until this
@@ -326,13 +366,14 @@ pub fn ensure_band(node: i32, seq: i64, width: i64) -> Result<(), PartitionError
     locks::hold_off_prune(node, Band::containing(seq, width)?.start);
     for _ in 0..ROUTE_ATTEMPTS {
         create::create(node, seq, width)?;
-        let Some(start) = covering_band_start(node, seq)? else {
+        let Some(found) = refresh(node, seq)? else {
             continue;
         };
-        locks::hold_off_prune(node, start);
+        locks::hold_off_prune(node, found.meta_start);
         crate::pg::invalidation::accept();
-        if covering_band_start(node, seq)? == Some(start) {
-            return Ok(());
+        match refresh(node, seq)? {
+            Some(again) if again.meta_start == found.meta_start => return Ok(again.routes),
+            _ => {}
         }
     }
     Err(PartitionError::StillMissing { node, seq })
@@ -344,26 +385,11 @@ pub fn ensure_band(node: i32, seq: i64, width: i64) -> Result<(), PartitionError
 pub fn create_ahead(node: i32, seq: i64, width: i64) -> Result<bool, PartitionError> {
     Band::containing(seq, width)?;
     crate::pg::invalidation::accept();
-    if refresh(node, seq)? {
+    if refresh(node, seq)?.is_some() {
         return Ok(false);
     }
     ensure_band(node, seq, width)?;
     Ok(true)
-}
-
-/// Lower bound of the meta band that holds `(node, seq)`, read afresh from the
-/// catalog, if both tables have a band for it.
-fn covering_band_start(node: i32, seq: i64) -> Result<Option<i64>, PartitionError> {
-    if !refresh(node, seq)? {
-        return Ok(None);
-    }
-    Ok(cache::parts(Table::Meta, node).and_then(|parts| {
-        parts
-            .bands
-            .iter()
-            .find(|(bound, _)| bound.contains(seq))
-            .map(|(bound, _)| bound.lower.unwrap_or(i64::MIN))
-    }))
 }
 
 #[cfg(any(test, feature = "pg_test"))]
