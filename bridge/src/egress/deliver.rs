@@ -9,6 +9,7 @@ use super::{EgressConfig, Failure, State, STAND_ASIDE};
 use crate::crash;
 use crate::db::{self, Db};
 use crate::message::Message;
+use crate::metrics::Metrics;
 use crate::retry::{self, Backoff, Class, Driver, Fatal, Next, Wait};
 use crate::sink::{Sink, SinkError, SinkSpec};
 use std::time::{Duration, Instant};
@@ -31,7 +32,7 @@ pub(super) const PUSHBACK_CAREFUL: Duration = Duration::from_secs(5);
 /// packet size, Redis' proto-max-bulk-len): the row's own, never the bus
 /// refusing the bridge, so they are set aside at once and never trip the
 /// breaker (a limit below every row is what the start-up warning is for).
-pub(super) fn judged_by_the_row(code: &str) -> bool {
+fn judged_by_the_row(code: &str) -> bool {
     matches!(
         code,
         "MAX_PAYLOAD" | "SUBJECT" | "TOPIC" | "MAX_PACKET_SIZE" | "PROTO_MAX_BULK_LEN"
@@ -41,7 +42,7 @@ pub(super) fn judged_by_the_row(code: &str) -> bool {
 /// Whether a failed request or connect is the bus refusing the bridge itself
 /// (its credentials, its permissions, the request as such: an HTTP 4xx, Redis
 /// NOPERM), which waiting does not cure: `sink_refusing` says so.
-pub(super) fn refuses_the_bridge(error: &SinkError) -> bool {
+fn refuses_the_bridge(error: &SinkError) -> bool {
     matches!(
         error,
         SinkError::Config { .. }
@@ -54,7 +55,7 @@ pub(super) fn refuses_the_bridge(error: &SinkError) -> bool {
 
 /// How many rounds in a row refused rows with nothing delivered after them are
 /// read again before they are set aside (about 1.75 s of refusal delays).
-pub(super) const DEFER_ROUNDS: u32 = 3;
+const DEFER_ROUNDS: u32 = 3;
 
 /// Refusals of this many different rows with the same code and nothing
 /// delivered between them mean the bus refuses the bridge (an ACL for every
@@ -120,15 +121,7 @@ pub(super) async fn deliver(
             match Sink::connect(&config.sink, &config.name, &metrics).await {
                 Ok(s) => state.sink = Some(s),
                 Err(error) => {
-                    metrics.sink_stalled.set(1);
-                    if refuses_the_bridge(&error) {
-                        metrics.sink_refusing.set(1);
-                    }
-                    let failure = SinkFailure::Connecting {
-                        error,
-                        sink: &config.sink.sink,
-                    };
-                    wait_out(driver, &failure, &mut backoff).await?;
+                    connect_failed(config, driver, error, &mut backoff).await?;
                     continue;
                 }
             }
@@ -160,28 +153,10 @@ pub(super) async fn deliver(
             Ok(()) => {
                 // Rows got through after the refused ones: those were refused
                 // for themselves, and are set aside now.
-                for (index, code, reason) in suspects.drain(..) {
-                    let attempts = prior.get(index).copied().unwrap_or(0) + 1;
-                    set_aside(
-                        config,
-                        db,
-                        &batch[index],
-                        &code,
-                        &reason,
-                        attempts,
-                        &metrics,
-                    )
+                let held = suspects.drain(..);
+                set_aside_rows(config, db, batch, prior, held, &mut refused_again, &metrics)
                     .await?;
-                    if index < prior.len() {
-                        refused_again.push(index);
-                    }
-                }
-                state.streak.clear();
-                state.deferrals = 0;
-                if let Some(code) = state.breaker.take() {
-                    tracing::info!(code = %code, "the bus takes the bridge's rows again: delivery resumes");
-                }
-                metrics.sink_refusing.set(0);
+                rows_got_through(state, &metrics);
                 metrics.published(part);
                 metrics.sink_stalled.set(0);
                 state.sink_checked = Some(Instant::now());
@@ -284,37 +259,16 @@ pub(super) async fn deliver(
                 // and the refusals before it were the rows' own.
                 metrics.published(&batch[start..index]);
                 backoff.reset();
-                for (held, code, reason) in suspects.drain(..) {
-                    let attempts = prior.get(held).copied().unwrap_or(0) + 1;
-                    set_aside(config, db, &batch[held], &code, &reason, attempts, &metrics).await?;
-                    if held < prior.len() {
-                        refused_again.push(held);
-                    }
-                }
-                state.streak.clear();
-                state.deferrals = 0;
-                if let Some(code) = state.breaker.take() {
-                    tracing::info!(code = %code, "the bus takes the bridge's rows again: delivery resumes");
-                }
-                metrics.sink_refusing.set(0);
+                let held = suspects.drain(..);
+                set_aside_rows(config, db, batch, prior, held, &mut refused_again, &metrics)
+                    .await?;
+                rows_got_through(state, &metrics);
             }
             if judged_by_the_row(&code) {
                 // The sink measured this row itself against a limit the bus
                 // stated (its size, its subject): the row's own refusal.
-                let attempts = prior.get(index).copied().unwrap_or(0) + 1;
-                set_aside(
-                    config,
-                    db,
-                    &batch[index],
-                    &code,
-                    &reason,
-                    attempts,
-                    &metrics,
-                )
-                .await?;
-                if index < prior.len() {
-                    refused_again.push(index);
-                }
+                let row = [(index, code, reason)];
+                set_aside_rows(config, db, batch, prior, row, &mut refused_again, &metrics).await?;
                 start = index + 1;
                 continue;
             }
@@ -397,30 +351,69 @@ pub(super) async fn deliver(
     state.deferrals = 0;
     // Otherwise set aside as before (the streak goes on into the next batch, so
     // a bus that refuses every row still trips the breaker there).
-    for (index, code, reason) in suspects.drain(..) {
+    let held = suspects.drain(..);
+    set_aside_rows(config, db, batch, prior, held, &mut refused_again, &metrics).await?;
+    crash::reached("after_publish");
+    Ok((refused_again, None))
+}
+
+/// Sets aside the refused rows of `batch` ((index, code, reason): each with its
+/// attempts counted on from `prior`) and notes in `refused_again` those that
+/// were dead letters tried again.
+async fn set_aside_rows(
+    config: &EgressConfig,
+    db: &Db,
+    batch: &[Message],
+    prior: &[u32],
+    rows: impl IntoIterator<Item = (usize, String, String)>,
+    refused_again: &mut Vec<usize>,
+    metrics: &Metrics,
+) -> Result<(), Failure> {
+    for (index, code, reason) in rows {
         let attempts = prior.get(index).copied().unwrap_or(0) + 1;
-        set_aside(
-            config,
-            db,
-            &batch[index],
-            &code,
-            &reason,
-            attempts,
-            &metrics,
-        )
-        .await?;
+        set_aside(config, db, &batch[index], &code, &reason, attempts, metrics).await?;
         if index < prior.len() {
             refused_again.push(index);
         }
     }
-    crash::reached("after_publish");
-    Ok((refused_again, None))
+    Ok(())
+}
+
+/// A row got through after refused ones: those were the rows' own refusals,
+/// so the streak ends and a tripped breaker resets.
+fn rows_got_through(state: &mut State, metrics: &Metrics) {
+    state.streak.clear();
+    state.deferrals = 0;
+    if let Some(code) = state.breaker.take() {
+        tracing::info!(code = %code, "the bus takes the bridge's rows again: delivery resumes");
+    }
+    metrics.sink_refusing.set(0);
+}
+
+/// A sink that could not connect: stalled (and refusing, when the bus refuses
+/// the bridge itself) while the attempt is waited out.
+pub(super) async fn connect_failed(
+    config: &EgressConfig,
+    driver: &mut Driver,
+    error: SinkError,
+    backoff: &mut Backoff,
+) -> Result<(), Failure> {
+    let metrics = driver.metrics();
+    metrics.sink_stalled.set(1);
+    if refuses_the_bridge(&error) {
+        metrics.sink_refusing.set(1);
+    }
+    let failure = SinkFailure::Connecting {
+        error,
+        sink: &config.sink.sink,
+    };
+    wait_out(driver, &failure, backoff).await
 }
 
 /// Waits out a failed attempt at a batch ([`Driver::failed`]); `Err` when the
 /// delivery ends instead (shutdown, or a configuration refused before any round
 /// worked).
-pub(super) async fn wait_out(
+async fn wait_out(
     driver: &mut Driver,
     failure: &SinkFailure<'_>,
     backoff: &mut Backoff,
@@ -435,7 +428,7 @@ pub(super) async fn wait_out(
 /// A sink that failed an attempt at a batch as a whole: it could not connect,
 /// or the bus did not take the request. (A refusal of one message is no such
 /// failure: the message is set aside and the rest goes on.)
-pub(super) enum SinkFailure<'a> {
+enum SinkFailure<'a> {
     Connecting {
         error: SinkError,
         sink: &'a SinkSpec,

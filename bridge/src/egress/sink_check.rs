@@ -2,7 +2,7 @@
 //! comparing its message limit with the store's once, and asking an idle sink
 //! whether it still answers.
 
-use super::deliver::{refuses_the_bridge, wait_out, SinkFailure};
+use super::deliver::connect_failed;
 use super::{EgressConfig, Failure, State};
 use crate::db::Db;
 use crate::retry::{Backoff, DbFailure, Driver};
@@ -91,15 +91,7 @@ pub(super) async fn ensure_sink(
                 }
             }
             Err(error) => {
-                metrics.sink_stalled.set(1);
-                if refuses_the_bridge(&error) {
-                    metrics.sink_refusing.set(1);
-                }
-                let failure = SinkFailure::Connecting {
-                    error,
-                    sink: &config.sink.sink,
-                };
-                wait_out(driver, &failure, &mut backoff).await?;
+                connect_failed(config, driver, error, &mut backoff).await?;
                 db.heartbeat().await;
             }
         }
