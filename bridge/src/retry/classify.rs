@@ -9,7 +9,7 @@
 //! will fail the same way until someone changes the data, the schema or the
 //! grants. Egress retries those too, at the longest backoff, because skipping a
 //! row is never an option; ingress sets the offending message aside instead
-//! (see `ingress.rs`). Other classes are treated as transient. A wrong password
+//! (see `ingress/`). Other classes are treated as transient. A wrong password
 //! or role, a missing database, extension or consumer, and a privilege the role
 //! lacks (42501: no grant, a consumer owned by another role) are *config*.
 
