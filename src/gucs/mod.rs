@@ -18,9 +18,14 @@
 //! session cannot be told apart from one that never gave it, except by
 //! remembering: it must reconnect without it).
 
-use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
+mod placeholder;
+
 use pgrx::prelude::*;
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
+use placeholder::{
+    current_value, invalid, parse_bool, parse_create_in, parse_int, parse_real, raise_refused,
+    REFUSED,
+};
 use std::ffi::{CStr, CString};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -402,87 +407,6 @@ const CREATE_PARTITIONS_IN_NAME: &CStr = c"envelopes.create_partitions_in";
 const MAINTENANCE_DATABASES_NAME: &CStr = c"envelopes.maintenance_databases";
 const PREMAKE_FRACTION_NAME: &CStr = c"envelopes.premake_fraction";
 
-/// Errors of settings given before the library was loaded.
-#[derive(Debug, thiserror::Error)]
-pub enum GucError {
-    #[error("invalid value for parameter \"{name}\": \"{value}\" (given before pg_envelopes was loaded)")]
-    Invalid { name: String, value: String },
-    #[error(
-        "permission denied to set parameter \"{name}\" to \"{value}\" (given before \
-         pg_envelopes was loaded); this session cannot use pg_envelopes"
-    )]
-    NotAllowed { name: String, value: String },
-}
-
-impl SqlError for GucError {
-    fn sqlstate(&self) -> PgSqlErrorCode {
-        match self {
-            GucError::Invalid { .. } => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-            GucError::NotAllowed { .. } => PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
-        }
-    }
-
-    fn hint(&self) -> Option<String> {
-        Some(match self {
-            GucError::Invalid { .. } => {
-                "Fix or RESET the value (SET, ALTER ROLE/DATABASE ... SET, postgresql.conf); \
-                 SHOW the setting for its unit and range once the library loads."
-                    .into()
-            }
-            GucError::NotAllowed { .. } => {
-                "Limits of pg_envelopes are set by a superuser or a role granted SET on them; \
-                 reconnect without the value."
-                    .into()
-            }
-        })
-    }
-}
-
-/// The value a placeholder (or, once defined, the setting) has, if any.
-fn current_value(name: &CStr) -> Option<String> {
-    // SAFETY: name is NUL-terminated; with missing_ok the lookup returns NULL for an
-    // unknown name; the returned string is Postgres-owned and copied at once.
-    unsafe {
-        let value = pg_sys::GetConfigOption(name.as_ptr(), true, false);
-        (!value.is_null()).then(|| CStr::from_ptr(value).to_string_lossy().into_owned())
-    }
-}
-
-/// An integer as Postgres reads it for a setting with `flags` (units included).
-fn parse_int(value: &str, flags: GucFlags) -> Option<i32> {
-    let text = CString::new(value).ok()?;
-    let mut result = 0;
-    let mut hint = std::ptr::null();
-    // SAFETY: text is NUL-terminated; parse_int writes the result and, on failure,
-    // a pointer to a static hint, and allocates nothing.
-    let ok = unsafe { pg_sys::parse_int(text.as_ptr(), &mut result, flags.bits(), &mut hint) };
-    ok.then_some(result)
-}
-
-fn parse_bool(value: &str) -> Option<bool> {
-    let text = CString::new(value).ok()?;
-    let mut result = false;
-    // SAFETY: text is NUL-terminated; parse_bool only reads it.
-    unsafe { pg_sys::parse_bool(text.as_ptr(), &mut result) }.then_some(result)
-}
-
-fn parse_real(value: &str) -> Option<f64> {
-    let text = CString::new(value).ok()?;
-    let mut result = 0.0;
-    let mut hint = std::ptr::null();
-    // SAFETY: text is NUL-terminated; parse_real writes the result and, on failure,
-    // a pointer to a static hint, and allocates nothing.
-    unsafe { pg_sys::parse_real(text.as_ptr(), &mut result, 0, &mut hint) }.then_some(result)
-}
-
-fn parse_create_in(value: &str) -> Option<CreatePartitionsIn> {
-    match value.to_ascii_lowercase().as_str() {
-        "worker" => Some(CreatePartitionsIn::Worker),
-        "transaction" => Some(CreatePartitionsIn::Transaction),
-        _ => None,
-    }
-}
-
 /// Set once the settings are defined in this process (`_PG_init` may run again
 /// after it raised an error: the library is then loaded but not yet registered).
 static DEFINED: AtomicBool = AtomicBool::new(false);
@@ -629,28 +553,6 @@ pub fn init() {
         }
     }
     raise_refused();
-}
-
-/// A setting given before the library was loaded by a role that may not set it:
-/// its name and value. Once found, every later load attempt in the process fails.
-static REFUSED: std::sync::OnceLock<(String, String)> = std::sync::OnceLock::new();
-
-fn raise_refused() {
-    if let Some((name, value)) = REFUSED.get() {
-        Err::<(), _>(GucError::NotAllowed {
-            name: name.clone(),
-            value: value.clone(),
-        })
-        .or_raise()
-    }
-}
-
-fn invalid(name: &CStr, value: &str) {
-    Err::<(), _>(GucError::Invalid {
-        name: name.to_string_lossy().into_owned(),
-        value: value.to_owned(),
-    })
-    .or_raise()
 }
 
 /// Whether the role calling the extension's function (outside any `SECURITY
