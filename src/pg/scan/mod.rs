@@ -34,11 +34,12 @@ use crate::pg::slot::clear_slot;
 use crate::pg::tuple;
 use pgrx::pg_sys::{self, Datum, Oid};
 use pgrx::{FromDatum, PgMemoryContexts};
-use std::ffi::CStr;
 
 mod executed;
 mod index;
+mod keys;
 mod seeker;
+mod value;
 
 use executed::Executed;
 pub use index::{
@@ -46,7 +47,9 @@ pub use index::{
     some_index_serves, topic_index,
 };
 use index::{usable, TOPIC_INDEXES};
+use keys::{column_number, desc_column, keys_for, live_column_number, quoted_name};
 pub use seeker::Seeker;
+pub use value::{CopiedOut, Value};
 
 /// The primary-key range a scan covers (lower bound exclusive, upper inclusive).
 #[derive(Clone, Copy, Debug)]
@@ -577,76 +580,6 @@ impl Scan {
     }
 }
 
-impl Scan {
-    /// Column `attno` of the current row as a [`Value`] that borrows the scan
-    /// (so it cannot outlive the row), `None` for NULL. A varlena column is
-    /// detoasted first (see [`Scan::flat_value`]): a value is always flat.
-    #[inline(always)]
-    pub fn cell(&self, attno: i32) -> Option<Value<'_>> {
-        // SAFETY: attno came from attno() and is within the slot's descriptor
-        // (value() relies on the same); the attribute's type and length are
-        // read from that descriptor.
-        let (typ, len) = unsafe {
-            let desc = (*self.slot).tts_tupleDescriptor;
-            let attr = &crate::pg::compat::attributes(desc)[(attno - 1) as usize];
-            (attr.atttypid, attr.attlen)
-        };
-        let datum = if len == -1 {
-            self.flat_value(attno)?
-        } else {
-            self.value(attno)?
-        };
-        Some(Value {
-            datum,
-            typ,
-            _row: std::marker::PhantomData,
-        })
-    }
-}
-
-/// A column of a scan's current row: its datum (flat, for a varlena type) and
-/// type. It borrows the scan, which cannot move to another row meanwhile, so
-/// the datum stays valid while the value exists.
-#[derive(Clone, Copy)]
-pub struct Value<'row> {
-    datum: Datum,
-    typ: pg_sys::Oid,
-    _row: std::marker::PhantomData<&'row Scan>,
-}
-
-impl Value<'_> {
-    /// The column's type.
-    pub fn type_oid(&self) -> pg_sys::Oid {
-        self.typ
-    }
-
-    /// The datum, for the glue that stores it while the row is current.
-    pub(in crate::pg) fn datum(&self) -> Datum {
-        self.datum
-    }
-
-    /// The bytes of a `bytea` value, copied; `None` for another type.
-    pub fn bytes(&self) -> Option<Vec<u8>> {
-        if self.typ != pg_sys::BYTEAOID {
-            return None;
-        }
-        // SAFETY: a flat bytea datum of the current row (the borrow keeps the
-        // row current); the conversion copies the bytes.
-        unsafe { <Vec<u8> as FromDatum>::from_polymorphic_datum(self.datum, false, self.typ) }
-    }
-}
-
-/// Rust types whose `FromDatum` conversion copies the value (so it outlives the
-/// scratch context), as opposed to borrowed types like `&[u8]`.
-pub trait CopiedOut {}
-impl CopiedOut for i32 {}
-impl CopiedOut for i64 {}
-impl CopiedOut for bool {}
-impl CopiedOut for Vec<u8> {}
-impl CopiedOut for String {}
-impl CopiedOut for pgrx::datum::TimestampWithTimeZone {}
-impl CopiedOut for pgrx::datum::JsonB {}
-
 impl Drop for Scan {
     fn drop(&mut self) {
         if std::thread::panicking() {
@@ -674,130 +607,6 @@ impl Drop for Scan {
             }
             pg_sys::relation_close(self.heap, heap_lock);
         }
-    }
-}
-
-fn key(attno: i16, strategy: u32, procedure: u32, argument: Datum) -> pg_sys::ScanKeyData {
-    let mut key = pg_sys::ScanKeyData::default();
-    // SAFETY: ScanKeyInit fills the struct it is given; the procedure is a built-in
-    // btree comparison function of the argument's type.
-    unsafe {
-        pg_sys::ScanKeyInit(
-            &mut key,
-            attno,
-            strategy as pg_sys::StrategyNumber,
-            pg_sys::Oid::from(procedure),
-            argument,
-        );
-    }
-    key
-}
-
-/// Scan keys on the index columns: (node, seq) for envelope leaves, (id) for
-/// feeds, (topic, seq) for topic scans. An open end (`after` = `i64::MIN`,
-/// `upto` = `i64::MAX`) gets no key: btree checks every key on every tuple of
-/// each page it reads, through the function manager.
-fn keys_for(range: Range) -> Vec<pg_sys::ScanKeyData> {
-    let eq = pg_sys::BTEqualStrategyNumber;
-    let gt = pg_sys::BTGreaterStrategyNumber;
-    let le = pg_sys::BTLessEqualStrategyNumber;
-    let (first, column, after, upto) = match range {
-        // A band leaf holds one originator only (it is a partition of that
-        // originator's LIST partition): with both ends open the node key would
-        // only be checked on every tuple read.
-        Range::Envelope {
-            after: i64::MIN,
-            upto: i64::MAX,
-            ..
-        } => return Vec::new(),
-        Range::Envelope { node, after, upto } => (
-            Some(key(1, eq, pg_sys::F_INT4EQ, Datum::from(node))),
-            2,
-            after,
-            upto,
-        ),
-        Range::Id { after, upto } => (None, 1, after, upto),
-        Range::Key { node, seq } => {
-            return vec![
-                key(1, eq, pg_sys::F_INT4EQ, Datum::from(node)),
-                key(2, eq, pg_sys::F_INT8EQ, Datum::from(seq)),
-            ]
-        }
-        Range::Topic { topic, after, upto } => {
-            (Some(key(1, eq, pg_sys::F_BYTEAEQ, topic)), 2, after, upto)
-        }
-    };
-    let mut keys: Vec<_> = first.into_iter().collect();
-    if after != i64::MIN {
-        keys.push(key(column, gt, pg_sys::F_INT8GT, Datum::from(after)));
-    }
-    if upto != i64::MAX {
-        keys.push(key(column, le, pg_sys::F_INT8LE, Datum::from(upto)));
-    }
-    keys
-}
-
-/// Attribute number of column `name` in the open relation `rel`, if it has one
-/// (by name, so tables whose column order differs from the root's read right).
-fn column_number(rel: pg_sys::Relation, name: &str) -> Option<i32> {
-    // SAFETY: rel is open; rd_att is its tuple descriptor with natts entries.
-    unsafe { desc_column((*rel).rd_att, name) }
-}
-
-/// Attribute number of the live column `name` of `desc`.
-///
-/// # Safety
-/// `desc` is a valid tuple descriptor.
-unsafe fn desc_column(desc: pg_sys::TupleDesc, name: &str) -> Option<i32> {
-    // SAFETY: the caller's promise; attrs has natts entries.
-    unsafe {
-        let attrs = crate::pg::compat::attributes(desc);
-        attrs.iter().position(|a| {
-            !a.attisdropped && CStr::from_ptr(a.attname.data.as_ptr()).to_bytes() == name.as_bytes()
-        })
-    }
-    .map(|i| i as i32 + 1)
-}
-
-/// The position of column `name` among the live columns of `desc`: its
-/// attribute number in a `SELECT *` of the table.
-///
-/// # Safety
-/// `desc` is a valid tuple descriptor.
-unsafe fn live_column_number(desc: pg_sys::TupleDesc, name: &str) -> Option<i32> {
-    // SAFETY: the caller's promise; attrs has natts entries.
-    unsafe {
-        let attrs = crate::pg::compat::attributes(desc);
-        attrs
-            .iter()
-            .filter(|a| !a.attisdropped)
-            .position(|a| CStr::from_ptr(a.attname.data.as_ptr()).to_bytes() == name.as_bytes())
-    }
-    .map(|i| i as i32 + 1)
-}
-
-/// `schema.table` of an open relation, each part quoted, for SQL text.
-///
-/// # Safety
-/// `rel` is an open relation.
-unsafe fn quoted_name(rel: pg_sys::Relation) -> String {
-    // SAFETY: the caller's promise; the namespace name is a palloc'd copy (NULL
-    // only for a namespace dropped under an open relation, which its lock
-    // prevents), the relation name is in the relcache entry.
-    unsafe {
-        let form = (*rel).rd_rel;
-        let nsp = pg_sys::get_namespace_name((*form).relnamespace);
-        let nsp = if nsp.is_null() {
-            String::new()
-        } else {
-            CStr::from_ptr(nsp).to_string_lossy().into_owned()
-        };
-        let name = CStr::from_ptr((*form).relname.data.as_ptr()).to_string_lossy();
-        format!(
-            "{}.{}",
-            pgrx::spi::quote_identifier(&nsp),
-            pgrx::spi::quote_identifier(&*name)
-        )
     }
 }
 
