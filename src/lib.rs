@@ -27,7 +27,9 @@
 //!   It imports nothing of the extension but [`error`] and itself.
 //!
 //! [`error`] (errors and their SQLSTATEs) and [`gucs`] (settings) serve every
-//! layer. `grep -rn 'crate::api' src/store src/pg` and `grep -rn 'crate::store'
+//! layer; [`gucs`] too is `#![deny(unsafe_code)]`, with what it needs of the GUC
+//! machinery in `pg::guc`, so outside tests `unsafe` blocks are written in
+//! [`pg`] alone. `grep -rn 'crate::api' src/store src/pg` and `grep -rn 'crate::store'
 //! src/pg` find nothing, and `grep -rn pg_sys src/api` finds nothing: that is
 //! the rule, checked in one line each.
 

@@ -18,14 +18,14 @@
 //! session cannot be told apart from one that never gave it, except by
 //! remembering: it must reconnect without it).
 
+#![deny(unsafe_code)]
+
 mod placeholder;
 
+use crate::pg::guc::{self, current_value, parse_bool, parse_int, parse_real};
 use pgrx::prelude::*;
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
-use placeholder::{
-    current_value, invalid, parse_bool, parse_create_in, parse_int, parse_real, raise_refused,
-    REFUSED,
-};
+use placeholder::{invalid, parse_create_in, raise_refused, REFUSED};
 use std::ffi::{CStr, CString};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -94,20 +94,8 @@ fn valid_channel(value: &CStr) -> bool {
 
 /// Rejects channel names Postgres would refuse at commit time, so a bad value
 /// fails at SET, not when a transaction commits.
-#[pg_guard]
-unsafe extern "C-unwind" fn check_notify_channel(
-    newval: *mut *mut std::ffi::c_char,
-    _extra: *mut *mut std::ffi::c_void,
-    _source: pg_sys::GucSource::Type,
-) -> bool {
-    // SAFETY: Postgres passes a valid pointer to the proposed value, which is a
-    // NUL-terminated string or NULL.
-    unsafe {
-        if newval.is_null() || (*newval).is_null() {
-            return false;
-        }
-        valid_channel(CStr::from_ptr(*newval))
-    }
+fn check_notify_channel(value: Option<&CStr>) -> bool {
+    value.is_some_and(valid_channel)
 }
 
 /// Where missing partitions are created.
@@ -218,25 +206,9 @@ pub fn parse_database_list(value: &str) -> Option<Vec<String>> {
 
 /// Rejects a `envelopes.maintenance_databases` value that is not a list of
 /// database names, so a bad value fails at ALTER SYSTEM or reload instead of
-/// leaving the worker with nothing to do.
-#[pg_guard]
-unsafe extern "C-unwind" fn check_maintenance_databases(
-    newval: *mut *mut std::ffi::c_char,
-    _extra: *mut *mut std::ffi::c_void,
-    _source: pg_sys::GucSource::Type,
-) -> bool {
-    // SAFETY: Postgres passes a valid pointer to the proposed value, which is a
-    // NUL-terminated string or NULL (the empty list).
-    unsafe {
-        if newval.is_null() || (*newval).is_null() {
-            return true;
-        }
-        CStr::from_ptr(*newval)
-            .to_str()
-            .ok()
-            .and_then(parse_database_list)
-            .is_some()
-    }
+/// leaving the worker with nothing to do. NULL is the empty list.
+fn check_maintenance_databases(value: Option<&CStr>) -> bool {
+    value.is_none_or(|value| value.to_str().ok().and_then(parse_database_list).is_some())
 }
 
 /// One integer setting: how it is registered and how a placeholder is checked.
@@ -484,39 +456,27 @@ pub fn init() {
         GucContext::Suset,
         GucFlags::default(),
     );
-    // SAFETY: the check hook is a #[pg_guard] function with the signature Postgres
-    // expects, and only reads the proposed value it is given.
-    unsafe {
-        GucRegistry::define_string_guc_with_hooks(
-            NOTIFY_CHANNEL_NAME,
-            c"NOTIFY channel of the doorbell sent when envelopes or outbox rows commit.",
-            c"At most one notification per channel per transaction; its payload names what \
-              changed, never the rows.",
-            &NOTIFY_CHANNEL,
-            GucContext::Userset,
-            GucFlags::default(),
-            Some(check_notify_channel),
-            None,
-            None,
-        );
-    }
-    // SAFETY: the check hook is a #[pg_guard] function with the signature Postgres
-    // expects, and only reads the proposed value it is given.
-    unsafe {
-        GucRegistry::define_string_guc_with_hooks(
-            MAINTENANCE_DATABASES_NAME,
-            c"Databases the maintenance worker looks after, comma-separated.",
-            c"Each needs pg_envelopes installed; a run in each every \
-              envelopes.maintenance_interval seconds. Names in double quotes are taken as \
-              they are.",
-            &MAINTENANCE_DATABASES,
-            GucContext::Sighup,
-            GucFlags::default(),
-            Some(check_maintenance_databases),
-            None,
-            None,
-        );
-    }
+    guc::define_checked_string(
+        NOTIFY_CHANNEL_NAME,
+        c"NOTIFY channel of the doorbell sent when envelopes or outbox rows commit.",
+        c"At most one notification per channel per transaction; its payload names what \
+          changed, never the rows.",
+        &NOTIFY_CHANNEL,
+        GucContext::Userset,
+        GucFlags::default(),
+        check_notify_channel,
+    );
+    guc::define_checked_string(
+        MAINTENANCE_DATABASES_NAME,
+        c"Databases the maintenance worker looks after, comma-separated.",
+        c"Each needs pg_envelopes installed; a run in each every \
+          envelopes.maintenance_interval seconds. Names in double quotes are taken as \
+          they are.",
+        &MAINTENANCE_DATABASES,
+        GucContext::Sighup,
+        GucFlags::default(),
+        check_maintenance_databases,
+    );
     GucRegistry::define_float_guc(
         PREMAKE_FRACTION_NAME,
         c"How full an originator's newest band gets before maintenance creates the next.",
@@ -528,9 +488,9 @@ pub fn init() {
         GucContext::Sighup,
         GucFlags::default(),
     );
-    // SAFETY: the prefix is a static NUL-terminated string. From now on an unknown
-    // envelopes.* name is an error instead of a silent placeholder.
-    unsafe { pg_sys::MarkGUCPrefixReserved(c"envelopes".as_ptr()) };
+    // From now on an unknown envelopes.* name is an error instead of a silent
+    // placeholder.
+    guc::reserve_prefix(c"envelopes");
     DEFINED.store(true, Ordering::Relaxed);
 
     // 3. A valid value that did not stick was refused for its setter's privileges
@@ -559,8 +519,7 @@ pub fn init() {
 /// DEFINER` switch) may set the `SUSET` setting `name`: a superuser, or a role
 /// granted `SET` on it.
 pub fn caller_may_set(name: &str) -> Result<bool, pgrx::spi::SpiError> {
-    // SAFETY: GetOuterUserId only reads backend state.
-    let caller = unsafe { pg_sys::GetOuterUserId() };
+    let caller = crate::pg::acl::caller();
     Ok(pgrx::spi::Spi::get_one_with_args::<bool>(
         "SELECT pg_catalog.has_parameter_privilege($1, $2, 'SET')",
         &[caller.into(), name.into()],

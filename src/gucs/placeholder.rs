@@ -1,14 +1,12 @@
-//! Values given before the library was loaded: read back from Postgres's
-//! placeholders, parsed as Postgres would parse them once the settings are
-//! defined, and refused with an ERROR (an invalid value, 22023; a value its
-//! setter may not set, 42501) instead of the WARNING and default Postgres
-//! would settle for.
+//! Values given before the library was loaded (read back from Postgres's
+//! placeholders and parsed as Postgres would parse them once the settings are
+//! defined, with [`crate::pg::guc`]), refused with an ERROR (an invalid value,
+//! 22023; a value its setter may not set, 42501) instead of the WARNING and
+//! default Postgres would settle for.
 
 use super::CreatePartitionsIn;
 use crate::error::{OrRaise, PgSqlErrorCode, SqlError};
-use pgrx::prelude::*;
-use pgrx::GucFlags;
-use std::ffi::{CStr, CString};
+use std::ffi::CStr;
 
 /// Errors of settings given before the library was loaded.
 #[derive(Debug, thiserror::Error)]
@@ -44,43 +42,6 @@ impl SqlError for GucError {
             }
         })
     }
-}
-
-/// The value a placeholder (or, once defined, the setting) has, if any.
-pub(super) fn current_value(name: &CStr) -> Option<String> {
-    // SAFETY: name is NUL-terminated; with missing_ok the lookup returns NULL for an
-    // unknown name; the returned string is Postgres-owned and copied at once.
-    unsafe {
-        let value = pg_sys::GetConfigOption(name.as_ptr(), true, false);
-        (!value.is_null()).then(|| CStr::from_ptr(value).to_string_lossy().into_owned())
-    }
-}
-
-/// An integer as Postgres reads it for a setting with `flags` (units included).
-pub(super) fn parse_int(value: &str, flags: GucFlags) -> Option<i32> {
-    let text = CString::new(value).ok()?;
-    let mut result = 0;
-    let mut hint = std::ptr::null();
-    // SAFETY: text is NUL-terminated; parse_int writes the result and, on failure,
-    // a pointer to a static hint, and allocates nothing.
-    let ok = unsafe { pg_sys::parse_int(text.as_ptr(), &mut result, flags.bits(), &mut hint) };
-    ok.then_some(result)
-}
-
-pub(super) fn parse_bool(value: &str) -> Option<bool> {
-    let text = CString::new(value).ok()?;
-    let mut result = false;
-    // SAFETY: text is NUL-terminated; parse_bool only reads it.
-    unsafe { pg_sys::parse_bool(text.as_ptr(), &mut result) }.then_some(result)
-}
-
-pub(super) fn parse_real(value: &str) -> Option<f64> {
-    let text = CString::new(value).ok()?;
-    let mut result = 0.0;
-    let mut hint = std::ptr::null();
-    // SAFETY: text is NUL-terminated; parse_real writes the result and, on failure,
-    // a pointer to a static hint, and allocates nothing.
-    unsafe { pg_sys::parse_real(text.as_ptr(), &mut result, 0, &mut hint) }.then_some(result)
 }
 
 pub(super) fn parse_create_in(value: &str) -> Option<CreatePartitionsIn> {

@@ -8,14 +8,16 @@
 //! their order ([`locks`]); the background-worker runner ([`worker`]); catalog
 //! invalidation ([`invalidation`]); shared memory ([`shmem`]); the caller's
 //! transaction state ([`xact`]) and the pinned `search_path` ([`definer`]);
-//! result sets in materialize mode ([`srf`]). Modules here import nothing of the
-//! extension but [`crate::error`] and each other.
+//! result sets in materialize mode ([`srf`]); placeholders, value parsing and
+//! checked string settings for the settings module ([`guc`]). Modules here
+//! import nothing of the extension but [`crate::error`] and each other.
 
 pub mod acl;
 pub mod catalog;
 pub mod compat;
 pub mod definer;
 pub mod executor;
+pub mod guc;
 pub mod heap_writer;
 pub mod invalidation;
 pub mod locks;
